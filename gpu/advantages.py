@@ -1,0 +1,111 @@
+"""Advantage estimators and reward shaping in torch: GRPO, Dr.GRPO, DCPO's SAS, GAE, DAPO's extras."""
+from __future__ import annotations
+
+import torch
+
+from spec.contract import check_group_size
+from spec.registry import PARTS
+
+from .checks import as_mask, as_tensor
+
+
+def _grouped(rewards, group_size):
+    rewards = as_tensor("rewards", rewards, ndim=1)
+    check_group_size(group_size, len(rewards), needed=True, why="group advantages")
+    return rewards.reshape(-1, group_size)
+
+
+def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
+                     unbiased=PARTS["grpo_advantage"]["unbiased"]):
+    """GRPO (DeepSeekMath Sec. 4.1.2): (R - mean_g) / (std_g + eps); Dr.GRPO (2503.20783 Eq. 3): R - mean_g."""
+    if kind not in ("grpo", "dr_grpo"):
+        raise ValueError(f"kind: expected 'grpo' or 'dr_grpo', got {kind!r}")
+    groups = _grouped(rewards, group_size)
+    centred = groups - groups.mean(1, keepdim=True)
+    if kind == "dr_grpo":
+        return centred.reshape(-1)
+    if group_size < 2 and unbiased:
+        raise ValueError("group_size: the unbiased std needs G >= 2 responses per prompt, got 1")
+    den = groups.std(1, correction=1 if unbiased else 0, keepdim=True) + eps
+    return torch.where(den > 0, centred / torch.where(den > 0, den, torch.ones_like(den)),
+                       torch.zeros_like(centred)).reshape(-1)
+
+
+def _standardise(x, mu, var):
+    """(x - mu) / sigma, and 0 where sigma is 0 (DCPO: an all-equal history gives no signal)."""
+    sigma = var ** 0.5
+    return (x - mu) / sigma if sigma > 0 else torch.zeros_like(x)
+
+
+class SmoothAdvantage:
+    """DCPO smooth advantage standardization (2509.02333 Eq. 9-12, pooled statistics Eq. 29-30), per prompt."""
+
+    def __init__(self):
+        self.history: dict = {}  # prompt id -> (visits, mean, population variance)
+
+    def __call__(self, prompt_ids, rewards, group_size):
+        groups = _grouped(rewards, group_size)
+        ids = list(prompt_ids)
+        if len(ids) != len(groups):
+            raise ValueError(f"prompt_ids: expected one id per group ({len(groups)}), got {len(ids)}")
+        if len(set(ids)) != len(ids):
+            raise ValueError("prompt_ids: each prompt may appear once per call")
+        out = torch.empty_like(groups)
+        for g, (pid, r) in enumerate(zip(ids, groups)):
+            visits, mu_old, var_old = self.history.get(pid, (0, 0.0, 0.0))
+            i = visits + 1
+            mu_new, var_new = float(r.mean()), float(r.var(correction=0))
+            mu_tot = (mu_new + (i - 1) * mu_old) / i
+            var_tot = (var_new + (i - 1) * var_old) / i + (i - 1) / i**2 * (mu_old - mu_new) ** 2
+            a_new, a_tot = _standardise(r, mu_new, var_new), _standardise(r, mu_tot, var_tot)
+            sa_new = (i - 1) / i * a_new + a_tot / i
+            sa_tot = a_new / i + (i - 1) / i * a_tot
+            out[g] = torch.where(sa_new.abs() < sa_tot.abs(), sa_new, sa_tot)
+            self.history[pid] = (i, mu_tot, var_tot)
+        return out.reshape(-1)
+
+    def state_dict(self):
+        return {"history": {k: list(v) for k, v in self.history.items()}}
+
+    def load_state_dict(self, state):
+        self.history = {k: (int(v[0]), float(v[1]), float(v[2])) for k, v in state["history"].items()}
+
+
+def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["lam"]):
+    """GAE (1506.02438 Eq. 16) by its recursion over valid tokens: A_t = delta_t + gamma*lam*A_{t+1}."""
+    rewards = as_tensor("rewards", rewards, ndim=2)
+    values = as_tensor("values", values, like=rewards, ndim=2).detach()
+    mask = as_mask(mask, rewards)
+    for name, x in (("values", values), ("mask", mask)):
+        if x.shape != rewards.shape:
+            raise ValueError(f"{name}: expected shape {tuple(rewards.shape)} (the shape of rewards), "
+                             f"got {tuple(x.shape)}")
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if not 0 <= x <= 1:
+            raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
+    adv = torch.zeros_like(rewards)
+    next_v = rewards.new_zeros(len(rewards))
+    next_a = rewards.new_zeros(len(rewards))
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        on = mask[:, t] > 0
+        a = rewards[:, t] + gamma * next_v - values[:, t] + gamma * lam * next_a
+        adv[:, t] = torch.where(on, a, torch.zeros_like(a))
+        next_v = torch.where(on, values[:, t], next_v)
+        next_a = torch.where(on, a, next_a)
+    return adv, (adv + values) * mask
+
+
+def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PARTS["overlong"]["cache_len"]):
+    """DAPO Eq. 13 soft overlong punishment: 0, then linear down to -1 over the last cache_len tokens, then -1."""
+    lengths = as_tensor("lengths", lengths)
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"cache_len: expected 0 < cache_len <= max_len ({max_len}), got {cache_len!r}")
+    start = max_len - cache_len
+    return torch.where(lengths <= start, torch.zeros_like(lengths),
+                       torch.where(lengths <= max_len, (start - lengths) / cache_len, -torch.ones_like(lengths)))
+
+
+def dynamic_sampling_filter(rewards, group_size):
+    """DAPO Eq. 11 constraint 0 < #correct < G: keep a group (True) only if its rewards are not all equal."""
+    groups = _grouped(rewards, group_size)
+    return groups.amax(1) > groups.amin(1)

@@ -1,0 +1,30 @@
+"""Loss aggregation as per-token weights in torch: ``loss = sum(w * l)`` (reference conventions)."""
+from __future__ import annotations
+
+import torch
+
+
+def _safe_div(num, den):
+    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def agg_weights(mask: torch.Tensor, agg: str, group_size: int | None = None, max_len=None) -> torch.Tensor:
+    """Weights w[i, t] of each aggregation mode; fully masked rows and groups get weight 0 and are not counted."""
+    lens = mask.sum(1, keepdim=True)
+    per_seq_mean = _safe_div(mask, lens)
+    n_seq = (lens > 0).sum().clamp(min=1).to(mask.dtype)
+    if agg == "token_mean":
+        return mask / mask.sum().clamp(min=1.0)
+    if agg in ("seq_mean_token_mean", "seq_mean"):
+        return per_seq_mean / n_seq
+    if agg == "seq_mean_token_sum":
+        return mask / n_seq
+    if agg == "seq_mean_token_sum_norm":
+        return mask / (float(max_len) * n_seq)
+    group_tokens = mask.reshape(-1, group_size * mask.shape[1]).sum(1)
+    n_groups = (group_tokens > 0).sum().clamp(min=1).to(mask.dtype)
+    if agg == "group_token_mean":
+        return _safe_div(mask, group_tokens.repeat_interleave(group_size)[:, None]) / n_groups
+    if agg == "group_seq_sum_token_mean":
+        return per_seq_mean / n_groups
+    raise ValueError(f"agg: unknown aggregation mode {agg!r}")

@@ -1,0 +1,35 @@
+"""Torch-side value checks (messages from spec.contract): tensors are floating, finite, and masks are 0/1."""
+from __future__ import annotations
+
+import torch
+
+from spec.contract import mask_error, nonfinite_error
+
+
+def as_tensor(name: str, x, like: torch.Tensor | None = None, ndim: int | None = None) -> torch.Tensor:
+    """Return ``x`` as a finite floating tensor (on ``like``'s device and dtype when given)."""
+    if not isinstance(x, torch.Tensor):
+        try:
+            x = torch.as_tensor(x, dtype=torch.get_default_dtype() if like is None else like.dtype)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"{name}: expected a numeric tensor, got {type(x).__name__}") from None
+    if x.dtype == torch.bool or x.is_complex():
+        raise ValueError(f"{name}: expected a real floating tensor, got dtype {x.dtype}")
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype() if like is None else like.dtype)
+    if like is not None:
+        x = x.to(device=like.device)
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise nonfinite_error(name)
+    return x
+
+
+def as_mask(mask, like: torch.Tensor) -> torch.Tensor:
+    """Return the mask as 0/1 in ``like``'s dtype, or raise if it holds anything else."""
+    if not isinstance(mask, torch.Tensor):
+        mask = torch.as_tensor(mask)
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        raise mask_error()
+    return mask.to(dtype=like.dtype, device=like.device)

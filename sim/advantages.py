@@ -1,0 +1,107 @@
+"""Advantage estimators and reward shaping in NumPy: GRPO, Dr.GRPO, DCPO's SAS, GAE, DAPO's extras."""
+from __future__ import annotations
+
+import numpy as np
+
+from spec.contract import check_group_size
+from spec.registry import PARTS
+
+from spec.arrays import as_float, as_mask
+
+
+def _grouped(rewards, group_size):
+    rewards = as_float("rewards", rewards, ndim=1)
+    check_group_size(group_size, len(rewards), needed=True, why="group advantages")
+    return rewards.reshape(-1, group_size)
+
+
+def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
+                     unbiased=PARTS["grpo_advantage"]["unbiased"]):
+    """GRPO (DeepSeekMath Sec. 4.1.2): (R - mean_g) / (std_g + eps); Dr.GRPO (2503.20783 Eq. 3): R - mean_g."""
+    if kind not in ("grpo", "dr_grpo"):
+        raise ValueError(f"kind: expected 'grpo' or 'dr_grpo', got {kind!r}")
+    groups = _grouped(rewards, group_size)
+    centred = groups - groups.mean(1, keepdims=True)
+    if kind == "dr_grpo":
+        return centred.reshape(-1)
+    if group_size < 2 and unbiased:
+        raise ValueError("group_size: the unbiased std needs G >= 2 responses per prompt, got 1")
+    std = groups.std(1, ddof=1 if unbiased else 0, keepdims=True)
+    den = std + eps
+    return np.divide(centred, den, out=np.zeros_like(centred), where=den > 0).reshape(-1)
+
+
+def _standardise(x, mu, var):
+    """(x - mu) / sigma, and 0 where sigma is 0 (DCPO: an all-equal history gives no signal)."""
+    sigma = np.sqrt(var)
+    return np.divide(x - mu, sigma, out=np.zeros(np.broadcast(x, sigma).shape), where=sigma > 0)
+
+
+class SmoothAdvantage:
+    """DCPO smooth advantage standardization (2509.02333 Eq. 9-12, pooled statistics Eq. 29-30), per prompt."""
+
+    def __init__(self):
+        self.history: dict = {}  # prompt id -> (visits, mean, population variance)
+
+    def __call__(self, prompt_ids, rewards, group_size):
+        groups = _grouped(rewards, group_size)
+        ids = list(prompt_ids)
+        if len(ids) != len(groups):
+            raise ValueError(f"prompt_ids: expected one id per group ({len(groups)}), got {len(ids)}")
+        if len(set(ids)) != len(ids):
+            raise ValueError("prompt_ids: each prompt may appear once per call")
+        out = np.empty_like(groups)
+        for g, (pid, r) in enumerate(zip(ids, groups)):
+            visits, mu_old, var_old = self.history.get(pid, (0, 0.0, 0.0))
+            i = visits + 1
+            mu_new, var_new = r.mean(), r.var()
+            mu_tot = (mu_new + (i - 1) * mu_old) / i
+            var_tot = (var_new + (i - 1) * var_old) / i + (i - 1) / i**2 * (mu_old - mu_new) ** 2
+            a_new, a_tot = _standardise(r, mu_new, var_new), _standardise(r, mu_tot, var_tot)
+            sa_new = (i - 1) / i * a_new + a_tot / i
+            sa_tot = a_new / i + (i - 1) / i * a_tot
+            out[g] = np.where(np.abs(sa_new) < np.abs(sa_tot), sa_new, sa_tot)
+            self.history[pid] = (i, float(mu_tot), float(var_tot))
+        return out.reshape(-1)
+
+    def state_dict(self):
+        return {"history": {k: list(v) for k, v in self.history.items()}}
+
+    def load_state_dict(self, state):
+        self.history = {k: (int(v[0]), float(v[1]), float(v[2])) for k, v in state["history"].items()}
+
+
+def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["lam"]):
+    """GAE (1506.02438 Eq. 16) by its recursion over valid tokens: A_t = delta_t + gamma*lam*A_{t+1}."""
+    rewards, values, mask = as_float("rewards", rewards, ndim=2), as_float("values", values, ndim=2), as_mask(mask)
+    for name, x in (("values", values), ("mask", mask)):
+        if x.shape != rewards.shape:
+            raise ValueError(f"{name}: expected shape {rewards.shape} (the shape of rewards), got {x.shape}")
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if not 0 <= x <= 1:
+            raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
+    adv = np.zeros_like(rewards)
+    next_v = np.zeros(len(rewards))
+    next_a = np.zeros(len(rewards))
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        on = mask[:, t] > 0
+        a = rewards[:, t] + gamma * next_v - values[:, t] + gamma * lam * next_a
+        adv[:, t] = np.where(on, a, 0.0)
+        next_v = np.where(on, values[:, t], next_v)
+        next_a = np.where(on, a, next_a)
+    return adv, (adv + values) * mask
+
+
+def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PARTS["overlong"]["cache_len"]):
+    """DAPO Eq. 13 soft overlong punishment: 0, then linear down to -1 over the last cache_len tokens, then -1."""
+    lengths = as_float("lengths", lengths)
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"cache_len: expected 0 < cache_len <= max_len ({max_len}), got {cache_len!r}")
+    start = max_len - cache_len
+    return np.where(lengths <= start, 0.0, np.where(lengths <= max_len, (start - lengths) / cache_len, -1.0))
+
+
+def dynamic_sampling_filter(rewards, group_size):
+    """DAPO Eq. 11 constraint 0 < #correct < G: keep a group (True) only if its rewards are not all equal."""
+    groups = _grouped(rewards, group_size)
+    return groups.max(1) > groups.min(1)

@@ -1,0 +1,275 @@
+"""Exact evaluation of every objective for small inputs: floats become exact rationals, gradients come from sympy."""
+from __future__ import annotations
+
+import numpy as np
+import sympy as sp
+
+from .arrays import as_float, as_mask
+from .contract import check_agg, check_group_size, check_kl_kind, check_q, check_token_shapes, resolve_hparams
+from . import objectives as ob
+from .registry import PARTS, get_algorithm
+
+
+def rational(x):
+    """The exact value of a float (its binary expansion) or of an int; sympy expressions pass through."""
+    return x if isinstance(x, sp.Basic) else sp.Rational(float(x)) if isinstance(x, float) else sp.sympify(x)
+
+
+def _exact(name, x, ndim=None):
+    """A checked numeric array as an object array of exact rationals; symbolic arrays pass through unchecked."""
+    arr = np.asarray(x, dtype=object)
+    if any(isinstance(v, sp.Basic) and not v.is_Number for v in arr.flat):
+        return np.vectorize(sp.sympify, otypes=[object])(arr) if arr.size else arr
+    checked = as_float(name, x, ndim)
+    return np.vectorize(rational, otypes=[object])(checked) if checked.size else checked.astype(object)
+
+
+def _mask_ints(mask):
+    return as_mask(mask).astype(int).tolist()
+
+
+def _substitute(expr, values):
+    return sp.sympify(expr).xreplace(values)
+
+
+def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=None, **hp):
+    """Exact loss and gradient d loss / d logp (object array) of a registry algorithm on a small [B, T] batch."""
+    alg = get_algorithm(name)
+    hp = resolve_hparams(name, hp)
+    lp_num = as_float("logp", logp)
+    old, adv_ = _exact("old_logp", old_logp), _exact("adv", adv)
+    if adv_.ndim == 1 and lp_num.ndim == 2 and len(adv_) == len(lp_num):  # a sequence advantage per row
+        adv_ = np.repeat(adv_[:, None], lp_num.shape[1], axis=1)
+    m = as_mask(mask)
+    shapes = {"logp": lp_num.shape, "old_logp": old.shape, "adv": adv_.shape, "mask": m.shape}
+    if hp["beta"] > 0:
+        if ref_logp is None:
+            raise ValueError(f"ref_logp: {name} with beta={hp['beta']} > 0 needs ref_logp (the reference log-probs)")
+        ref = _exact("ref_logp", ref_logp)
+        shapes["ref_logp"] = ref.shape
+    check_token_shapes(shapes, group_size, hp["agg"])
+    mask = m.astype(int).tolist()
+    n_rows, n_cols = lp_num.shape
+    if alg.clip == "dynamic" and (as_float("old_logp", old_logp)[m > 0] > 0).any():
+        raise ValueError("old_logp: dcpo needs log-probabilities <= 0 (q = exp(old_logp) in (0, 1])")
+
+    live = [[sp.Symbol(f"lp_{i}_{t}", real=True) for t in range(n_cols)] for i in range(n_rows)]
+    frozen = [[sp.Symbol(f"sg_{i}_{t}", real=True) for t in range(n_cols)] for i in range(n_rows)]
+    values = {}
+    for i in range(n_rows):
+        for t in range(n_cols):
+            values[live[i][t]] = values[frozen[i][t]] = rational(float(lp_num[i, t]))
+    select = ob.AtPoint(values)
+    eps_low, eps_high = rational(hp["eps_low"]), rational(hp["eps_high"])
+    lens = [sum(row) for row in mask]
+
+    def seq_ratio(symbols, i):  # GSPO Eq. 6: s_i = exp(mean_t log(pi / pi_old))
+        return sp.exp(sum(symbols[i][t] - old[i][t] for t in range(n_cols) if mask[i][t]) / lens[i])
+
+    def clipped_loss(r, a, q):
+        if alg.clip == "dynamic":
+            lo, hi = ob.dcpo_lower(q, eps_low), ob.dcpo_upper(q, eps_high, rational(hp["r_max"]))
+        else:
+            lo, hi = 1 - eps_low, 1 + eps_high
+        out = -ob.ppo_clip_surrogate(r, a, lo, hi, select)
+        return out if hp["dual_clip"] is None else ob.dual_clip_loss(out, a, rational(hp["dual_clip"]), select)
+
+    def token_loss(i, t):
+        a = adv_[i][t]
+        if alg.ratio == "sequence":
+            a_seq = sum(adv_[i][k] for k in range(n_cols) if mask[i][k]) / lens[i]
+            return clipped_loss(seq_ratio(live, i), a_seq, None)
+        if alg.ratio == "sequence_token":  # GSPO Eq. 13: sg[s_i] * pi / sg[pi]
+            r = seq_ratio(frozen, i) * sp.exp(live[i][t] - frozen[i][t])
+        else:
+            r = sp.exp(live[i][t] - old[i][t])
+        if alg.clip == "soft":
+            return -ob.sapo_gate(r, rational(hp["tau_pos"] if a > 0 else hp["tau_neg"])) * a
+        return clipped_loss(r, a, sp.exp(old[i][t]))
+
+    loss = [[sp.Integer(0)] * n_cols for _ in range(n_rows)]
+    for i in range(n_rows):
+        for t in range(n_cols):
+            if mask[i][t]:
+                loss[i][t] = token_loss(i, t)
+                if hp["beta"] > 0:
+                    loss[i][t] += rational(hp["beta"]) * ob.kl_estimator(live[i][t], ref[i][t], hp["kl"])
+    max_len = None if hp["max_len"] is None else rational(hp["max_len"])
+    objective = ob.aggregate(loss, mask, hp["agg"], group_size, max_len)
+    grad = np.empty((n_rows, n_cols), dtype=object)
+    for i in range(n_rows):
+        for t in range(n_cols):
+            grad[i, t] = _substitute(sp.diff(objective, live[i][t]), values) if mask[i][t] else sp.Integer(0)
+    return _substitute(objective, values), grad
+
+
+def kl(logp, ref_logp, kind="k3"):
+    """Exact per-token KL estimates (object array)."""
+    check_kl_kind(kind)
+    lp, ref = _exact("logp", logp), _exact("ref_logp", ref_logp)
+    if lp.shape != ref.shape:
+        raise ValueError(f"ref_logp: expected shape {lp.shape} (the shape of logp), got {ref.shape}")
+    return np.vectorize(lambda a, b: ob.kl_estimator(a, b, kind), otypes=[object])(lp, ref)
+
+
+def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
+    """Exact DCPO bounds (lo, hi) for each q (Eq. 21-27)."""
+    q_num = as_float("q", q)
+    if q_num.size:
+        check_q(float(q_num.min()), float(q_num.max()))
+    qs = _exact("q", q)
+    lo = np.vectorize(lambda v: ob.dcpo_lower(v, rational(eps_low)), otypes=[object])(qs)
+    hi = np.vectorize(lambda v: ob.dcpo_upper(v, rational(eps_high), rational(r_max)), otypes=[object])(qs)
+    return lo, hi
+
+
+def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip"], agg="token_mean",
+               group_size=None, max_len=None):
+    """Exact clipped critic loss 0.5 * max((v - R)^2, (clip(v, v_old +- d) - R)^2) and its gradient in v."""
+    check_agg(agg)
+    v_num = as_float("values", values)
+    old, ret = _exact("old_values", old_values), _exact("returns", returns)
+    m = as_mask(mask)
+    check_token_shapes({"values": v_num.shape, "old_values": old.shape, "returns": ret.shape, "mask": m.shape},
+                       group_size, agg)
+    if not clip > 0:
+        raise ValueError(f"clip: expected a number > 0, got {clip!r}")
+    if agg == "seq_mean_token_sum_norm" and max_len is None:
+        raise ValueError("max_len: agg='seq_mean_token_sum_norm' needs max_len, got None")
+    d = rational(clip)
+    syms = [[sp.Symbol(f"v_{i}_{t}", real=True) for t in range(v_num.shape[1])] for i in range(v_num.shape[0])]
+    vals = {s: rational(float(v_num[i, t])) for i, row in enumerate(syms) for t, s in enumerate(row)}
+    select = ob.AtPoint(vals)
+    loss = []
+    for i, row in enumerate(syms):
+        loss.append([])
+        for t, v in enumerate(row):
+            v_clip = ob.clip(v, old[i, t] - d, old[i, t] + d, select)
+            plain, clipped = (v - ret[i, t]) ** 2, (v_clip - ret[i, t]) ** 2
+            loss[-1].append(select((clipped, clipped > plain), (plain, True)) / 2)
+    objective = ob.aggregate(loss, m.astype(int).tolist(), agg, group_size,
+                             None if max_len is None else rational(max_len))
+    grad = np.vectorize(lambda s: _substitute(sp.diff(objective, s), vals), otypes=[object])(
+        np.array(syms, dtype=object))
+    return _substitute(objective, vals), grad
+
+
+def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta=0.1):
+    """Exact DPO Eq. 7 loss and its gradients w.r.t. the chosen and rejected sequence log-probs."""
+    names = ("logp_chosen", "logp_rejected", "ref_chosen", "ref_rejected")
+    lw, ll, rw, rl = (_exact(n, x, ndim=1) for n, x in zip(names, (logp_chosen, logp_rejected, ref_chosen,
+                                                                     ref_rejected)))
+    for n, x in zip(names[1:], (ll, rw, rl)):
+        if x.shape != lw.shape:
+            raise ValueError(f"{n}: expected shape {lw.shape} (the shape of logp_chosen), got {x.shape}")
+    if not (isinstance(beta, (int, float)) and beta > 0):
+        raise ValueError(f"beta: expected a number > 0, got {beta!r}")
+    if lw.size == 0:
+        raise ValueError("logp_chosen: expected at least one preference pair, got none")
+    w = sp.symbols(f"w0:{len(lw)}", real=True)
+    l_ = sp.symbols(f"l0:{len(lw)}", real=True)
+    b = rational(beta)
+    objective = sum(sp.log(1 + sp.exp(-b * ((w[k] - rw[k]) - (l_[k] - rl[k])))) for k in range(len(lw))) / len(lw)
+    vals = {**dict(zip(w, lw)), **dict(zip(l_, ll))}
+    grads = tuple(np.array([_substitute(sp.diff(objective, s), vals) for s in syms], dtype=object)
+                  for syms in (w, l_))
+    return _substitute(objective, vals), grads
+
+
+def _grouped(rewards, group_size):
+    r = _exact("rewards", rewards, ndim=1)
+    check_group_size(group_size, len(r), needed=True, why="group advantages")
+    return r.reshape(-1, group_size)
+
+
+def _standardise(x, mu, var):
+    """(x - mu) / sigma, and 0 where sigma is 0."""
+    sigma = sp.sqrt(var)
+    return sp.Piecewise((0, sp.Eq(sigma, 0)), ((x - mu) / sigma, True))
+
+
+def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
+                     unbiased=PARTS["grpo_advantage"]["unbiased"]):
+    """Exact GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2) or Dr.GRPO R - mean (2503.20783 Eq. 3)."""
+    if kind not in ("grpo", "dr_grpo"):
+        raise ValueError(f"kind: expected 'grpo' or 'dr_grpo', got {kind!r}")
+    out = []
+    for g in _grouped(rewards, group_size):
+        mu = sum(g) / len(g)
+        if kind == "dr_grpo":
+            out += [x - mu for x in g]
+            continue
+        if len(g) < 2 and unbiased:
+            raise ValueError("group_size: the unbiased std needs G >= 2 responses per prompt, got 1")
+        var = sum((x - mu) ** 2 for x in g) / (len(g) - (1 if unbiased else 0))
+        den = sp.sqrt(var) + rational(eps)
+        out += [sp.Piecewise((0, sp.Eq(den, 0)), ((x - mu) / den, True)) for x in g]
+    return np.array(out, dtype=object)
+
+
+class SmoothAdvantage:
+    """Exact DCPO SAS (2509.02333 Eq. 9-12, pooled statistics Eq. 29-30) with per-prompt visit history."""
+
+    def __init__(self):
+        self.history: dict = {}
+
+    def __call__(self, prompt_ids, rewards, group_size):
+        groups = _grouped(rewards, group_size)
+        ids = list(prompt_ids)
+        if len(ids) != len(groups):
+            raise ValueError(f"prompt_ids: expected one id per group ({len(groups)}), got {len(ids)}")
+        if len(set(ids)) != len(ids):
+            raise ValueError("prompt_ids: each prompt may appear once per call")
+        out = []
+        for pid, r in zip(ids, groups):
+            visits, mu_old, var_old = self.history.get(pid, (0, sp.Integer(0), sp.Integer(0)))
+            i = visits + 1
+            mu_new = sum(r) / len(r)
+            var_new = sum((x - mu_new) ** 2 for x in r) / len(r)
+            mu_tot = (mu_new + (i - 1) * mu_old) / i
+            var_tot = (var_new + (i - 1) * var_old) / i + sp.Rational(i - 1, i**2) * (mu_old - mu_new) ** 2
+            for x in r:
+                a_new, a_tot = _standardise(x, mu_new, var_new), _standardise(x, mu_tot, var_tot)
+                sa_new = sp.Rational(i - 1, i) * a_new + a_tot / i
+                sa_tot = a_new / i + sp.Rational(i - 1, i) * a_tot
+                out.append(sp.Piecewise((sa_new, sp.Abs(sa_new) < sp.Abs(sa_tot)), (sa_tot, True)))
+            self.history[pid] = (i, mu_tot, var_tot)
+        return np.array(out, dtype=object)
+
+
+def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["lam"]):
+    """GAE (1506.02438 Eq. 16) by its recursion over the valid tokens of each row (symbolic inputs allowed)."""
+    r, v = _exact("rewards", rewards, ndim=2), _exact("values", values, ndim=2)
+    m = as_mask(mask)
+    for name, x in (("values", v), ("mask", m)):
+        if x.shape != r.shape:
+            raise ValueError(f"{name}: expected shape {r.shape} (the shape of rewards), got {x.shape}")
+    g, lam_ = rational(gamma), rational(lam)
+    adv = np.zeros(r.shape, dtype=object)
+    adv[:] = sp.Integer(0)
+    for i in range(r.shape[0]):
+        next_v, next_a = sp.Integer(0), sp.Integer(0)
+        for t in reversed(range(r.shape[1])):
+            if m[i, t]:
+                next_a = r[i, t] + g * next_v - v[i, t] + g * lam_ * next_a
+                next_v = v[i, t]
+                adv[i, t] = next_a
+    return adv, np.where(m > 0, adv + v, sp.Integer(0))
+
+
+def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PARTS["overlong"]["cache_len"]):
+    """DAPO Eq. 13 soft overlong punishment, exactly."""
+    lengths = as_float("lengths", lengths)
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"cache_len: expected 0 < cache_len <= max_len ({max_len}), got {cache_len!r}")
+    start = rational(max_len) - rational(cache_len)
+
+    def one(n):
+        n = rational(float(n))
+        return sp.Integer(0) if n <= start else (start - n) / rational(cache_len) if n <= max_len else sp.Integer(-1)
+    return np.array([one(n) for n in lengths.flat], dtype=object).reshape(lengths.shape)
+
+
+def dynamic_sampling_filter(rewards, group_size):
+    """DAPO Eq. 11: keep a group only if its rewards are not all equal."""
+    return np.array([max(g) > min(g) for g in _grouped(rewards, group_size)], dtype=bool)

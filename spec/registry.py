@@ -1,0 +1,96 @@
+"""The one registry of algorithm names, defaults, aggregation modes and sources that every layer reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+AGG_MODES: Mapping[str, str] = MappingProxyType({
+    "token_mean": "sum_{i,t} l*m / sum_{i,t} m over the whole batch (DAPO as verl, TRL, OpenRLHF implement it)",
+    "group_token_mean": "mean over groups of sum_{i in g,t} l*m / sum_{i in g,t} m (DAPO Eq. 8 as written)",
+    "seq_mean_token_mean": "mean_i sum_t l*m / |o_i| (GRPO, DeepSeekMath Eq. 3; GSPO-token; SAPO)",
+    "seq_mean_token_sum": "mean_i sum_t l*m (DCPO's later readme and paper-time code)",
+    "seq_mean_token_sum_norm": "mean_i sum_t l*m / max_len (Dr.GRPO; needs max_len)",
+    "group_seq_sum_token_mean": "mean over groups of sum_{i in g} sum_t l*m / |o_i| (DCPO Eq. 8, OTM: no 1/G)",
+    "seq_mean": "mean over sequences of a per-sequence loss (GSPO); a per-sequence loss is held broadcast "
+                "over its tokens, so this equals seq_mean_token_mean",
+})
+GROUP_AGG_MODES = frozenset({"group_token_mean", "group_seq_sum_token_mean"})
+KL_KINDS = ("k1", "k2", "k3")
+
+#: Every hyper-parameter a policy loss accepts, with the meaning users see in errors and --help.
+HPARAMS: Mapping[str, str] = MappingProxyType({
+    "eps_low": "lower clip width: r >= 1 - eps_low (DCPO: eps in its dynamic lower bound)",
+    "eps_high": "upper clip width: r <= 1 + eps_high (DCPO: eps in its dynamic upper bound)",
+    "beta": "weight of the per-token KL penalty added to the loss (0 = none)",
+    "kl": "KL estimator for the penalty: k1, k2 or k3",
+    "agg": "aggregation mode, one of " + ", ".join(AGG_MODES),
+    "max_len": "constant L for seq_mean_token_sum_norm (the generation budget)",
+    "tau_pos": "SAPO gate temperature for positive advantages",
+    "tau_neg": "SAPO gate temperature for negative advantages",
+    "r_max": "DCPO cap on the ratio bound (and its dual clip)",
+    "dual_clip": "dual-clip constant c: for A < 0, loss <= -c*A (None = off)",
+})
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm: how its ratio is formed, how it is clipped, and its paper defaults."""
+
+    name: str
+    ratio: str  # "token", "sequence" (GSPO) or "sequence_token" (GSPO-token)
+    clip: str  # "fixed", "dynamic" (DCPO), "soft" (SAPO) or "none" (DPO)
+    defaults: Mapping[str, object] = field(default_factory=dict)
+    source: str = ""
+
+
+def _alg(name, ratio, clip, source, **defaults):
+    base = {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.0, "kl": "k3", "max_len": None, "dual_clip": None,
+            "tau_pos": 1.0, "tau_neg": 1.05, "r_max": 10.0}
+    base.update(defaults)
+    return Algorithm(name, ratio, clip, MappingProxyType(base), source)
+
+
+ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (
+    _alg("ppo", "token", "fixed", "PPO, Schulman et al. 1707.06347, Eq. 7 (KL goes into the reward, k1)",
+         agg="token_mean"),
+    _alg("grpo", "token", "fixed", "DeepSeekMath 2402.03300, Eq. 3 (k3 penalty Eq. 4, beta 0.04)",
+         agg="seq_mean_token_mean", beta=0.04),
+    _alg("dr_grpo", "token", "fixed", "Dr.GRPO, Liu et al. 2503.20783, Eq. 3 (constant normaliser)",
+         agg="seq_mean_token_sum_norm"),
+    _alg("dapo", "token", "fixed", "DAPO 2503.14476, Eq. 8 (clip-higher 0.28, token-level loss)",
+         agg="group_token_mean", eps_high=0.28),
+    _alg("gspo", "sequence", "fixed", "GSPO 2507.18071, Eq. 5-7 (sequence ratio, clip 3e-4/4e-4)",
+         agg="seq_mean", eps_low=3e-4, eps_high=4e-4),
+    _alg("gspo_token", "sequence_token", "fixed", "GSPO 2507.18071, Eq. 13-14 (GSPO-token)",
+         agg="seq_mean_token_mean", eps_low=3e-4, eps_high=4e-4),
+    _alg("dcpo", "token", "dynamic", "DCPO 2509.02333, Eq. 4 (dynamic clip), Eq. 8 (OTM), Eq. 21-28 (bounds)",
+         agg="group_seq_sum_token_mean", eps_low=0.16, eps_high=0.2, r_max=10.0, dual_clip=10.0),
+    _alg("sapo", "token", "soft", "SAPO 2511.20347, Eq. 5-6 (soft gate, tau_pos 1.0, tau_neg 1.05)",
+         agg="seq_mean_token_mean"),
+    Algorithm("dpo", "sequence", "none", MappingProxyType({"beta": 0.1}),
+              "DPO, Rafailov et al. 2305.18290, Eq. 7"),
+)})
+
+#: Algorithms trained with ``policy_loss`` (all but DPO, which has ``dpo_loss``).
+POLICY_ALGORITHMS = tuple(n for n, a in ALGORITHMS.items() if a.clip != "none")
+
+#: Defaults of the parts that are not policy losses.
+PARTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
+    "grpo_advantage": MappingProxyType({"eps": 1e-6, "unbiased": True,
+                                        "source": "DeepSeekMath 2402.03300, Sec. 4.1.2 (outcome supervision)"}),
+    "dr_grpo_advantage": MappingProxyType({"source": "Dr.GRPO 2503.20783, Eq. 3 (no std division)"}),
+    "sas": MappingProxyType({"source": "DCPO 2509.02333, Eq. 9-12 and 29-30 (smooth advantage standardization)"}),
+    "gae": MappingProxyType({"gamma": 1.0, "lam": 0.95, "source": "GAE, Schulman et al. 1506.02438, Eq. 16"}),
+    "value_loss": MappingProxyType({"clip": 0.2, "agg": "token_mean",
+                                    "source": "PPO 1707.06347 with clipped value loss (as in the PPO baselines)"}),
+    "overlong": MappingProxyType({"max_len": 20480, "cache_len": 4096, "source": "DAPO 2503.14476, Eq. 13"}),
+    "kl": MappingProxyType({"source": "Schulman, 'Approximating KL divergence' (k1, k2, k3)"}),
+})
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """Return the registry entry for ``name`` or raise a ValueError listing the known names."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"name: unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
