@@ -166,5 +166,6 @@ def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta=0.1):
     if lw.numel() == 0:
         raise ValueError("logp_chosen: expected at least one preference pair, got none")
     margin = beta * ((lw - rw.detach()) - (ll - rl.detach()))
-    stats = {"reward_accuracy": float((margin > 0).float().mean()), "margin_mean": float(margin.mean() / beta)}
+    m = margin.detach()
+    stats = {"reward_accuracy": float((m > 0).float().mean()), "margin_mean": float(m.mean() / beta)}
     return -F.logsigmoid(margin).mean(), stats

@@ -244,6 +244,9 @@ def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["la
     for name, x in (("values", v), ("mask", m)):
         if x.shape != r.shape:
             raise ValueError(f"{name}: expected shape {r.shape} (the shape of rewards), got {x.shape}")
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if sp.sympify(x).is_number and not 0 <= x <= 1:  # symbols are allowed for the derivations
+            raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
     g, lam_ = rational(gamma), rational(lam)
     adv = np.zeros(r.shape, dtype=object)
     adv[:] = sp.Integer(0)

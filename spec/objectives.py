@@ -33,10 +33,13 @@ class AtPoint:
             return bool(cond)
         if isinstance(cond, sp.And):
             return all(self.holds(c) for c in cond.args)
-        diff = sp.N((cond.lhs - cond.rhs).xreplace(self.values), 60)  # exact numbers compared at 60 digits
-        if diff == 0:
-            return cond.func(0, 0) == sp.true
-        return bool(cond.func(diff, 0))
+        diff = (cond.lhs - cond.rhs).xreplace(self.values)
+        # exact numbers are compared at 60 digits; symbolic ones by their sign under the symbols' assumptions
+        diff = sp.N(diff, 60) if diff.is_number else sp.simplify(diff)
+        decided = cond.func(diff, 0)
+        if decided not in (sp.true, sp.false):
+            raise ValueError(f"cannot decide {cond} at the point")
+        return bool(decided)
 
 
 def clip(r, lo, hi, select=piecewise):

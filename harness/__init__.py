@@ -1,0 +1,1 @@
+"""The cliplab command line, differential checks between the layers, configs and reports."""
