@@ -48,8 +48,9 @@ def _bounds_unchecked(q, eps_low, eps_high, r_max):
 def _clip_terms(r, adv, lo, hi, dual_clip):
     """PPO-clip (1707.06347 Eq. 7) with optional dual clip: loss, d loss / d log r, and the clipped indicator."""
     unclipped = r * adv
-    use_unclipped = unclipped <= np.clip(r, lo, hi) * adv
-    loss = -np.where(use_unclipped, unclipped, np.clip(r, lo, hi) * adv)
+    clipped_value = np.clip(r, lo, hi) * adv
+    use_unclipped = unclipped <= clipped_value
+    loss = -np.where(use_unclipped, unclipped, clipped_value)
     dloss = np.where(use_unclipped, -unclipped, 0.0)
     clipped = ~use_unclipped
     if dual_clip is not None:

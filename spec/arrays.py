@@ -22,6 +22,6 @@ def as_float(name: str, x, ndim: int | None = None) -> np.ndarray:
 def as_mask(mask) -> np.ndarray:
     """Return the mask as float64 0/1, or raise if it holds anything else."""
     arr = as_float("mask", mask)
-    if not np.isin(arr, (0.0, 1.0)).all():
+    if not ((arr == 0.0) | (arr == 1.0)).all():
         raise mask_error()
     return arr
