@@ -53,54 +53,40 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     if alg.clip == "dynamic" and (as_float("old_logp", old_logp)[m > 0] > 0).any():
         raise ValueError("old_logp: dcpo needs log-probabilities <= 0 (q = exp(old_logp) in (0, 1])")
 
-    live = [[sp.Symbol(f"lp_{i}_{t}", real=True) for t in range(n_cols)] for i in range(n_rows)]
-    frozen = [[sp.Symbol(f"sg_{i}_{t}", real=True) for t in range(n_cols)] for i in range(n_rows)]
+    live, frozen = _symbols("lp", n_rows, n_cols), _symbols("sg", n_rows, n_cols)
     values = {}
     for i in range(n_rows):
         for t in range(n_cols):
             values[live[i][t]] = values[frozen[i][t]] = rational(float(lp_num[i, t]))
-    select = ob.AtPoint(values)
-    eps_low, eps_high = rational(hp["eps_low"]), rational(hp["eps_high"])
-    lens = [sum(row) for row in mask]
-
-    def seq_ratio(symbols, i):  # GSPO Eq. 6: s_i = exp(mean_t log(pi / pi_old))
-        return sp.exp(sum(symbols[i][t] - old[i][t] for t in range(n_cols) if mask[i][t]) / lens[i])
-
-    def clipped_loss(r, a, q):
-        if alg.clip == "dynamic":
-            lo, hi = ob.dcpo_lower(q, eps_low), ob.dcpo_upper(q, eps_high, rational(hp["r_max"]))
-        else:
-            lo, hi = 1 - eps_low, 1 + eps_high
-        out = -ob.ppo_clip_surrogate(r, a, lo, hi, select)
-        return out if hp["dual_clip"] is None else ob.dual_clip_loss(out, a, rational(hp["dual_clip"]), select)
-
-    def token_loss(i, t):
-        a = adv_[i][t]
-        if alg.ratio == "sequence":
-            a_seq = sum(adv_[i][k] for k in range(n_cols) if mask[i][k]) / lens[i]
-            return clipped_loss(seq_ratio(live, i), a_seq, None)
-        if alg.ratio == "sequence_token":  # GSPO Eq. 13: sg[s_i] * pi / sg[pi]
-            r = seq_ratio(frozen, i) * sp.exp(live[i][t] - frozen[i][t])
-        else:
-            r = sp.exp(live[i][t] - old[i][t])
-        if alg.clip == "soft":
-            return -ob.sapo_gate(r, rational(hp["tau_pos"] if a > 0 else hp["tau_neg"])) * a
-        return clipped_loss(r, a, sp.exp(old[i][t]))
-
-    loss = [[sp.Integer(0)] * n_cols for _ in range(n_rows)]
-    for i in range(n_rows):
-        for t in range(n_cols):
-            if mask[i][t]:
-                loss[i][t] = token_loss(i, t)
-                if hp["beta"] > 0:
-                    loss[i][t] += rational(hp["beta"]) * ob.kl_estimator(live[i][t], ref[i][t], hp["kl"])
-    max_len = None if hp["max_len"] is None else rational(hp["max_len"])
-    objective = ob.aggregate(loss, mask, hp["agg"], group_size, max_len)
+    objective = ob.policy_objective(alg, _exact_hp(hp), live, frozen, old, adv_, mask,
+                                    ref if hp["beta"] > 0 else None, group_size, ob.AtPoint(values))
     grad = np.empty((n_rows, n_cols), dtype=object)
     for i in range(n_rows):
         for t in range(n_cols):
             grad[i, t] = _substitute(sp.diff(objective, live[i][t]), values) if mask[i][t] else sp.Integer(0)
     return _substitute(objective, values), grad
+
+
+def _symbols(prefix, n_rows, n_cols):
+    return [[sp.Symbol(f"{prefix}_{i}_{t}", real=True) for t in range(n_cols)] for i in range(n_rows)]
+
+
+def _exact_hp(hp):
+    return {k: rational(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in hp.items()}
+
+
+def symbolic_objective(name, rows, cols, *, mask=None, group_size=None, **hp):
+    """A policy loss as one sympy expression over symbols ``lp_i_t`` (logp), ``old_i_t``, ``A_i_t`` (and
+    ``ref_i_t`` when beta > 0), for a batch of the given size and mask (all ones by default); stop-gradient copies
+    of logp (GSPO-token) are ``sg_i_t``. Returns (expression, symbols by name)."""
+    alg = get_algorithm(name)
+    hp = resolve_hparams(name, hp)
+    mask = np.ones((rows, cols), dtype=int) if mask is None else as_mask(mask).astype(int)
+    check_token_shapes({"mask": mask.shape}, group_size, hp["agg"])
+    syms = {k: _symbols(k, rows, cols) for k in ("lp", "sg", "old", "A", "ref")}
+    expr = ob.policy_objective(alg, _exact_hp(hp), syms["lp"], syms["sg"], syms["old"], syms["A"], mask.tolist(),
+                               syms["ref"] if hp["beta"] > 0 else None, group_size, ob.piecewise)
+    return expr, syms
 
 
 def kl(logp, ref_logp, kind="k3"):

@@ -107,3 +107,43 @@ def aggregate(loss, mask, agg, group_size=None, max_len=None):
     if agg == "group_seq_sum_token_mean":
         return sum(sum(row_sum[i] / lens[i] for i in g if lens[i] > 0) for g in groups) / len(groups)
     raise ValueError(f"agg: unknown aggregation mode {agg!r}")
+
+
+def policy_objective(alg, hp, live, frozen, old, adv, mask, ref=None, group_size=None, select=piecewise):
+    """A registry algorithm's loss (the negated objective) over a [B][T] batch: ``live`` are the logp symbols,
+    ``frozen`` their stop-gradient copies, the rest numbers or symbols; ``hp`` holds exact hyper-parameters."""
+    n_rows, n_cols = len(mask), len(mask[0]) if mask else 0
+    lens = [sum(row) for row in mask]
+
+    def seq_ratio(symbols, i):  # GSPO Eq. 6: s_i = exp(mean_t log(pi / pi_old))
+        return sp.exp(sum(symbols[i][t] - old[i][t] for t in range(n_cols) if mask[i][t]) / lens[i])
+
+    def clipped_loss(r, a, q):
+        if alg.clip == "dynamic":  # DCPO Eq. 4 with the bounds of Eq. 21-27
+            lo, hi = dcpo_lower(q, hp["eps_low"]), dcpo_upper(q, hp["eps_high"], hp["r_max"])
+        else:
+            lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
+        out = -ppo_clip_surrogate(r, a, lo, hi, select)
+        return out if hp["dual_clip"] is None else dual_clip_loss(out, a, hp["dual_clip"], select)
+
+    def token_loss(i, t):
+        a = adv[i][t]
+        if alg.ratio == "sequence":  # GSPO Eq. 7 with the row's advantage
+            a_seq = sum(adv[i][k] for k in range(n_cols) if mask[i][k]) / lens[i]
+            return clipped_loss(seq_ratio(live, i), a_seq, None)
+        if alg.ratio == "sequence_token":  # GSPO Eq. 13: sg[s_i] * pi / sg[pi]
+            r = seq_ratio(frozen, i) * sp.exp(live[i][t] - frozen[i][t])
+        else:
+            r = sp.exp(live[i][t] - old[i][t])
+        if alg.clip == "soft":  # SAPO Eq. 6: tau by the sign of A
+            return -sapo_gate(r, select((hp["tau_pos"], a > 0), (hp["tau_neg"], True))) * a
+        return clipped_loss(r, a, sp.exp(old[i][t]))
+
+    loss = [[sp.Integer(0)] * n_cols for _ in range(n_rows)]
+    for i in range(n_rows):
+        for t in range(n_cols):
+            if mask[i][t]:
+                loss[i][t] = token_loss(i, t)
+                if ref is not None:  # DeepSeekMath Eq. 3: + beta * KL inside the token sum
+                    loss[i][t] += hp["beta"] * kl_estimator(live[i][t], ref[i][t], hp["kl"])
+    return aggregate(loss, mask, hp["agg"], group_size, hp["max_len"])
