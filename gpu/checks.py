@@ -21,7 +21,7 @@ def as_tensor(name: str, x, like: torch.Tensor | None = None, ndim: int | None =
         x = x.to(device=like.device)
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
+    if not _all_finite(x):
         raise nonfinite_error(name)
     return x
 
@@ -30,6 +30,11 @@ def as_mask(mask, like: torch.Tensor) -> torch.Tensor:
     """Return the mask as 0/1 in ``like``'s dtype, or raise if it holds anything else."""
     if not isinstance(mask, torch.Tensor):
         mask = torch.as_tensor(mask)
-    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+    if mask.dtype != torch.bool and not bool(mask.eq(mask.bool()).all()):  # 0/1 only (NaN fails too)
         raise mask_error()
     return mask.to(dtype=like.dtype, device=like.device)
+
+
+def _all_finite(x: torch.Tensor) -> bool:
+    """One reduction on the fast path: a finite sum means no NaN or inf; otherwise look element by element."""
+    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
