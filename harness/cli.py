@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -67,6 +68,40 @@ def verify(json_out: bool = typer.Option(False, "--json", help="Print the result
         for d in derivations:
             console.print(f"{'[green]holds[/]' if d['holds'] else '[red]FAILS[/]'}  {d['derivation']}")
     raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def sim(env: str = typer.Option("toy_lm", help="Environment: bandit or toy_lm."),
+        algos: str = typer.Option("all", help="Comma-separated algorithms, or 'all'."),
+        seeds: int = typer.Option(5, help="Seeds per algorithm and grid point."),
+        steps: int = typer.Option(300, help="RL steps per run."),
+        set_: List[str] = typer.Option([], "--set", help="key=value, or key=v1,v2 for a grid (repeatable)."),
+        out: Path = typer.Option(Path("runs/sim"), help="Sweep folder; rerunning the same command resumes it."),
+        json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        workers: int = typer.Option(2, help="Worker processes.")):
+    """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model, writing per-step metrics
+    as it goes (resumable) and OUT/summary.json with the means over seeds."""
+    from harness.sim_cmd import sim_command
+    _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers)
+
+
+@app.command()
+def report(dirs: List[Path] = typer.Argument(..., help="Sweep folders (DIR/runs/*) or run folders."),
+           out: Optional[Path] = typer.Option(None, help="Markdown file (default DIRS[0]/report.md); PNGs beside "
+                                                           "it.")):
+    """A markdown report: curves per algorithm with seed bands, a summary table, and the papers' claims with
+    the measurements and a verdict each."""
+    from harness.report import write_report
+    typer.echo(_user_errors(write_report, dirs, out))
+
+
+def _user_errors(fn, *args):
+    """Run a command; a ValueError (bad input) becomes a one-line error and exit code 2."""
+    try:
+        return fn(*args)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
 
 
 @app.command()

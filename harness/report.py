@@ -1,0 +1,169 @@
+"""``cliplab report``: markdown with curves per algorithm (seed bands) and a table of the papers' claims.
+
+Reads any folder of runs that ``harness.rundirs`` understands (the simulator's sweeps; the real-model harness writes
+the same files), so the same report serves both.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .claims import CLAIMS, bandit_entropy_check, claim_bandit  # noqa: E402
+from .rundirs import Groups, fmt, mean_se, load_runs  # noqa: E402
+
+PANELS = ("accuracy_exact", "entropy", "clip_frac", "rur", "kl_ref", "resp_len", "len_wrong_exact", "gen_per_trained")
+TABLE = ("accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac", "gen_per_trained",
+         "kl_ref_final")
+
+
+# ---- plots ---------------------------------------------------------------------------------------------------
+def plot_curves(groups: Groups, labels: list[str], path: Path, panels=PANELS, smooth: int = 10) -> None:
+    """One panel per metric: the mean over seeds (moving average of ``smooth`` steps) and a min-max seed band."""
+    cols = 4
+    rows = int(np.ceil(len(panels) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for ax, key in zip(axes.flat, panels):
+        for i, label in enumerate(labels):
+            c = groups.curve(label, key)
+            if not np.isfinite(c).any():
+                continue
+            c = _moving(c, smooth)
+            x = np.arange(c.shape[1])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                ax.plot(x, np.nanmean(c, 0), color=colors(i % 10), lw=1.2, label=label)
+                ax.fill_between(x, np.nanmin(c, 0), np.nanmax(c, 0), color=colors(i % 10), alpha=0.15, lw=0)
+        ax.set_title(key, fontsize=9)
+        ax.tick_params(labelsize=7)
+        if key == "clip_frac":
+            ax.set_yscale("symlog", linthresh=1e-4)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    for ax in axes.flat:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, loc="best")
+            break
+    fig.supxlabel("step", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=55, pil_kwargs={"optimize": True})
+    plt.close(fig)
+
+
+def _moving(c: np.ndarray, k: int) -> np.ndarray:
+    if k <= 1 or c.shape[1] < k:
+        return c
+    out = np.full_like(c, np.nan)
+    for i in range(c.shape[1]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out[:, i] = np.nanmean(c[:, max(0, i - k + 1):i + 1], axis=1)
+    return out
+
+
+# ---- the report ----------------------------------------------------------------------------------------------
+ENV_TEXT = {
+    "toy_lm": ("Toy LM: a tabular softmax policy per (prompt, automaton state) over, by default, 8 tokens (EOS, "
+               "the answer marker ANS, 2 filler tokens, 4 answer tokens). A response thinks (filler; the state "
+               "counts positions), emits ANS, one answer and EOS; anything else, or running past max_len, is "
+               "malformed. The correct answer's initial logit spreads prompts from hopeless (success about 0.001) "
+               "to easy (about 0.9), so correct answers of hard prompts start as low-probability tokens. Entropy, "
+               "KL and accuracy_exact are exact expectations (a dynamic programme over the automaton), not "
+               "samples."),
+    "bandit": ("Bandit: one state per prompt, 8 arms, one correct arm whose initial logit sets the prompt's "
+               "difficulty; responses are one token long."),
+}
+SETUP_KEYS = ("n_prompts", "batch_prompts", "group_size", "max_len", "optimizer", "lr", "epochs", "minibatches")
+
+
+def setup_lines(groups: Groups) -> list[str]:
+    """What the simulator runs were: the environment, the shared settings and each label's reward and advantage."""
+    sims = {lbl: runs[0] for lbl, runs in groups.runs.items() if runs[0].get("settings")}
+    if not sims:
+        return []
+    lines = ["## Setup", ""]
+    for env in sorted({r["env"] for r in sims.values()}):
+        lines += [ENV_TEXT.get(env, env), ""]
+    first = next(iter(sims.values()))["settings"]
+    lines += ["Settings unless a label says otherwise: " + ", ".join(f"{k}={first[k]}" for k in SETUP_KEYS
+                                                                     if k in first) + ".", "",
+              "| algorithm | reward (correct/wrong/malformed) | advantage | dynamic sampling | overlong shaping |",
+              "|---|---|---|---|---|"]
+    from sim.config import REWARD_SCHEMES
+    seen = set()
+    for lbl in groups.labels():
+        if lbl in sims and sims[lbl]["algo"] not in seen:
+            seen.add(sims[lbl]["algo"])
+            st = sims[lbl]["settings"]
+            scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(st.get("reward"), ()))
+            lines.append(f"| {sims[lbl]['algo']} | {st.get('reward')} ({scheme}) | {st.get('adv', '-') or '-'} | "
+                         f"{st.get('dynamic_sampling')} | {st.get('overlong')} |")
+    return lines + [""]
+
+
+def _command_of(d: Path) -> str | None:
+    sweep = d / "sweep.json"
+    if not sweep.exists():
+        return None
+    s = json.loads(sweep.read_text())
+    sets = "".join(f" --set {k}={','.join(str(v) for v in vals)}" for k, vals in s.get("grid", {}).items())
+    return (f"cliplab sim --env {s['env']} --algos {','.join(s['algos'])} --seeds {s['seeds']} "
+            f"--steps {s['steps']}{sets} --out {d}")
+
+
+def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
+    """Write ``out_md`` (default: the first dir's report.md) and PNG plots beside it; returns the markdown path."""
+    dirs = [Path(d) for d in ([dirs] if isinstance(dirs, (str, Path)) else dirs)]
+    if not dirs:
+        raise ValueError("dirs: expected at least one runs folder")
+    out_md = Path(out_md) if out_md is not None else dirs[0] / "report.md"
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(dirs)
+    if not runs:
+        raise ValueError(f"dirs: no complete runs (config.json + metrics.jsonl) under {', '.join(map(str, dirs))}")
+    groups = Groups(runs)
+    lines = ["# cliplab simulator report", ""]
+    cmds = [c for c in (_command_of(d) for d in dirs) if c]
+    if cmds:
+        lines += ["Produced by:", "", "```", *cmds, f"cliplab report {' '.join(map(str, dirs))} --out {out_md}", "```",
+                  ""]
+    lines += setup_lines(groups)
+    lines += ["## Claims", "", "| claim | measured | verdict | why |", "|---|---|---|---|"]
+    for text, fn in CLAIMS:
+        meas, verdict, why = fn(groups)
+        lines.append(f"| {text} | {meas} | **{verdict}** | {why} |")
+    if bandit:
+        rows = bandit_entropy_check()
+        meas, verdict, why = claim_bandit(rows)
+        lines.append(f"| Bandit: entropy change under natural PG is -eta Cov(log pi, A) (Cui et al. 2505.22617) | "
+                     f"{meas} | **{verdict}** | {why} |")
+        lines += ["", "Bandit check (default bandit, exact, summed over its 128 prompts):", "",
+                  "| eta | exact dH | -eta Cov(log pi, A) | per-prompt correlation |", "|---|---|---|---|"]
+        lines += [f"| {e} | {a:.5g} | {p:.5g} | {c:.5f} |" for e, a, p, c in rows]
+    lines += ["", "## Summary per label (mean over seeds)", "",
+              "Reward and accuracy: last 10% of steps; entropy and KL: last step; the rest: mean over all steps.", "",
+              "| label | seeds | " + " | ".join(TABLE) + " |", "|---" * (len(TABLE) + 2) + "|"]
+    for label in groups.labels():
+        cells = []
+        for key in TABLE:
+            base, part = (key[:-6], "final") if key.endswith("_final") else (key, "all")
+            part = "last" if key in ("accuracy", "accuracy_exact") else part
+            cells.append(fmt(mean_se(groups.per_seed(label, base, part))[0]))
+        lines.append(f"| {label} | {len(groups.runs[label])} | " + " | ".join(cells) + " |")
+    lines += ["", "## Curves", "", "Mean over seeds (10-step moving average) with the min-max band over seeds.", ""]
+    for i, d in enumerate(dirs):
+        labels = [lbl for lbl in groups.labels() if groups.runs[lbl][0]["dir"] == str(d)]
+        if not labels:
+            continue
+        png = out_md.with_name(f"{out_md.stem}_{i}_{d.name}.png")
+        plot_curves(groups, labels, png)
+        lines += [f"### {d.name}", "", f"![{d.name}]({png.name})", ""]
+    out_md.write_text("\n".join(lines) + "\n")
+    return out_md

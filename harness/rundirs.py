@@ -1,0 +1,121 @@
+"""Run folders as the report reads them: the simulator's sweeps and the real-model harness's runs, grouped by label.
+
+Reads ``DIR/runs/<run>/``, ``DIR/<run>/`` or a run folder itself, each with ``config.json`` and ``metrics.jsonl``.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+#: Metric names of the real-model harness (gpu/train.py) mapped to the simulator's.
+ALIASES = {"tcr": "clip_frac", "len_mean": "resp_len", "reward_mean": "reward", "accuracy_trained": "accuracy",
+           "truncated_frac": "truncated"}
+
+
+def _run_folders(root: Path) -> list[Path]:
+    """A run folder itself, DIR/runs/<run>/, or DIR/<run>/ (one or two levels down) holding metrics.jsonl."""
+    if (root / "metrics.jsonl").exists():
+        return [root]
+    base = root / "runs" if (root / "runs").is_dir() else root
+    found = sorted(p.parent for p in list(base.glob("*/metrics.jsonl")) + list(base.glob("*/*/metrics.jsonl")))
+    return found
+
+
+def _identity(cfg: dict) -> tuple[str, dict, object]:
+    """(algo, grid params, seed) of a simulator config or a real-model config (algo = {name, hp})."""
+    algo = cfg.get("algo")
+    if isinstance(algo, dict):
+        return algo["name"], dict(algo.get("hp") or {}), cfg.get("seed")
+    return algo, dict(cfg.get("params") or {}), cfg.get("seed")
+
+
+def load_runs(dirs) -> list[dict]:
+    """Every complete run (config.json and metrics.jsonl present) found under ``dirs``."""
+    runs = []
+    for d in dirs:
+        root = Path(d)
+        if not root.is_dir():
+            raise ValueError(f"dirs: {root} is not a folder")
+        for folder in _run_folders(root):
+            cfg_path = folder / "config.json"
+            if not cfg_path.exists():
+                continue
+            cfg = json.loads(cfg_path.read_text())
+            algo, params, seed = _identity(cfg)
+            if algo is None:
+                continue
+            records = []
+            for line in (folder / "metrics.jsonl").read_text().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    records.append({**{ALIASES[k]: v for k, v in rec.items() if k in ALIASES}, **rec})
+            label = cfg.get("label") or (algo + ("[" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + "]"
+                                                 if params else ""))
+            runs.append({"dir": str(root), "label": label, "algo": algo, "params": params, "seed": seed,
+                         "records": records, "env": cfg.get("env"), "settings": cfg.get("settings")})
+    return runs
+
+
+class Groups:
+    """Runs grouped by label, with per-seed arrays [seeds, steps] of each metric (NaN where missing)."""
+
+    def __init__(self, runs: list[dict]):
+        self.runs: dict[str, list[dict]] = {}
+        for r in runs:
+            self.runs.setdefault(r["label"], []).append(r)
+
+    def labels(self):
+        """Labels in registry order of their algorithm, then by name."""
+        from spec.registry import ALGORITHMS
+        order = {a: i for i, a in enumerate(ALGORITHMS)}
+        return sorted(self.runs, key=lambda lbl: (order.get(self.runs[lbl][0]["algo"], len(order)), lbl))
+
+    def curve(self, label: str, key: str) -> np.ndarray:
+        rows = [[np.nan if rec.get(key) is None else rec[key] for rec in r["records"]] for r in self.runs[label]]
+        steps = min(len(x) for x in rows)
+        return np.array([x[:steps] for x in rows], dtype=float)
+
+    def per_seed(self, label: str, key: str, part: str = "all") -> np.ndarray:
+        """Per-seed mean of ``key`` over all steps, the first or the last 10% of steps, or its last value."""
+        c = self.curve(label, key)
+        n = max(1, c.shape[1] // 10)
+        sl = {"all": slice(None), "first": slice(0, n), "last": slice(-n, None), "final": slice(-1, None)}[part]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-missing metric is NaN, reported as n/a
+            return np.nanmean(c[:, sl], axis=1)
+
+    def find(self, algo: str, **params) -> str | None:
+        """The label of ``algo`` whose grid values include ``params``; with no params, its plain label (or its
+        only label)."""
+        cands = [lbl for lbl in self.labels() if self.runs[lbl][0]["algo"] == algo
+                 and all(same(self.runs[lbl][0]["params"].get(k), v) for k, v in params.items())]
+        if params or not cands:
+            return cands[0] if cands else None
+        plain = [lbl for lbl in cands if not self.runs[lbl][0]["params"]]
+        return plain[0] if plain else (cands[0] if len(cands) == 1 else None)
+
+
+def same(a, b):
+    try:
+        return a is not None and abs(float(a) - float(b)) < 1e-12
+    except (TypeError, ValueError):
+        return a == b
+
+
+def mean_se(x: np.ndarray) -> tuple[float, float]:
+    """Mean and standard error over seeds."""
+    x = np.asarray(x, dtype=float)
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return float("nan"), float("nan")
+    return float(x.mean()), float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else 0.0
+
+
+def fmt(m, se=None, pct=False):
+    if m != m:
+        return "n/a"
+    f = (lambda v: f"{100 * v:.3g}%") if pct else (lambda v: f"{v:.3g}")
+    return f(m) if se is None else f"{f(m)} ± {f(se)}"

@@ -1,0 +1,220 @@
+"""The vectorised RL loop: rollouts, rewards, advantages, minibatch epochs of ``policy_loss``, optimiser steps."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from . import bandit, optim, toy_lm
+from .advantages import SmoothAdvantage, dynamic_sampling_filter, gae, group_advantages, overlong_penalty
+from .config import REWARD_SCHEMES, resolve
+from .losses import dpo_loss, policy_loss, value_loss
+from .metrics import clean, exact_metrics, rollout_metrics
+from .tabular import CORRECT, MALFORMED, Rollout, exact, logit_grad, row_logp, sample, tables, token_logp
+
+
+def build_env(env: str, cfg: dict):
+    """The automaton, initial logits and description of ``env`` under the settings ``cfg``."""
+    common = dict(n_prompts=cfg["n_prompts"], difficulty_low=cfg["difficulty_low"],
+                  difficulty_high=cfg["difficulty_high"], env_seed=cfg["env_seed"])
+    if env == "bandit":
+        return bandit.build(n_arms=cfg["n_arms"], **common)
+    return toy_lm.build(max_len=cfg["max_len"], n_think=cfg["n_think"], n_answers=cfg["n_answers"], **common)
+
+
+def rewards_of(ro: Rollout, cfg: dict) -> np.ndarray:
+    """The reward scheme's value of each outcome, plus DAPO's soft overlong punishment (Eq. 13) if on."""
+    good, wrong, bad = REWARD_SCHEMES[cfg["reward"]]
+    r = np.where(ro.outcome == CORRECT, good, np.where(ro.outcome == MALFORMED, bad, wrong))
+    if cfg["overlong"]:
+        r = r + overlong_penalty(ro.lengths, cfg["max_len"], cfg["overlong_cache"])
+    return r
+
+
+def _select(ro: Rollout, groups: np.ndarray, group_size: int) -> Rollout:
+    rows = (groups[:, None] * group_size + np.arange(group_size)).reshape(-1)
+    return Rollout(ro.prompts[groups], ro.states[rows], ro.tokens[rows], ro.mask[rows], ro.old_logp[rows],
+                   ro.outcome[rows], ro.lengths[rows], ro.truncated[rows])
+
+
+def _concat(parts: list[Rollout]) -> Rollout:
+    return Rollout(*(np.concatenate([getattr(p, f) for p in parts]) for f in Rollout.__dataclass_fields__))
+
+
+class Trainer:
+    """One run: an environment, a policy (tabular logits), its reference, optimiser and advantage state."""
+
+    def __init__(self, env: str, algo: str, seed: int, overrides: dict | None = None):
+        self.env, self.algo, self.seed = env, algo, seed
+        self.cfg = cfg = resolve(env, algo, overrides)
+        self.aut, init, self.info = build_env(env, cfg)
+        self.logits, self.ref_logits = init.copy(), init.copy()
+        self.ref_logp = tables(self.ref_logits)[0]
+        self.rng = np.random.default_rng(seed)
+        kw = {"momentum": cfg["momentum"]} if cfg["optimizer"] == "sgd" else {}
+        self.opt = optim.make(cfg["optimizer"], self.logits, cfg["lr"], **kw)
+        self.sas = SmoothAdvantage() if cfg.get("adv") == "sas" else None
+        if cfg.get("adv") == "gae":
+            self.values = np.zeros(self.aut.n_states)
+            self.critic = optim.Adam(self.values, cfg["critic_lr"])
+        self.step_no = 0
+        if algo == "dpo":
+            self._build_pairs()
+
+    # ---- rollouts ------------------------------------------------------------------------------------------
+    def _collect(self, table):
+        """Rollouts of G responses per prompt; with dynamic sampling, refill with new prompts (DAPO Sec. 3.2)."""
+        cfg, g = self.cfg, self.cfg["group_size"]
+        p = cfg["batch_prompts"]
+        order = self.rng.permutation(cfg["n_prompts"])
+        ds = cfg["dynamic_sampling"]
+        per_round = int(np.ceil(p * cfg["ds_oversample"])) if ds else p
+        generated, kept, seen_ro, seen_r = 0, [], [], []
+        for k in range(cfg["ds_max_rounds"] if ds else 1):
+            chunk = order[k * per_round:(k + 1) * per_round]  # distinct prompts within a step
+            if chunk.size == 0:
+                break
+            ro = sample(self.aut, table, chunk, g, self.rng)
+            r = rewards_of(ro, cfg)
+            generated += len(r)
+            seen_ro.append(ro)
+            seen_r.append(r)
+            if not cfg["dynamic_sampling"]:
+                return ro, r, ro, r, generated
+            good = np.flatnonzero(dynamic_sampling_filter((ro.outcome == CORRECT).astype(float), g))
+            have = sum(len(x.prompts) for x in kept)
+            if good.size:
+                kept.append(_select(ro, good[:p - have], g))
+            if have + min(good.size, p - have) == p:
+                break
+        all_ro, all_r = _concat(seen_ro), np.concatenate(seen_r)
+        if not kept:
+            return all_ro, all_r, None, None, generated
+        train = _concat(kept)
+        return all_ro, all_r, train, rewards_of(train, cfg), generated
+
+    def _advantages(self, ro: Rollout, r: np.ndarray, ref_lp: np.ndarray) -> np.ndarray:
+        """Token advantages [B, T] per the configured estimator (sequence ones broadcast over tokens)."""
+        cfg, g = self.cfg, self.cfg["group_size"]
+        kind = cfg["adv"]
+        if kind in ("grpo", "dr_grpo"):
+            seq = group_advantages(r, g, kind, eps=cfg["adv_eps"], unbiased=cfg["adv_unbiased"])
+        elif kind == "sas":
+            seq = self.sas(ro.prompts.tolist(), r, g)
+        else:
+            tok_r = -cfg["reward_kl"] * (ro.old_logp - ref_lp) * ro.mask  # k1 KL folded into the reward
+            last = np.maximum(ro.lengths - 1, 0)
+            tok_r[np.arange(len(r)), last] += r
+            self.old_values = self.values[ro.states] * ro.mask
+            adv, self.returns = gae(tok_r, self.old_values, ro.mask, cfg["gamma"], cfg["lam"])
+            return adv
+        return np.broadcast_to(seq[:, None], ro.mask.shape) * ro.mask
+
+    # ---- one step ------------------------------------------------------------------------------------------
+    def step(self) -> dict:
+        """One rollout and its minibatch epochs; returns the step's metrics."""
+        table = tables(self.logits)
+        ex = exact(self.aut, table, self.ref_logp)
+        rec = self._dpo_step(table) if self.algo == "dpo" else self._rl_step(table)
+        rec.update(exact_metrics(ex))
+        rec["step"] = self.step_no
+        self.step_no += 1
+        return clean(rec)
+
+    def _rl_step(self, table) -> dict:
+        cfg, g = self.cfg, self.cfg["group_size"]
+        all_ro, all_r, ro, r, generated = self._collect(table)
+        rec = rollout_metrics(all_ro, all_r, g)
+        if ro is None:  # dynamic sampling found no informative group within its budget
+            rec.update(clip_frac=None, rur=None, gen_per_trained=None, loss=None, trained=0, generated=generated)
+            return rec
+        ref_lp = token_logp(self.ref_logp, ro.states, ro.tokens, ro.mask)
+        adv = self._advantages(ro, r, ref_lp)
+        mask = ro.mask * ~ro.truncated[:, None] if cfg["overlong_filter"] else ro.mask
+        n_groups = len(ro.prompts)
+        clip_sum = tok_sum = loss_sum = 0.0
+        updates = 0
+        for _ in range(cfg["epochs"]):
+            for mb in np.array_split(self.rng.permutation(n_groups), min(cfg["minibatches"], n_groups)):
+                rows = (mb[:, None] * g + np.arange(g)).reshape(-1)
+                st, tk, m = ro.states[rows], ro.tokens[rows], mask[rows]
+                logp, pi_rows = row_logp(self.logits, st, tk, m)
+                loss, grad, stats = policy_loss(self.algo, logp, ro.old_logp[rows], adv[rows], m, group_size=g,
+                                                ref_logp=ref_lp[rows], **cfg["loss"])
+                self.opt.step(logit_grad(self.logits.shape, st, tk, m, pi_rows, grad))
+                if cfg["adv"] == "gae":
+                    self._critic_step(st, m, rows)
+                clip_sum += stats["clip_frac"] * stats["tokens"]
+                tok_sum += stats["tokens"]
+                loss_sum += loss
+                updates += 1
+        nonzero = (np.abs(adv) > 1e-12).any(1)
+        rec.update(clip_frac=clip_sum / max(tok_sum, 1.0), rur=float(nonzero.mean()), loss=loss_sum / updates,
+                   gen_per_trained=generated / len(r), trained=len(r), generated=generated)
+        return rec
+
+    def _critic_step(self, st, m, rows):
+        """PPO's clipped value loss on the tabular critic V(s), chained to the table."""
+        v = self.values[st] * m
+        _, dv, _ = value_loss(v, self.old_values[rows], self.returns[rows], m, clip=self.cfg["vf_clip"])
+        self.critic.step(np.bincount(st.reshape(-1), weights=(dv * m).reshape(-1), minlength=len(self.values)))
+
+    # ---- DPO -----------------------------------------------------------------------------------------------
+    def _build_pairs(self):
+        """Preference pairs from G reference samples per pool prompt: i-th best vs i-th worst by reward."""
+        cfg, g = self.cfg, self.cfg["group_size"]
+        ro = sample(self.aut, tables(self.ref_logits), np.arange(cfg["n_prompts"]), g, self.rng)
+        r = rewards_of(ro, cfg).reshape(-1, g)
+        order = np.argsort(-r, axis=1, kind="stable")
+        half = g // 2
+        best, worst = order[:, :half], order[:, ::-1][:, :half]
+        rows = np.arange(len(r))[:, None]
+        ok = r[rows, best] > r[rows, worst]
+        if not ok.any():
+            raise ValueError("group_size: no preference pairs: every reference group had equal rewards; "
+                             "raise group_size or n_prompts")
+        self.chosen = (rows * g + best)[ok]
+        self.rejected = (rows * g + worst)[ok]
+        self.pair_ro = ro
+        self.ref_seq = token_logp(self.ref_logp, ro.states, ro.tokens, ro.mask).sum(1)
+
+    def _dpo_step(self, table) -> dict:
+        cfg, g = self.cfg, self.cfg["group_size"]
+        eval_ro = sample(self.aut, table, self.rng.permutation(cfg["n_prompts"])[:cfg["batch_prompts"]],
+                         g, self.rng)
+        rec = rollout_metrics(eval_ro, rewards_of(eval_ro, cfg), g)
+        ro, n = self.pair_ro, min(len(self.chosen), cfg["batch_prompts"] * g // 2)
+        loss_sum, updates = 0.0, 0
+        for _ in range(cfg["epochs"]):
+            pick = self.rng.permutation(len(self.chosen))[:n]
+            for mb in np.array_split(pick, min(cfg["minibatches"], n)):
+                w, l_ = self.chosen[mb], self.rejected[mb]
+                rows = np.concatenate([w, l_])
+                st, tk, m = ro.states[rows], ro.tokens[rows], ro.mask[rows]
+                logp, pi_rows = row_logp(self.logits, st, tk, m)
+                seq = logp.sum(1)
+                k = len(w)
+                loss, (gw, gl), _ = dpo_loss(seq[:k], seq[k:], self.ref_seq[w], self.ref_seq[l_],
+                                             beta=cfg["loss"]["beta"])
+                grad = np.concatenate([gw, gl])[:, None] * m  # d seq / d logp_t = 1 on response tokens
+                self.opt.step(logit_grad(self.logits.shape, st, tk, m, pi_rows, grad))
+                loss_sum += loss
+                updates += 1
+        rec.update(clip_frac=None, rur=None, gen_per_trained=None, loss=loss_sum / updates, trained=2 * n,
+                   generated=len(eval_ro.outcome))
+        return rec
+
+
+def run(env: str, algo: str, seed: int, steps: int, overrides: dict | None = None,
+        on_step: Callable[[dict], None] | None = None) -> list[dict]:
+    """Train ``algo`` on ``env`` for ``steps`` steps; returns (and streams to ``on_step``) the per-step metrics."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: expected a positive integer, got {steps!r}")
+    trainer = Trainer(env, algo, seed, overrides)
+    records = []
+    for _ in range(steps):
+        rec = trainer.step()
+        records.append(rec)
+        if on_step is not None:
+            on_step(rec)
+    return records

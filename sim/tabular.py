@@ -1,0 +1,164 @@
+"""Tabular softmax policies over a finite automaton: sampling, exact expectations and the logit gradient."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CORRECT, WRONG, MALFORMED = 1, 0, -1
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log pi(v|s) = z_sv - logsumexp_v z_s (row-wise, stable)."""
+    return tables(logits)[0]
+
+
+def tables(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(log pi, pi) of a [S, V] logit table with one exp: pi = softmax(z - max_v z) row-wise."""
+    if logits.shape[0] < 4096:
+        top = logits.max(1)
+    else:  # a column loop beats a reduction over the short last axis on big tables
+        top = logits[:, 0].copy()
+        for v in range(1, logits.shape[1]):
+            np.maximum(top, logits[:, v], out=top)
+    z = logits - top[:, None]
+    e = np.exp(z)
+    total = e.sum(1)
+    return z - np.log(total)[:, None], e / total[:, None]
+
+
+@dataclass
+class Automaton:
+    """A deterministic automaton shared by the environments.
+
+    ``next_state[s, v]`` is the state after token v in state s (-1: the response ends), ``outcome[s, v]`` the
+    verdict of an ending transition (CORRECT, WRONG or MALFORMED), ``start[p]`` the first state of prompt p,
+    ``max_len`` the generation budget T; a response still running after T tokens is truncated (MALFORMED).
+    """
+
+    next_state: np.ndarray
+    outcome: np.ndarray
+    start: np.ndarray
+    max_len: int
+    state_prompt: np.ndarray  # [S] the prompt each state belongs to (states are never shared)
+
+    def __post_init__(self):
+        self.n_states, self.vocab = self.next_state.shape
+        self.n_prompts = len(self.start)
+        flat_next = self.next_state.reshape(-1)
+        self._cont = np.flatnonzero(flat_next >= 0)
+        pairs = np.stack([self._cont // self.vocab, flat_next[self._cont]])
+        (self._edge_from, self._edge_to), self._edge_of = np.unique(pairs, axis=1, return_inverse=True)
+        self._edge_of = self._edge_of.reshape(-1)
+        self._correct = np.flatnonzero((flat_next < 0) & (self.outcome.reshape(-1) == CORRECT))
+
+
+@dataclass
+class Rollout:
+    """G sampled responses per prompt, rows of one prompt contiguous; token arrays are [B, T]."""
+
+    prompts: np.ndarray  # [P] prompt ids
+    states: np.ndarray  # [B, T] int state of each token (0 at padding)
+    tokens: np.ndarray  # [B, T] int sampled token (0 at padding)
+    mask: np.ndarray  # [B, T] float 0/1
+    old_logp: np.ndarray  # [B, T] log-prob under the sampling policy (0 at padding)
+    outcome: np.ndarray  # [B] CORRECT, WRONG or MALFORMED
+    lengths: np.ndarray  # [B] number of response tokens
+    truncated: np.ndarray  # [B] bool: still running at max_len
+
+
+def sample(aut: Automaton, table: tuple[np.ndarray, np.ndarray], prompts: np.ndarray, group_size: int,
+           rng: np.random.Generator) -> Rollout:
+    """Draw group_size responses per prompt from the policy ``table = (log pi, pi)``, vectorised over the batch."""
+    logp_table, pi = table
+    cdf = np.cumsum(pi, axis=1)
+    cdf[:, -1] = 1.0
+    batch, horizon = len(prompts) * group_size, aut.max_len
+    state = np.repeat(aut.start[prompts], group_size)
+    alive = np.ones(batch, dtype=bool)
+    states = np.zeros((batch, horizon), dtype=np.int64)
+    tokens = np.zeros((batch, horizon), dtype=np.int64)
+    mask = np.zeros((batch, horizon))
+    outcome = np.full(batch, MALFORMED, dtype=np.int64)
+    u = rng.random((batch, horizon))
+    for t in range(horizon):
+        rows = np.flatnonzero(alive)
+        if rows.size == 0:
+            break
+        s = state[rows]
+        tok = (u[rows, t, None] > cdf[s]).sum(1)
+        tok = np.minimum(tok, aut.vocab - 1)
+        states[rows, t], tokens[rows, t], mask[rows, t] = s, tok, 1.0
+        nxt = aut.next_state[s, tok]
+        ended = nxt < 0
+        outcome[rows[ended]] = aut.outcome[s[ended], tok[ended]]
+        alive[rows[ended]] = False
+        state[rows] = np.where(ended, s, nxt)
+    old_logp = np.where(mask > 0, logp_table[states, tokens], 0.0)
+    return Rollout(np.asarray(prompts), states, tokens, mask, old_logp, outcome, mask.sum(1).astype(np.int64),
+                   alive.copy())
+
+
+def token_logp(logp_table: np.ndarray, states: np.ndarray, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """log pi(a_t | s_t) of each sampled token from a log pi table (0 at padding)."""
+    return np.where(mask > 0, logp_table[states, tokens], 0.0)
+
+
+def row_logp(logits: np.ndarray, states: np.ndarray, tokens: np.ndarray, mask: np.ndarray):
+    """log pi(a_t | s_t) [B, T] from only the visited rows of ``logits``; also returns pi of those rows."""
+    on = mask > 0
+    logp_rows, pi_rows = tables(logits[states[on]])
+    logp = np.zeros(mask.shape)
+    logp[on] = logp_rows[np.arange(len(pi_rows)), tokens[on]]
+    return logp, pi_rows
+
+
+def logit_grad(shape: tuple[int, int], states: np.ndarray, tokens: np.ndarray, mask: np.ndarray,
+               pi_rows: np.ndarray, grad_logp: np.ndarray) -> np.ndarray:
+    """Chain rule d loss / d z_sv = sum_{t: s_t = s} g_t (1[v = a_t] - pi(v|s)) from g = d loss / d logp."""
+    n_states, vocab = shape
+    on = mask > 0
+    g = grad_logp[on]
+    contrib = -g[:, None] * pi_rows
+    contrib[np.arange(len(g)), tokens[on]] += g
+    flat = (states[on][:, None] * vocab + np.arange(vocab)).reshape(-1)
+    return np.bincount(flat, weights=contrib.reshape(-1), minlength=n_states * vocab).reshape(n_states, vocab)
+
+
+@dataclass
+class Exact:
+    """Exact expectations over the prompt pool (each prompt equally likely) of a policy's responses."""
+
+    entropy: float  # expected per-token entropy: sum_s d(s) H(s) / sum_s d(s)
+    kl_ref: float  # expected per-token KL(pi || ref) weighted the same way
+    accuracy: float  # probability of a CORRECT ending
+    length: float  # expected number of response tokens
+    len_correct: float  # expected length of a correct response
+    len_wrong: float  # expected length of an incorrect (wrong or malformed) response
+    success: np.ndarray  # [P] per-prompt probability of a CORRECT ending
+
+
+def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.ndarray | None = None) -> Exact:
+    """Forward dynamic programme over the T positions of the expected state visits d(s).
+
+    ``table`` is the policy's (log pi, pi), ``ref_logp`` the reference's log pi table.
+    """
+    logp, pi = table
+    ent = -(pi * logp).sum(1)
+    kl_s = (pi * (logp - ref_logp)).sum(1) if ref_logp is not None else np.zeros(aut.n_states)
+    d = np.bincount(aut.start, minlength=aut.n_states) / aut.n_prompts
+    visits = np.zeros(aut.n_states)
+    flat_pi = pi.reshape(-1)
+    move = np.bincount(aut._edge_of, weights=flat_pi[aut._cont], minlength=len(aut._edge_from))  # P(s -> s')
+    p_win = np.zeros(aut.n_states)
+    np.add.at(p_win, aut._correct // aut.vocab, flat_pi[aut._correct])
+    win_len = 0.0  # E[length * 1(correct)]: a response ending correctly at position t has t + 1 tokens
+    for t in range(aut.max_len):
+        visits += d
+        win_len += (t + 1) * (d @ p_win)
+        d = np.bincount(aut._edge_to, weights=d[aut._edge_from] * move, minlength=aut.n_states)
+    success = np.bincount(aut.state_prompt, weights=visits * p_win, minlength=aut.n_prompts) * aut.n_prompts
+    tokens, acc = visits.sum(), float(success.mean())
+    return Exact(float(visits @ ent / tokens), float(visits @ kl_s / tokens), acc, float(tokens),
+                 win_len / acc if acc > 0 else float("nan"),
+                 (tokens - win_len) / (1 - acc) if acc < 1 else float("nan"), success)
