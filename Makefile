@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q tensordict==0.10.0 omegaconf==2.3.1 hydra-core==1.3.8 codetiming==1.4.0 ray==2.60.0 trl==1.16.0 datasets==5.2.0
+	$(PY) -m pip install -q --no-deps verl==0.9.1
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -78,11 +78,14 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit or toy_lm.")
         set_: List[str] = typer.Option([], "--set", help="key=value, or key=v1,v2 for a grid (repeatable)."),
         out: Path = typer.Option(Path("runs/sim"), help="Sweep folder; rerunning the same command resumes it."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-        workers: int = typer.Option(2, help="Worker processes.")):
+        workers: int = typer.Option(2, help="Worker processes (CPUs for the ray backend)."),
+        backend: str = typer.Option("process", help="process (local processes) or ray."),
+        ray_address: Optional[str] = typer.Option(None, help="Ray cluster address for --backend ray, e.g. auto.")):
     """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model, writing per-step metrics
     as it goes (resumable) and OUT/summary.json with the means over seeds."""
     from harness.sim_cmd import sim_command
-    _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers)
+    _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers, True, backend,
+                 ray_address)
 
 
 @app.command()
@@ -93,6 +96,21 @@ def report(dirs: List[Path] = typer.Argument(..., help="Sweep folders (DIR/runs/
     the measurements and a verdict each."""
     from harness.report import write_report
     typer.echo(_user_errors(write_report, dirs, out))
+
+
+@app.command()
+def conform(target: str = typer.Argument(..., help="verl, trl, openrlhf, or module:function."),
+            json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+            out: Optional[Path] = typer.Option(None, help="Write TARGET.md and TARGET.json here."),
+            seeds: int = typer.Option(30, help="Generated batches per check and case family."),
+            adapter: Optional[str] = typer.Option(None, help="For module:function: algorithm=NAME,agg=MODE,"
+                                                  "logp=PARAM,old_logp=PARAM,adv=PARAM,mask=PARAM,...")):
+    """Hold an outside implementation (verl, TRL, OpenRLHF or your callable) against the reference.
+
+    Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
+    and the named convention the target matches instead."""
+    from harness.conform import conform_command
+    _user_errors(conform_command, target, json_out, out, seeds, adapter)
 
 
 def _user_errors(fn, *args):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from sim.config import parse_sets
-from sim.sweep import run_sweep
+from harness.ray_backend import run_sweep_on
 from spec.registry import ALGORITHMS
 
 SHOWN = ("accuracy", "reward", "entropy_final", "clip_frac", "rur", "zero_grad_frac", "gen_per_trained")
@@ -35,9 +35,11 @@ def format_table(summary: dict) -> str:
 
 
 def sim_command(env: str, algos: str | list[str], seeds: int, steps: int, sets: list[str] | None, out: str,
-                json_out: bool = False, workers: int = 2, progress: bool = True) -> dict:
+                json_out: bool = False, workers: int = 2, progress: bool = True, backend: str = "process",
+                address: str | None = None) -> dict:
     """Run ``algos`` x ``seeds`` x the ``--set`` grid on ``env`` into ``out``; print the summary (JSON if asked)."""
     names = parse_algos(algos) if isinstance(algos, str) else parse_algos(",".join(algos))
-    summary = run_sweep(env, names, seeds, steps, parse_sets(sets), out, workers=workers, progress=progress)
+    summary = run_sweep_on(backend, env, names, seeds, steps, parse_sets(sets), out, workers=workers,
+                           progress=progress, address=address)
     print(json.dumps(summary["algorithms"], indent=1, sort_keys=True) if json_out else format_table(summary))
     return summary

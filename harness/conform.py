@@ -1,0 +1,363 @@
+"""``cliplab conform TARGET``: drive an outside implementation and the reference with the same batches, and say
+for each algorithm, mode and knob whether they agree, by how much they differ, on which minimal input, and which
+named convention of the reference the target matches instead."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .cases import make_case
+from .verify import scaled_diff
+
+#: max |target - reference| / max(1, max |reference|) under which float64 results agree. Outside code adds
+#: stabilisers (1e-8 in denominators, clamps far outside these inputs' range) that stay below it.
+TOLERANCE = 1e-6
+FAMILIES = {"typical": {"extreme": False, "small_q": False}, "extreme": {"extreme": True}}
+
+
+@dataclass
+class Batch:
+    """A [B, T] batch (B = P * G rows, groups contiguous) plus row-aligned extras a target needs (token ids)."""
+
+    logp: np.ndarray
+    old_logp: np.ndarray
+    adv: np.ndarray
+    mask: np.ndarray
+    ref_logp: np.ndarray
+    group_size: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def width(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def rewards(self) -> np.ndarray:
+        """One outcome reward per row (rounded advantages: ties and all-equal groups occur)."""
+        return np.round(self.adv[:, 0]) if self.adv.size else np.zeros(len(self.adv))
+
+    def take(self, rows=None, cols=None, group_size=None) -> "Batch":
+        rows = np.arange(len(self.mask)) if rows is None else np.asarray(rows, dtype=int)
+        cols = np.arange(self.width) if cols is None else np.asarray(cols, dtype=int)
+        pick = lambda x: x[np.ix_(rows, cols)]  # noqa: E731
+        return Batch(pick(self.logp), pick(self.old_logp), pick(self.adv), pick(self.mask), pick(self.ref_logp),
+                     group_size or self.group_size, {k: pick(v) for k, v in self.extra.items()})
+
+    def to_json(self) -> dict:
+        out = {"group_size": self.group_size, "mask": self.mask.astype(int).tolist()}
+        for name in ("logp", "old_logp", "adv", "ref_logp"):
+            out[name] = [[float(v) for v in row] for row in getattr(self, name)]
+        return out
+
+
+def batch_of(seed: int, family: str = "typical", seq_adv=None, min_group=1) -> Batch:
+    """A generated batch (harness.cases.make_case) of a family: typical, or extreme ratios and small q."""
+    if family not in FAMILIES:
+        raise ValueError(f"family: unknown case family {family!r}; expected one of {', '.join(FAMILIES)}")
+    case = make_case(seed, seq_adv=seq_adv, **FAMILIES[family])
+    b = Batch(case.logp, case.old_logp, case.adv, case.mask, case.ref_logp, case.group_size)
+    if b.group_size < min_group:  # regroup the same rows into fewer, larger groups
+        rows = len(b.mask) - len(b.mask) % min_group or min_group
+        b = b.take(rows=np.arange(rows) % len(b.mask), group_size=min_group)
+    return b
+
+
+@dataclass(frozen=True)
+class Convention:
+    """A named reading of the reference: ``fn(batch) -> (value, gradient or None)``; ``named`` is False for a
+    variant that the reference does not name (shown as a hint of what the target computes)."""
+
+    label: str
+    fn: Callable
+    named: bool = True
+
+
+@dataclass
+class Check:
+    """One algorithm x knob of a target: ``run(batch) -> (value, grad, batch_used)`` calls the outside code."""
+
+    algorithm: str
+    call: str
+    knob: str
+    run: Callable
+    reference: Convention | None
+    candidates: list = field(default_factory=list)
+    cases: Callable = batch_of
+    families: tuple = tuple(FAMILIES)
+    exact: Callable | None = None
+    note: str = ""
+    tolerance: float = TOLERANCE
+    reads: str = "logp, old_logp, adv, mask (policy log-probs, sampling log-probs, advantages, response mask)"
+
+
+def _diff(got, want) -> tuple[float, float]:
+    """Scaled differences of value and gradient; inf where the target is not finite and the reference is."""
+    def one(a, b):
+        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        if not np.array_equal(np.isfinite(a), np.isfinite(b)):
+            return float("inf")
+        return scaled_diff(np.nan_to_num(a), np.nan_to_num(b))
+    return one(got[0], want[0]), 0.0 if got[1] is None or want[1] is None else one(got[1], want[1])
+
+
+def _differs(check: Check, batch: Batch, conv: Convention) -> bool:
+    try:
+        value, grad, used = check.run(batch)
+        d = _diff((value, grad), conv.fn(used))
+    except (ValueError, RuntimeError, ZeroDivisionError, IndexError, AssertionError):
+        return False
+    return max(d) > check.tolerance
+
+
+def shrink(check: Check, batch: Batch, conv: Convention, budget: int = 300) -> Batch:
+    """Fewest groups, rows, columns and unmasked tokens (then simplest values) on which target and ``conv`` differ."""
+    calls = [0]
+
+    def still(b, limit=budget):  # never down to a batch without tokens: those are reported apart
+        calls[0] += 1
+        return b.mask.sum() > 0 and calls[0] <= limit and _differs(check, b, conv)
+
+    changed = True
+    while changed and calls[0] < budget:
+        changed = False
+        g, n_rows = batch.group_size, len(batch.mask)
+        tries = []
+        for k in range(n_rows // g):  # drop a group
+            if n_rows > g:
+                tries.append(lambda b, k=k: b.take(rows=[r for r in range(len(b.mask)) if r // g != k]))
+        for j in range(g):  # drop the j-th response of every group
+            if g > 1:
+                tries.append(lambda b, j=j: b.take(rows=[r for r in range(len(b.mask)) if r % g != j],
+                                                   group_size=g - 1))
+        for t in range(batch.width):  # drop a column
+            if batch.width > 1:
+                tries.append(lambda b, t=t: b.take(cols=[c for c in range(b.width) if c != t]))
+        for i, t in zip(*np.nonzero(batch.mask)):  # mask a token out
+            tries.append(lambda b, i=i, t=t: replace(b, mask=_unset(b.mask, i, t)))
+        for attempt in tries:
+            smaller = attempt(batch)
+            if still(smaller):
+                batch, changed = smaller, True
+                break
+    for digits in (0, 1, 2):  # simpler numbers, whole arrays at a time
+        for name in ("adv", "logp", "old_logp", "ref_logp"):
+            simpler = replace(batch, **{name: np.round(getattr(batch, name), digits)})
+            if name == "logp":  # keep the log-ratio where it was: round the old log-probs with it
+                simpler = replace(simpler, old_logp=simpler.logp - (batch.logp - batch.old_logp).round(digits))
+            if not np.array_equal(getattr(simpler, name), getattr(batch, name)) and still(simpler, budget + 12):
+                batch = simpler
+    return batch
+
+
+def _unset(mask, i, t):
+    out = mask.copy()
+    out[i, t] = 0.0
+    return out
+
+
+def run_check(check: Check, seeds: int = 30) -> list[dict]:
+    """One row per case family: agrees or differs, largest differences, minimal input, what it matches instead."""
+    return [_run_family(check, family, seeds) for family in check.families]
+
+
+def _run_family(check: Check, family: str, seeds: int) -> dict:
+    row = {"algorithm": check.algorithm, "call": check.call, "knob": check.knob, "family": family,
+           "reference": check.reference.label if check.reference else None, "note": check.note,
+           "reads": check.reads}
+    runs, errors = [], []
+    for seed in range(seeds):
+        batch = check.cases(seed, family)
+        try:
+            value, grad, used = check.run(batch)
+        except (ValueError, RuntimeError, ZeroDivisionError, IndexError, AssertionError) as exc:
+            errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+            continue
+        if batch.mask.sum() == 0:  # a batch without tokens is reported apart: it would hide every other match
+            _empty_batch(check, row, used, value)
+            continue
+        runs.append((batch, used, value, grad))
+    row["cases"], row["target_errors"] = len(runs), sorted(set(errors))
+    if not runs:
+        return {**row, "status": "error", "loss_diff": None, "grad_diff": None, "matches": []}
+    if check.reference is None:
+        row.update(status="no reference", loss_diff=None, grad_diff=None)
+    else:
+        diffs = [_diff((v, g), check.reference.fn(u)) for _, u, v, g in runs]
+        bad = [k for k, d in enumerate(diffs) if max(d) > check.tolerance]
+        row["loss_diff"] = max(d[0] for d in diffs)
+        row["grad_diff"] = max(d[1] for d in diffs)
+        row["status"] = "differs" if bad else "agrees"
+        if bad:
+            worst = max(bad, key=lambda k: max(diffs[k]))
+            small = shrink(check, runs[worst][0], check.reference)
+            row["minimal"] = _describe(check, small)
+    if row["status"] != "agrees":
+        row.update(_matches(check, runs))
+    return row
+
+
+def _empty_batch(check: Check, row: dict, used: Batch, value) -> None:
+    """Note what the target returns on a batch whose mask is all zero, where the reference's loss is 0."""
+    if check.reference is None or "empty_batch" in row:
+        return
+    want = check.reference.fn(used)[0]
+    if max(_diff((value, None), (want, None))) > check.tolerance:
+        row["empty_batch"] = {"input": used.to_json(), "target": _plain(value), "reference": _plain(want)}
+
+
+def _describe(check: Check, batch: Batch) -> dict:
+    value, grad, used = check.run(batch)
+    want = check.reference.fn(used)
+    out = {"rows": int(len(used.mask)), "tokens": int(used.mask.sum()), "input": used.to_json(),
+           "target": _plain(value), "reference": _plain(want[0])}
+    if grad is not None and want[1] is not None:
+        out["target_grad"], out["reference_grad"] = _plain(grad), _plain(want[1])
+    if check.exact is not None:
+        out["reference_exact"] = _plain(check.exact(used))
+    return out
+
+
+def _plain(x):
+    arr = np.asarray(x, dtype=float)
+    return float(arr) if arr.ndim == 0 else np.round(arr, 12).tolist()
+
+
+def _matches(check: Check, runs) -> dict:
+    """Which candidate conventions reproduce the target on every case (value and gradient, or only one of them)."""
+    full, value_only, grad_only = [], [], []
+    for conv in check.candidates:
+        try:
+            diffs = [_diff((v, g), conv.fn(u)) for _, u, v, g in runs]
+        except ValueError:
+            continue
+        ok_val = all(d[0] <= check.tolerance for d in diffs)
+        has_grad = all(g is not None for _, _, _, g in runs)
+        ok_grad = has_grad and all(d[1] <= check.tolerance for d in diffs)
+        label = conv.label if conv.named else conv.label + " (not a reference convention)"
+        if ok_val and (ok_grad or not has_grad):
+            full.append(label)
+        elif ok_val:
+            value_only.append(label)
+        elif ok_grad:
+            grad_only.append(label)
+    return {"matches": full, "value_matches": value_only, "grad_matches": grad_only}
+
+
+def conform(target: str, seeds: int = 30, only: Callable[[Check], bool] | None = None, adapter=None) -> dict:
+    """Run every check of ``target`` (verl, trl, openrlhf or module:function) and return the report."""
+    import torch
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds: expected a positive integer (generated batches per check and family), got {seeds!r}")
+
+    from .targets import load_target
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is an order of magnitude faster on shared cores
+    try:
+        tgt = load_target(target, adapter)
+        checks = [c for c in tgt.checks() if only is None or only(c)]
+        rows = [row for check in checks for row in run_check(check, seeds)]
+    finally:
+        torch.set_num_threads(threads)
+    return {"target": tgt.name, "versions": tgt.versions, "tolerance": getattr(tgt, "tolerance", TOLERANCE),
+            "seeds": seeds,
+            "how": tgt.how, "rows": rows}
+
+
+def verdict(row: dict) -> str:
+    """One line: agrees / differs, what the target matches instead, and what it does on a batch without tokens."""
+    text = _verdict(row)
+    if row.get("empty_batch"):
+        e = row["empty_batch"]
+        text += (f"; on a batch without tokens it returns {json.dumps(e['target'])} where the reference gives "
+                 f"{json.dumps(e['reference'])}")
+    return text
+
+
+def _verdict(row: dict) -> str:
+    if row["status"] == "agrees":
+        return "agrees"
+    if row["status"] == "error":
+        return "target raised on every case: " + "; ".join(row["target_errors"])
+    head = "no reference convention" if row["status"] == "no reference" else f"differs from {row['reference']}"
+    if row.get("matches"):
+        return f"{head}; matches {', '.join(row['matches'])}"
+    parts = []
+    if row.get("value_matches"):
+        parts.append("value matches " + ", ".join(row["value_matches"]))
+    if row.get("grad_matches"):
+        parts.append("gradient matches " + ", ".join(row["grad_matches"]))
+    return f"{head}; " + ("; ".join(parts) if parts else "matches none of the reference's conventions")
+
+
+def markdown(report: dict) -> str:
+    """The report as commit-ready markdown: a summary table, then each difference with its minimal input."""
+    versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+    lines = [f"# Conformance: {report['target']}", "", f"Versions: {versions}. {report['how']}", "",
+             f"Each check runs {report['seeds']} generated batches per family (typical: mixed lengths, empty and "
+             "length-1 rows, several groups; extreme: log-ratios of +-20 and small sampling probabilities, or for "
+             "the KL estimators reference log-probs up to 30 nats away; lone: prompts with a single response). "
+             "A batch whose mask is all zero is reported apart, at the end of the verdict. "
+             f"Agreement means max |target - reference| / max(1, |reference|) <= {report['tolerance']:g} for the "
+             "loss (or values) and for its gradient.", "",
+             "| algorithm | target call | knob | family | cases | max loss diff | max grad diff | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
+    for r in report["rows"]:
+        lines.append(f"| {r['algorithm']} | `{r['call']}` | {r['knob']} | {r['family']} | {r['cases']} | "
+                     f"{fmt(r.get('loss_diff'))} | {fmt(r.get('grad_diff'))} | {verdict(r)} |")
+    diffs = [r for r in report["rows"] if r.get("minimal")]
+    if diffs:
+        lines += ["", "## Differences and their minimal inputs", ""]
+    for r in diffs:
+        m = r["minimal"]
+        lines += [f"### {r['algorithm']}: `{r['call']}`, {r['knob']} ({r['family']})", "", verdict(r) + ".",
+                  *([r["note"]] if r["note"] else []), "",
+                  f"Minimal input ({m['rows']} rows, {m['tokens']} tokens; the check reads {r['reads']}): "
+                  f"`{json.dumps(m['input'])}`", "",
+                  f"- target: `{json.dumps(m['target'])}`", f"- reference: `{json.dumps(m['reference'])}`"]
+        if "reference_exact" in m:
+            lines.append(f"- reference, exact (sympy): `{json.dumps(m['reference_exact'])}`")
+        if "target_grad" in m:
+            lines += [f"- target gradient: `{json.dumps(m['target_grad'])}`",
+                      f"- reference gradient: `{json.dumps(m['reference_grad'])}`"]
+        if r["target_errors"]:
+            lines.append(f"- the target raised on some generated batches: {'; '.join(r['target_errors'])}")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def strict_json(obj):
+    """The report with non-finite numbers written as strings ("inf", "nan"), so that any JSON reader takes it."""
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def file_stem(target: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in target)
+
+
+def conform_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 30,
+                    adapter: str | None = None) -> dict:
+    """CLI body: run the checks, print a table (or JSON), and write ``<out>/<target>.md`` and ``.json``."""
+    report = conform(target, seeds=seeds, adapter=adapter)
+    if out is not None:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = file_stem(report["target"])
+        (folder / f"{stem}.md").write_text(markdown(report))
+        (folder / f"{stem}.json").write_text(json.dumps(strict_json(report), indent=1, sort_keys=True) + "\n")
+    if json_out:
+        print(json.dumps(strict_json(report), indent=1, sort_keys=True))
+    else:
+        for r in report["rows"]:
+            print(f"{r['algorithm']:<16} {r['knob']:<40} {r['family']:<8} {verdict(r)}")
+    return report

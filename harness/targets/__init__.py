@@ -1,0 +1,30 @@
+"""Conformance targets: ``verl``, ``trl``, ``openrlhf`` or ``module:function``. Each module exposes ``Target``."""
+from __future__ import annotations
+
+import importlib
+
+BUILTIN = ("verl", "trl", "openrlhf")
+
+
+def load_target(target: str, adapter: str | None = None):
+    """The target object for ``target``, or a ValueError saying what was expected."""
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError(f"target: expected one of {', '.join(BUILTIN)} or module:function, got {target!r}")
+    if ":" in target:
+        from .callable import CallableTarget
+        return CallableTarget(target, adapter)
+    if target not in BUILTIN:
+        raise ValueError(f"target: unknown target {target!r}; expected one of {', '.join(BUILTIN)} or "
+                         "module:function (a Python callable computing a policy loss)")
+    if adapter is not None:
+        raise ValueError("adapter: only a module:function target takes an adapter description")
+    return importlib.import_module(f"{__name__}.{target}").Target()
+
+
+def require(module: str, install: str):
+    """Import ``module`` or raise a ValueError naming the install line."""
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 (outside packages fail to import in many ways: OSError, ...)
+        raise ValueError(f"target: cannot import {module} ({type(exc).__name__}: {exc}); install it with: "
+                         f"{install}") from None

@@ -1,0 +1,154 @@
+"""The reference's named conventions as functions of a batch, computed by the gpu layer in float64 (which
+``cliplab verify`` holds equal to the exact spec), and the grids of alternatives a target may match instead."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+import gpu
+import spec
+from gpu.aggregation import agg_weights
+from spec.registry import AGG_MODES, PARTS, get_algorithm
+
+from ..conform import Convention
+
+
+SEQ_MEANS = ("seq_mean_token_mean", "seq_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+
+
+def t64(x, grad=False):
+    return torch.tensor(np.asarray(x, dtype=np.float64), dtype=torch.float64, requires_grad=grad)
+
+
+def label(name: str, hp: dict) -> str:
+    """``dapo`` or ``dapo[agg=token_mean, dual_clip=3]``: the settings that differ from the paper's."""
+    defaults = get_algorithm(name).defaults
+    agg = hp.get("agg", defaults.get("agg"))
+    shown = {k: v for k, v in hp.items() if (k != "max_len" and (k == "agg" or v != defaults.get(k)))
+             or (k == "max_len" and agg == "seq_mean_token_sum_norm")}
+    return name + ("[" + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                   for k, v in sorted(shown.items())) + "]" if shown else "")
+
+
+def _hp(name, hp, batch):
+    """Dr.GRPO's constant L defaults to the batch's padded width unless a check sets max_len."""
+    return {"max_len": batch.width, **hp}
+
+
+def policy_value(name: str, hp: dict, batch, rows_counted: bool = False, kl_times_ratio: bool = False):
+    """Loss and d loss / d logp of a registry algorithm. Variants, not reference conventions: ``rows_counted``
+    also counts fully masked rows in the mean over sequences; ``kl_times_ratio`` multiplies the per-token KL term
+    by the token ratio pi/pi_old (the bias correction of DeepSeek-V3.2, 2512.02556)."""
+    logp = t64(batch.logp, grad=True)
+    full = _hp(name, hp, batch)
+    beta = full.get("beta", get_algorithm(name).defaults["beta"]) if kl_times_ratio else 0.0
+    if kl_times_ratio:
+        full["beta"] = 0.0
+    loss, _ = gpu.policy_loss(name, logp, t64(batch.old_logp), t64(batch.adv), t64(batch.mask),
+                              group_size=batch.group_size, ref_logp=t64(batch.ref_logp), **full)
+    if beta > 0:
+        hp_all = {**get_algorithm(name).defaults, **full}
+        w = agg_weights(t64(batch.mask), hp_all["agg"], batch.group_size, hp_all["max_len"])
+        on = t64(batch.mask) > 0
+        ratio = torch.exp(torch.where(on, logp - t64(batch.old_logp), torch.zeros_like(logp)))
+        loss = loss + beta * (w * gpu.kl(logp, t64(batch.ref_logp), hp_all["kl"]) * ratio).sum()
+    if rows_counted:
+        loss = loss * float((batch.mask.sum(1) > 0).sum()) / max(len(batch.mask), 1)
+    if loss.requires_grad:
+        loss.backward()
+    grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
+    return float(loss.detach()), grad.numpy()
+
+
+def policy(name: str, **hp) -> Convention:
+    return Convention(label(name, hp), lambda b: policy_value(name, hp, b))
+
+
+def exact_policy(name: str, **hp):
+    """The exact (sympy) reference loss of a minimal input."""
+    return lambda b: float(spec.policy_loss(name, b.logp, b.old_logp, b.adv, b.mask, group_size=b.group_size,
+                                            ref_logp=b.ref_logp, **_hp(name, hp, b))[0])
+
+
+def policy_grid(names, base: dict, options: dict, rows_counted: bool = False, exclude=None) -> list:
+    """Every combination of ``options`` (None = the registry default) over ``base`` for each algorithm in
+    ``names``, less ``exclude`` (name, hp); with ``rows_counted`` also the variant that counts empty rows in the
+    mean over sequences."""
+    out, keys = [], list(options)
+    for name in names:
+        for values in itertools.product(*(options[k] for k in keys)):
+            hp = {k: v for k, v in {**base, **dict(zip(keys, values))}.items() if v is not None}
+            if exclude is not None and (name, hp) == exclude:
+                continue
+            out.append(Convention(label(name, hp), lambda b, n=name, h=hp: policy_value(n, h, b)))
+            if rows_counted and hp.get("agg", get_algorithm(name).defaults["agg"]) in SEQ_MEANS:
+                out.append(Convention(label(name, hp) + " with empty rows counted in the mean over sequences",
+                                      lambda b, n=name, h=hp: policy_value(n, h, b, rows_counted=True), named=False))
+    return out
+
+
+def aggregate(mode: str, max_len=None) -> Convention:
+    """sum(w * l) with the reference weights of ``mode``; the loss matrix is the batch's logp; grad = w."""
+    def fn(b):
+        w = agg_weights(t64(b.mask), mode, b.group_size, max_len if max_len is not None else b.width).numpy()
+        return float((w * b.logp).sum()), w
+    return Convention(f"agg={mode}", fn)
+
+
+def all_aggregations(max_len=None) -> list:
+    return [aggregate(m, max_len) for m in AGG_MODES if m != "seq_mean"]
+
+
+def kl(kind: str) -> Convention:
+    """Per-token k1/k2/k3 (Schulman's estimators) on unmasked tokens and the gradient of their sum."""
+    def fn(b):
+        logp = t64(b.logp, grad=True)
+        values = gpu.kl(logp, t64(b.ref_logp), kind) * t64(b.mask)
+        values.sum().backward()
+        return values.detach().numpy(), logp.grad.numpy()
+    return Convention(kind, fn)
+
+
+def group_advantage(kind: str = "grpo", unbiased: bool = PARTS["grpo_advantage"]["unbiased"],
+                    eps: float = PARTS["grpo_advantage"]["eps"]) -> Convention:
+    """GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2) or Dr.GRPO R - mean (2503.20783 Eq. 3) per group,
+    broadcast over each row's unmasked tokens; a lone response (G = 1) has R - mean = 0."""
+    def fn(b):
+        r = t64(b.rewards)
+        g = b.group_size
+        if g == 1:
+            adv = torch.zeros_like(r)
+        else:
+            adv = gpu.group_advantages(r, g, kind=kind, unbiased=unbiased, eps=eps)
+        return adv.numpy()[:, None] * b.mask, None
+    name = "grpo_advantage" if kind == "grpo" else "dr_grpo_advantage"
+    return Convention(f"{name}[unbiased={unbiased}]" if kind == "grpo" else name, fn)
+
+
+def gae(part: str, gamma: float, lam: float, whiten: bool = False) -> Convention:
+    """GAE (1506.02438 Eq. 16) advantages or returns on unmasked tokens; rewards are the batch's adv, values its
+    ref_logp. ``whiten`` standardises the advantages over the batch's unmasked tokens (a variant)."""
+    def fn(b):
+        adv, ret = gpu.gae(t64(b.adv), t64(b.ref_logp), t64(b.mask), gamma=gamma, lam=lam)
+        out = (adv if part == "advantages" else ret).numpy() * b.mask
+        if whiten:
+            on = b.mask > 0
+            vals = out[on]
+            out = np.where(on, (out - vals.mean()) / np.sqrt(vals.var(ddof=1) + 1e-8), 0.0)
+        return out, None
+    suffix = ", whitened over the batch's tokens (unbiased variance)" if whiten else ""
+    return Convention(f"gae[{part}, gamma={gamma:g}, lam={lam:g}]{suffix}", fn, named=not whiten)
+
+
+def value_loss(clip: float, agg: str = "token_mean") -> Convention:
+    """Clipped critic loss 0.5 * max((v - R)^2, (clip(v, v_old +- d) - R)^2); v = logp, v_old = old_logp,
+    R = ref_logp of the batch; gradient in v."""
+    def fn(b):
+        v = t64(b.logp, grad=True)
+        loss, _ = gpu.value_loss(v, t64(b.old_logp), t64(b.ref_logp), t64(b.mask), clip=clip, agg=agg,
+                                 group_size=b.group_size, max_len=b.width)
+        loss.backward()
+        return float(loss.detach()), v.grad.numpy()
+    return Convention(f"value_loss[clip={clip:g}, agg={agg}]", fn)

@@ -1,0 +1,87 @@
+"""Each difference the conformance report finds in TRL's GRPOTrainer, reproduced through the trainer's own
+``_compute_loss`` on a tiny random model, against the exact reference (spec)."""
+import numpy as np
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("datasets")
+
+import spec  # noqa: E402
+from harness.conform import Batch, run_check  # noqa: E402
+from harness.targets.trl import Target, make_trainer, trl_run  # noqa: E402
+
+TRAINERS = {}
+
+
+def trainer(**config):
+    key = tuple(sorted(config.items()))
+    if key not in TRAINERS:
+        TRAINERS[key] = make_trainer(**config)
+    return TRAINERS[key]
+
+
+def call(config, log_ratio, adv, mask, ref_offset=None, group_size=1):
+    """TRL's loss and gradient, and the batch the trainer saw (its own log-probs, old = logp - log_ratio)."""
+    log_ratio, mask = np.array(log_ratio, float), np.array(mask, float)
+    adv = np.repeat(np.array(adv, float)[:, None], mask.shape[1], 1)
+    ref = np.zeros_like(mask) if ref_offset is None else np.array(ref_offset, float)
+    ids = np.arange(mask.size).reshape(mask.shape) % 50 + 4
+    b = Batch(np.zeros_like(mask), -log_ratio, adv, mask, ref, group_size, {"ids": ids})
+    return trl_run(trainer(**config))(b)
+
+
+def exact(name, used, **hp):
+    loss, grad = spec.policy_loss(name, used.logp, used.old_logp, used.adv, used.mask, group_size=used.group_size,
+                                  ref_logp=used.ref_logp, **hp)
+    return float(loss), grad.astype(float)
+
+
+@pytest.mark.parametrize("loss_type, name, hp", [("grpo", "grpo", {"beta": 0.0}), ("sapo", "sapo", {}),
+                                                 ("dr_grpo", "dr_grpo", {"max_len": 8})])
+def test_sequence_means_count_empty_completions(loss_type, name, hp):
+    # two completions, the second fully masked (e.g. mask_truncated_completions): the reference averages over the
+    # one non-empty completion; TRL divides by both
+    loss, grad, used = call({"loss_type": loss_type}, [[0.1, -0.1], [0.0, 0.0]], [1.0, 1.0], [[1, 1], [0, 0]])
+    want, want_grad = exact(name, used, **hp)
+    assert loss == pytest.approx(want / 2, rel=1e-6)
+    assert grad == pytest.approx(want_grad / 2, rel=1e-6, abs=1e-9)
+    assert abs(loss - want) > 0.1
+
+
+def test_the_default_loss_is_dapo_with_token_mean_and_no_clip_higher():
+    t = trainer()
+    assert t.loss_type == "dapo" and t.epsilon_high == t.epsilon_low == 0.2  # the paper's clip-higher is 0.28
+    # groups of one: 1 token with A = 1, 3 tokens with A = 0
+    loss, _, used = call({}, [[0.0, 0, 0], [0.0, 0.0, 0.0]], [1.0, 0.0], [[1, 0, 0], [1, 1, 1]])
+    assert exact("dapo", used)[0] == pytest.approx(-0.5)  # DAPO Eq. 8: per-group token means, averaged
+    assert loss == pytest.approx(-0.25) == pytest.approx(exact("dapo", used, agg="token_mean")[0])
+
+
+def test_bias_corrected_kl_changes_the_gradient_even_on_policy():
+    # on-policy, ref = logp + 0.2: k3' = 1 - e^0.2 per token; TRL multiplies k3 by the ratio, whose gradient adds k3
+    on_policy = dict(log_ratio=[[0.0]], adv=[1.0], mask=[[1]], ref_offset=[[0.2]])
+    loss, grad, used = call({"loss_type": "grpo", "beta": 0.04}, **on_policy)
+    want, want_grad = exact("grpo", used, beta=0.04)
+    assert loss == pytest.approx(want, rel=1e-6)
+    assert want_grad[0, 0] == pytest.approx(-1 + 0.04 * (1 - np.exp(0.2)))
+    assert grad[0, 0] == pytest.approx(-1 + 0.04 * (-0.2), rel=1e-6)  # k3' + k3 = -(ref - logp) at r = 1
+    loss, grad, used = call({"loss_type": "grpo", "beta": 0.04, "use_bias_correction_kl": False}, **on_policy)
+    assert grad[0, 0] == pytest.approx(want_grad[0, 0], rel=1e-6)
+
+
+def test_sequence_level_with_the_dapo_loss_weights_sequences_by_length():
+    config = {"loss_type": "dapo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}
+    loss, grad, used = call(config, [[1e-4, 0, 0], [-1e-4, 1e-4, 0.0]], [1.0, -1.0], [[1, 0, 0], [1, 1, 1]])
+    gspo = exact("gspo", used, eps_low=3e-4, eps_high=4e-4)
+    length_weighted = exact("gspo", used, eps_low=3e-4, eps_high=4e-4, agg="token_mean")
+    assert abs(loss - gspo[0]) > 0.1
+    assert loss == pytest.approx(length_weighted[0], rel=1e-6) and grad == pytest.approx(length_weighted[1])
+
+
+def test_the_engine_reports_the_empty_row_convention():
+    target = Target()
+    check = next(c for c in target.checks() if c.knob.startswith("loss_type='sapo'"))
+    row = run_check(check, seeds=2)[0]
+    assert row["status"] == "differs"
+    assert any("empty rows counted" in m for m in row["matches"])
+    assert 0 in [sum(r) for r in row["minimal"]["input"]["mask"]]  # the minimal input has an empty completion

@@ -1,0 +1,134 @@
+"""Each difference the conformance report finds in verl, reproduced by calling verl directly, and the engine's
+verdicts on a few checks. Values in the comments are worked by hand from the reference formulas."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl.trainer.ppo.core_algos")
+from verl.trainer.ppo import core_algos as ca  # noqa: E402
+
+import spec  # noqa: E402
+from harness.conform import run_check  # noqa: E402
+from harness.targets.verl import Target, actor_config  # noqa: E402
+
+
+def t(x):
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def vanilla(logp, old, adv, mask, mode="token-mean", **cfg):
+    lp = t(logp).requires_grad_(True)
+    loss, _ = ca.get_policy_loss_fn("vanilla")(t(old), lp, t(adv), t(mask), mode,
+                                               actor_config(loss_agg_mode=mode, **cfg))
+    loss.backward()
+    return float(loss.detach()), lp.grad.numpy()
+
+
+def test_vanilla_always_applies_the_dual_clip_c_3():
+    # r = e^2, A = -3: PPO's loss is -r*A = 3e^2 = 22.17; verl caps it at -c*A = 9 and its gradient vanishes
+    loss, grad = vanilla([[-2.0]], [[-4.0]], [[-3.0]], [[1.0]])
+    exact, _ = spec.policy_loss("ppo", [[-2.0]], [[-4.0]], [[-3.0]], [[1.0]])
+    assert float(exact) == pytest.approx(3 * math.exp(2))
+    assert loss == pytest.approx(9.0) and grad[0, 0] == 0.0
+    capped, _ = spec.policy_loss("ppo", [[-2.0]], [[-4.0]], [[-3.0]], [[1.0]], dual_clip=3.0)
+    assert loss == pytest.approx(float(capped))
+
+
+def test_the_dapo_recipe_averages_over_all_tokens_not_per_group():
+    # two groups of one response: 1 token with A = 1 and 3 tokens with A = 0, on-policy (r = 1)
+    logp = [[-1.0, 0, 0], [-1.0, -1.0, -1.0]]
+    adv, mask = [[1.0, 0, 0], [0.0, 0.0, 0.0]], [[1.0, 0, 0], [1.0, 1.0, 1.0]]
+    loss, _ = vanilla(logp, logp, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    eq8, _ = spec.policy_loss("dapo", logp, logp, adv, mask, group_size=1)
+    token_mean, _ = spec.policy_loss("dapo", logp, logp, adv, mask, group_size=1, agg="token_mean")
+    assert float(eq8) == pytest.approx(-0.5)  # mean over groups of (-1/1, 0/3)
+    assert loss == pytest.approx(-0.25) == pytest.approx(float(token_mean))  # -1 / 4 tokens
+
+
+def test_gspo_clamps_the_log_sequence_ratio_at_10():
+    cfg = actor_config(loss_agg_mode="seq-mean-token-mean", clip_ratio_low=3e-4, clip_ratio_high=4e-4)
+    lp = t([[8.0]]).requires_grad_(True)
+    loss, _ = ca.get_policy_loss_fn("gspo")(t([[-4.0]]), lp, t([[-1.0]]), t([[1.0]]), "seq-mean-token-mean", cfg)
+    loss.backward()
+    exact, grad = spec.policy_loss("gspo", [[8.0]], [[-4.0]], [[-1.0]], [[1.0]])
+    assert float(exact) == pytest.approx(math.exp(12))  # -s*A with s = e^12, unclipped for A < 0
+    assert float(loss.detach()) == pytest.approx(math.exp(10)) and float(lp.grad) == 0.0
+    assert float(grad[0, 0]) == pytest.approx(math.exp(12))
+
+
+def test_sapo_ignores_loss_agg_mode():
+    logp = [[-1.0, -1.0, -1.0], [-1.0, 0.0, 0.0]]
+    old = [[-1.2, -1.2, -1.2], [-0.8, 0.0, 0.0]]
+    adv, mask = [[1.0] * 3, [-1.0] * 3], [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
+    fn = ca.get_policy_loss_fn("sapo")
+    values = {m: float(fn(t(old), t(logp), t(adv), t(mask), m, actor_config(loss_agg_mode=m))[0])
+              for m in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")}
+    seq_mean = float(spec.policy_loss("sapo", logp, old, adv, mask)[0])
+    token_mean = float(spec.policy_loss("sapo", logp, old, adv, mask, agg="token_mean")[0])
+    assert abs(seq_mean - token_mean) > 0.05
+    assert all(v == pytest.approx(seq_mean) for v in values.values())
+
+
+def test_low_var_kl_is_clamped_at_10_and_k3_plus_has_k2s_gradient():
+    kl = float(ca.kl_penalty(t([0.0]), t([30.0]), "low_var_kl")[0])
+    assert kl == 10.0 and float(spec.kl([0.0], [30.0], "k3")[0]) == pytest.approx(math.exp(30) - 31)
+    lp = t([-1.0, -2.0]).requires_grad_(True)
+    ref = t([-1.5, -0.5])
+    value = ca.kl_penalty(lp, ref, "k3+")
+    value.sum().backward()
+    assert value.detach().numpy() == pytest.approx(spec.kl([-1.0, -2.0], [-1.5, -0.5], "k3").astype(float))
+    assert lp.grad.numpy() == pytest.approx([0.5, -1.5])  # d/dlogp (logp - ref)^2 / 2, k2's gradient
+    assert lp.grad.numpy() != pytest.approx([1 - math.exp(-0.5), 1 - math.exp(1.5)])  # k3's gradient
+
+
+def test_a_lone_response_keeps_its_raw_reward_as_advantage():
+    rewards, mask = t([[2.0, 0.0]]), t([[1.0, 1.0]])
+    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, np.array(["p0"], dtype=object))
+    assert adv.numpy().ravel() == pytest.approx([2.0 / (1 + 1e-6)] * 2)  # mean 0, std 1 for a group of one
+    assert spec.group_advantages([2.0], 1, kind="dr_grpo")[0] == 0  # R - mean_g = 0
+    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, np.array(["p0"], dtype=object),
+                                               norm_adv_by_std_in_grpo=False)
+    assert adv.numpy().ravel() == pytest.approx([2.0, 2.0])
+
+
+def test_gae_advantages_come_back_whitened_and_returns_do_not():
+    rewards, values = [[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]], [[0.1, 0.2, 0.3], [0.5, 0.4, 0.0]]
+    mask = [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
+    adv, ret = ca.compute_gae_advantage_return(t(rewards), t(values), t(mask), 1.0, 0.95)
+    e_adv, e_ret = (x.astype(float) for x in spec.gae(rewards, values, mask, gamma=1.0, lam=0.95))
+    on = np.array(mask) > 0
+    assert ret.numpy()[on] == pytest.approx(e_ret[on])
+    whitened = (e_adv[on] - e_adv[on].mean()) / np.sqrt(e_adv[on].var(ddof=1) + 1e-8)
+    assert adv.numpy()[on] == pytest.approx(whitened)
+    assert adv.numpy()[on] != pytest.approx(e_adv[on])
+
+
+def test_verls_critic_clips_values_at_0_5_where_the_reference_clips_at_0_2():
+    from verl.workers.config.critic import CriticConfig
+    assert CriticConfig.__dataclass_fields__["cliprange_value"].default == 0.5
+
+
+def test_the_engine_reports_these_conventions():
+    target = Target()
+    wanted = {("dapo", "DAPO recipe"): "dapo[agg=token_mean, dual_clip=3]",
+              ("sapo", "loss_agg_mode=token-mean"): "sapo[agg=seq_mean_token_mean]",
+              ("grpo", "loss_agg_mode=seq-mean-token-sum,"): None}
+    checks = [c for c in target.checks() if any(c.algorithm == a and c.knob.startswith(k) for a, k in wanted)]
+    assert len(checks) == 3
+    for check in checks:
+        want = next(v for (a, k), v in wanted.items() if check.algorithm == a and check.knob.startswith(k))
+        row = run_check(check, seeds=4)[0]
+        assert row["status"] == ("agrees" if want is None else "differs")
+        if want:
+            assert want in row["matches"]
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_a_micro_batch_without_tokens_gives_nan(mode):
+    # the reference: a fully masked row contributes nothing and never produces NaN (loss 0)
+    loss = ca.agg_loss(t([[0.5, -0.5]]), t([[0.0, 0.0]]), mode)
+    assert math.isnan(float(loss))
+    assert float(spec.policy_loss("grpo", [[-1.0, -1.0]], [[-1.0, -1.0]], [[1.0, 1.0]], [[0, 0]], beta=0.0,
+                                  agg=mode.replace("-", "_"))[0]) == 0.0

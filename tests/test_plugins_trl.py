@@ -1,0 +1,60 @@
+"""TRL's GRPOTrainer with cliplab's losses: the loss it optimises is gpu.policy_loss (exact spec values), it trains
+a tiny model end to end, and bad settings fail before a model is built."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("trl")
+pytest.importorskip("datasets")
+
+import spec  # noqa: E402
+from harness.conform import Batch  # noqa: E402
+from harness.targets.trl import make_trainer, trl_run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    from harness.targets.trl import _import_trl
+    _import_trl()  # TRL without its optional vLLM client
+    from gpu.integrations import trl_plugin
+    return trl_plugin
+
+
+@pytest.mark.parametrize("algorithm, hparams", [("dcpo", {}), ("dapo", {"agg": "token_mean"}),
+                                                ("gspo", {}), ("sapo", {}), ("grpo", {"beta": 0.04}),
+                                                ("dr_grpo", {})])
+def test_the_trainer_optimises_cliplabs_loss(plugin, algorithm, hparams):
+    config = {"beta": 0.04} if hparams.get("beta") else {}
+    trainer = make_trainer(plugin.CliplabGRPOTrainer, {"algorithm": algorithm, "hparams": hparams}, **config)
+    rng = np.random.default_rng(5)
+    mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], float)
+    log_ratio = rng.normal(0, 0.3, mask.shape)
+    adv = np.repeat(rng.normal(size=(4, 1)), 4, 1)
+    b = Batch(np.zeros_like(mask), -log_ratio, adv, mask, rng.normal(0, 0.3, mask.shape), 2,
+              {"ids": rng.integers(0, 60, mask.shape)})
+    loss, grad, used = trl_run(trainer)(b)
+    hp = {"max_len": 8, **hparams} if algorithm == "dr_grpo" else hparams
+    e_loss, e_grad = spec.policy_loss(algorithm, used.logp, used.old_logp, used.adv, used.mask, group_size=2,
+                                      ref_logp=used.ref_logp, **hp)
+    assert loss == pytest.approx(float(e_loss), rel=1e-6, abs=1e-9)
+    assert grad == pytest.approx(e_grad.astype(float), rel=1e-6, abs=1e-9)
+
+
+def test_two_training_steps_on_a_tiny_model(plugin):
+    def reward(completions, **kwargs):  # longer completions score higher: some groups are not all-equal
+        return [float(len(c)) for c in completions]
+    trainer = make_trainer(plugin.CliplabGRPOTrainer, {"algorithm": "dcpo", "hparams": {}}, reward=reward,
+                           freeze=False, max_steps=2, learning_rate=1e-2)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    out = trainer.train()
+    assert out.global_step == 2 and np.isfinite(out.training_loss)
+    assert any(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.model.parameters()))
+
+
+def test_bad_settings_fail_before_a_model_is_built(plugin):
+    with pytest.raises(ValueError, match="unknown algorithm 'nope'"):
+        plugin.CliplabGRPOTrainer(algorithm="nope")
+    with pytest.raises(ValueError, match="unknown aggregation mode 'sum'"):
+        plugin.CliplabGRPOTrainer(algorithm="dapo", hparams={"agg": "sum"})
+    with pytest.raises(ValueError, match="beta > 0 needs reference log-probs"):
+        make_trainer(plugin.CliplabGRPOTrainer, {"algorithm": "grpo", "hparams": {"beta": 0.04}})
