@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cases import make_case
+from .cases import Case, make_case
 from .verify import scaled_diff
 
 #: max |target - reference| / max(1, max |reference|) under which float64 results agree. Outside code adds
@@ -20,20 +20,10 @@ FAMILIES = {"typical": {"extreme": False, "small_q": False}, "extreme": {"extrem
 
 
 @dataclass
-class Batch:
-    """A [B, T] batch (B = P * G rows, groups contiguous) plus row-aligned extras a target needs (token ids)."""
+class Batch(Case):
+    """A generated case plus row-aligned extras a target needs (token ids)."""
 
-    logp: np.ndarray
-    old_logp: np.ndarray
-    adv: np.ndarray
-    mask: np.ndarray
-    ref_logp: np.ndarray
-    group_size: int
     extra: dict = field(default_factory=dict)
-
-    @property
-    def width(self) -> int:
-        return self.mask.shape[1]
 
     @property
     def rewards(self) -> np.ndarray:
@@ -42,7 +32,7 @@ class Batch:
 
     def take(self, rows=None, cols=None, group_size=None) -> "Batch":
         rows = np.arange(len(self.mask)) if rows is None else np.asarray(rows, dtype=int)
-        cols = np.arange(self.width) if cols is None else np.asarray(cols, dtype=int)
+        cols = np.arange(self.max_len) if cols is None else np.asarray(cols, dtype=int)
         pick = lambda x: x[np.ix_(rows, cols)]  # noqa: E731
         return Batch(pick(self.logp), pick(self.old_logp), pick(self.adv), pick(self.mask), pick(self.ref_logp),
                      group_size or self.group_size, {k: pick(v) for k, v in self.extra.items()})
@@ -133,9 +123,9 @@ def shrink(check: Check, batch: Batch, conv: Convention, budget: int = 300) -> B
             if g > 1:
                 tries.append(lambda b, j=j: b.take(rows=[r for r in range(len(b.mask)) if r % g != j],
                                                    group_size=g - 1))
-        for t in range(batch.width):  # drop a column
-            if batch.width > 1:
-                tries.append(lambda b, t=t: b.take(cols=[c for c in range(b.width) if c != t]))
+        for t in range(batch.max_len):  # drop a column
+            if batch.max_len > 1:
+                tries.append(lambda b, t=t: b.take(cols=[c for c in range(b.max_len) if c != t]))
         for i, t in zip(*np.nonzero(batch.mask)):  # mask a token out
             tries.append(lambda b, i=i, t=t: replace(b, mask=_unset(b.mask, i, t)))
         for attempt in tries:

@@ -34,7 +34,7 @@ def label(name: str, hp: dict) -> str:
 
 def _hp(name, hp, batch):
     """Dr.GRPO's constant L defaults to the batch's padded width unless a check sets max_len."""
-    return {"max_len": batch.width, **hp}
+    return {"max_len": batch.max_len, **hp}
 
 
 def policy_value(name: str, hp: dict, batch, rows_counted: bool = False, kl_times_ratio: bool = False):
@@ -92,7 +92,7 @@ def policy_grid(names, base: dict, options: dict, rows_counted: bool = False, ex
 def aggregate(mode: str, max_len=None) -> Convention:
     """sum(w * l) with the reference weights of ``mode``; the loss matrix is the batch's logp; grad = w."""
     def fn(b):
-        w = agg_weights(t64(b.mask), mode, b.group_size, max_len if max_len is not None else b.width).numpy()
+        w = agg_weights(t64(b.mask), mode, b.group_size, max_len if max_len is not None else b.max_len).numpy()
         return float((w * b.logp).sum()), w
     return Convention(f"agg={mode}", fn)
 
@@ -148,7 +148,7 @@ def value_loss(clip: float, agg: str = "token_mean") -> Convention:
     def fn(b):
         v = t64(b.logp, grad=True)
         loss, _ = gpu.value_loss(v, t64(b.old_logp), t64(b.ref_logp), t64(b.mask), clip=clip, agg=agg,
-                                 group_size=b.group_size, max_len=b.width)
+                                 group_size=b.group_size, max_len=b.max_len)
         loss.backward()
         return float(loss.detach()), v.grad.numpy()
     return Convention(f"value_loss[clip={clip:g}, agg={agg}]", fn)
