@@ -42,19 +42,12 @@ def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict
                   progress: bool = True) -> dict:
     """``sim.sweep.run_sweep`` with the runs spread over Ray workers; returns (and writes) the same summary.
     Connects to ``address`` (a running cluster, e.g. ``auto``) or starts a local instance with ``num_cpus``."""
-    from sim.sweep import _check_resumable, plan, summarise, write_json
+    from sim.sweep import prepare, summarise, write_json
     try:
         import ray
     except ImportError:
         raise ValueError("backend: 'ray' needs Ray; install it with: pip install ray==2.60.0") from None
-    grid = grid or {}
-    tasks = plan(env, algos, seeds, steps, grid)
-    out_path = Path(out)
-    (out_path / "runs").mkdir(parents=True, exist_ok=True)
-    _check_resumable(out_path, env, steps)
-    write_json(out_path / "sweep.json", {"env": env, "steps": steps, "seeds": seeds, "algos": list(algos),
-                                         "grid": grid})
-    todo = [t for t in tasks if not (out_path / "runs" / t["id"] / "done.json").exists()]
+    tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,

@@ -98,19 +98,26 @@ def _worker(args):
     return run_task(task, out)
 
 
-def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None, out: str = "runs/sim",
-              workers: int = 2, progress: bool = True) -> dict:
-    """Run (or resume) a sweep into ``out`` and return its summary (also written to ``out/summary.json``)."""
+def prepare(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None, out: str):
+    """Plan a sweep, check that ``out`` holds the same sweep if anything, and list the runs not yet done:
+    returns (tasks, out path, tasks to run)."""
     grid = grid or {}
     tasks = plan(env, algos, seeds, steps, grid)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers: expected a positive integer, got {workers!r}")
     out_path = Path(out)
     (out_path / "runs").mkdir(parents=True, exist_ok=True)
     _check_resumable(out_path, env, steps)
     write_json(out_path / "sweep.json", {"env": env, "steps": steps, "seeds": seeds, "algos": list(algos),
                                          "grid": grid})
     todo = [t for t in tasks if not (out_path / "runs" / t["id"] / "done.json").exists()]
+    return tasks, out_path, todo
+
+
+def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None, out: str = "runs/sim",
+              workers: int = 2, progress: bool = True) -> dict:
+    """Run (or resume) a sweep into ``out`` and return its summary (also written to ``out/summary.json``)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers: expected a positive integer, got {workers!r}")
+    tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
                disable=not progress)
     if workers == 1 or len(todo) <= 1:
