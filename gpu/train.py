@@ -1,0 +1,378 @@
+"""The RL loop: rollout, reward, advantage, minibatch epochs with ``gpu.policy_loss`` (or ``dpo_loss``), metrics,
+checkpoints and exact resume."""
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import gpu
+
+from . import checkpoint as ckpt
+from .batch import build_batch, completion_values, last_token_rewards, token_logprobs
+from spec.contract import resolve_hparams
+
+from .config import Config
+from .data import PromptStream, encode_prompt, load_problems
+from .models import ValueModel, load_policy, load_reference, load_tokenizer, resolve_model
+from .rewards import get_reward, is_correct, overlong_filter_mask
+from .rollout import Rollouts, logprob_gap, make_engine, tis_weights
+
+
+def _peak_mem_mb(device) -> float:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # peak RSS of the process (Linux: KiB)
+
+
+def _mean(xs):
+    return float(np.mean(xs)) if len(xs) else 0.0
+
+
+class Trainer:
+    """One training run; ``engine`` may be passed in to share a running vLLM engine between runs (tests)."""
+
+    def __init__(self, cfg: Config, engine=None):
+        self.cfg, c = cfg, cfg
+        if c.run.threads:
+            torch.set_num_threads(c.run.threads)
+        random.seed(c.run.seed)
+        np.random.seed(c.run.seed)
+        torch.manual_seed(c.run.seed)
+        self.dev = torch.device(c.model.device)
+        self.path = resolve_model(c.model.name, c.model.cache_dir, c.model.tiny)
+        self.tok = load_tokenizer(self.path)
+        self.model = load_policy(self.path, device=c.model.device, lora=c.model.lora,
+                                 train_top_layers=c.model.train_top_layers).train()
+        self.hp = c.loss_hparams() if c.algo.name != "dpo" else {}
+        beta = gpu_beta(c)
+        self.ref = (load_reference(self.path, device=c.model.device)
+                    if c.algo.name == "dpo" or beta > 0 or c.algo.kl_reward_coef > 0 else None)
+        self.value = ValueModel(self.path, device=c.model.device) if c.algo.name == "ppo" else None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=c.train.lr, weight_decay=c.train.weight_decay)
+        self.vopt = (torch.optim.AdamW(self.value.parameters(), lr=c.train.value_lr) if self.value else None)
+        data_kw = ({"n": c.data.n, "digits": c.data.digits, "terms": c.data.terms, "ops": c.data.ops,
+                    "seed": c.run.seed} if c.data.source == "arithmetic" else
+                   {"path": c.data.path, "limit": c.data.limit} if c.data.source in ("gsm8k", "math") else
+                   {"limit": c.data.limit})
+        self.stream = PromptStream(load_problems(c.data.source, **data_kw), seed=c.run.seed)
+        self.sas = gpu.SmoothAdvantage()
+        self.reward_fn = get_reward(c.reward)
+        self.out = Path(c.run.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.step = 0
+        found = ckpt.find(self.out) if c.run.resume else None
+        if found:
+            self._restore(found)
+        else:
+            (self.out / "metrics.jsonl").write_text("")
+        resolved = {"reward": c.reward, "advantage": c.advantage,
+                    "loss": (resolve_hparams(c.algo.name, self.hp) if c.algo.name != "dpo"
+                             else {"beta": c.algo.dpo_beta})}
+        (self.out / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": resolved}, indent=2))
+        self.autocast = (torch.autocast(self.dev.type, dtype=getattr(torch, c.model.dtype))
+                         if c.model.dtype != "float32" else contextlib.nullcontext())
+        if engine is None:
+            engine = make_engine(c.rollout.engine, self.model, self.tok, self.path,
+                                 **({"kv_cache_bytes": c.rollout.vllm_kv_cache_mb << 20, "seed": c.run.seed,
+                                     "dtype": "float32"} if c.rollout.engine == "vllm" else {}))
+        else:
+            engine.update(self.model)
+        self.engine = engine
+        self.tb = _tensorboard(self.out)
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    def _modules(self):
+        return {"policy": self.model, **({"value": self.value} if self.value else {})}
+
+    def _optims(self):
+        return {"policy": self.opt, **({"value": self.vopt} if self.vopt else {})}
+
+    def save(self):
+        """Checkpoint everything resume needs."""
+        ckpt.save(self.out, self.step, self._modules(), self._optims(),
+                  {"stream": self.stream.state_dict(), "sas": self.sas.state_dict()})
+
+    def _restore(self, found):
+        state = ckpt.load(found, self._modules(), self._optims())
+        self.step = state["step"]
+        self.stream.load_state_dict(state["stream"])
+        self.sas.load_state_dict(state["sas"])
+        ckpt.trim_metrics(self.out / "metrics.jsonl", self.step)
+
+    # -- rollout and reward -----------------------------------------------------------------------------------
+    def _score(self, ro: Rollouts, probs):
+        G = self.cfg.rollout.group_size
+        texts = self.tok.batch_decode(ro.completion_ids, skip_special_tokens=True)
+        golds = [p.answer for p in probs for _ in range(G)]
+        rewards = torch.tensor([float(self.reward_fn(t, g)) for t, g in zip(texts, golds)])
+        correct = is_correct(texts, golds)
+        a = self.cfg.algo
+        if a.overlong_max_len is not None:
+            lengths = torch.tensor([len(c) for c in ro.completion_ids], dtype=torch.float32)
+            rewards = rewards + gpu.overlong_penalty(lengths, a.overlong_max_len, a.overlong_cache_len)
+        return rewards, correct
+
+    def _rollout(self):
+        """Sample groups; with dynamic sampling keep refilling until enough groups have mixed rewards."""
+        c = self.cfg
+        P, G = c.rollout.prompts_per_step, c.rollout.group_size
+        kept, probs_kept, rewards, correct = Rollouts([], [], [], []), [], [], []
+        generated, all_correct, all_rewards = 0, [], []
+        rounds = c.rollout.max_rounds if c.algo.dynamic_sampling else 1
+        for rnd in range(rounds):
+            need = P - len(probs_kept)
+            probs = self.stream.next(need if c.algo.dynamic_sampling else P)
+            prompts = [encode_prompt(self.tok, p.question, c.data.system) for p in probs]
+            ro = self.engine.generate(prompts, G, c.rollout.max_new_tokens, c.rollout.temperature,
+                                      seed=c.run.seed * 1_000_003 + self.step * 101 + rnd)
+            r, ok = self._score(ro, probs)
+            generated += len(ro)
+            all_correct.append(ok)
+            all_rewards.append(r)
+            keep = gpu.dynamic_sampling_filter(r, G) if c.algo.dynamic_sampling else torch.ones(len(probs), dtype=bool)
+            for g in torch.nonzero(keep).squeeze(1).tolist():
+                kept.extend(ro.select(range(g * G, (g + 1) * G)))
+                probs_kept.append(probs[g])
+                rewards.append(r[g * G:(g + 1) * G])
+                correct.append(ok[g * G:(g + 1) * G])
+            if len(probs_kept) >= P:
+                break
+        info = {"generated": generated, "sampled_accuracy": float(torch.cat(all_correct).mean()),
+                "sampled_reward": float(torch.cat(all_rewards).mean())}
+        if not probs_kept:
+            return kept, probs_kept, torch.zeros(0), torch.zeros(0), info
+        return kept, probs_kept, torch.cat(rewards), torch.cat(correct), info
+
+    # -- advantages -------------------------------------------------------------------------------------------
+    def _advantages(self, rewards, probs, batch, old_logp, ref_logp):
+        c, G = self.cfg, self.cfg.rollout.group_size
+        kind = c.advantage
+        if kind == "gae":
+            with torch.no_grad(), self.autocast:
+                old_values = completion_values(self.value, batch).float()
+            tok_r = last_token_rewards(rewards, batch.mask)
+            if self.ref is not None and c.algo.kl_reward_coef > 0:
+                tok_r = tok_r - c.algo.kl_reward_coef * gpu.kl(old_logp, ref_logp, "k1") * batch.mask
+            adv, returns = gpu.gae(tok_r, old_values, batch.mask, c.algo.gamma, c.algo.lam)
+            return adv, old_values, returns
+        if kind == "sas":
+            seq = self.sas([p.id for p in probs], rewards, G)
+        else:
+            seq = gpu.group_advantages(rewards, G, kind=kind, unbiased=c.algo.unbiased_std)
+        return seq[:, None] * batch.mask, None, None
+
+    # -- forward passes ---------------------------------------------------------------------------------------
+    def _no_grad_pass(self, model, batch, micro):
+        outs = []
+        with torch.no_grad(), self.autocast:
+            for idx in micro:
+                lp, _ = token_logprobs(model, batch.rows(idx), self.cfg.train.logprob_chunk,
+                                       self.cfg.rollout.temperature)
+                outs.append((idx, lp))
+        return _scatter(outs, batch.mask)
+
+    def _groups_split(self, n_groups, gen):
+        """Minibatches (lists of micro-batches of row indices) over a shuffled group order."""
+        c, G = self.cfg, self.cfg.rollout.group_size
+        per_mb = (c.train.minibatch_size // G) if c.train.minibatch_size else n_groups
+        order = torch.randperm(n_groups, generator=gen).tolist()
+        mbs = []
+        for s in range(0, n_groups, per_mb):
+            groups = order[s:s + per_mb]
+            k = max(1, len(groups) // c.train.grad_accum)
+            micro = [groups[j:j + k] for j in range(0, len(groups), k)]
+            mbs.append([torch.tensor([g * G + i for g in m for i in range(G)]) for m in micro])
+        return mbs
+
+    # -- one step ---------------------------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        """One RL step; returns its metrics (also appended to metrics.jsonl)."""
+        c, G = self.cfg, self.cfg.rollout.group_size
+        t0 = time.perf_counter()
+        ro, probs, rewards, correct, info = self._rollout()
+        t_roll = time.perf_counter() - t0
+        m = {"step": self.step + 1, "reward": info["sampled_reward"], "accuracy": info["sampled_accuracy"],
+             "generated": info["generated"], "trained": len(ro)}
+        gen_tokens = sum(map(len, ro.completion_ids))
+        if probs:
+            m.update(self._update(ro, probs, rewards, correct))
+        t_train = time.perf_counter() - t0 - t_roll
+        if probs:
+            t1 = time.perf_counter()
+            self.engine.update(self.model)
+            m["weight_sync_s"] = time.perf_counter() - t1
+        self.step += 1
+        dt = time.perf_counter() - t0
+        m.update({"rollout_s": t_roll, "train_s": t_train, "step_time_s": dt,
+                  "gen_tokens_per_s": gen_tokens / max(t_roll, 1e-9),
+                  "tokens_per_s": m.get("tokens", 0) / max(dt, 1e-9),
+                  "peak_mem_mb": _peak_mem_mb(self.dev),
+                  "ds_generated_per_trained": info["generated"] / max(len(ro), 1)})
+        with (self.out / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(m) + "\n")
+        if self.tb:
+            for k, v in m.items():
+                self.tb.add_scalar(k, v, m["step"])
+        if self.step % c.run.save_every == 0 or self.step == c.run.steps:
+            self.save()
+        return m
+
+    def _update(self, ro, probs, rewards, correct) -> dict:
+        c, G = self.cfg, self.cfg.rollout.group_size
+        batch = build_batch(ro, self.tok.pad_token_id, self.dev)
+        if c.algo.overlong_filter:
+            batch.mask = overlong_filter_mask(ro.truncated, batch.mask)
+        n_groups = len(probs)
+        gen = torch.Generator().manual_seed(c.run.seed * 7919 + self.step)
+        plan = [self._groups_split(n_groups, gen) for _ in range(c.train.epochs)]
+        all_rows = [idx for mb in plan[0] for idx in mb]
+        single_update = c.train.epochs == 1 and len(plan[0]) == 1
+        old_logp = None if single_update else self._no_grad_pass(self.model, batch, all_rows)
+        ref_logp = self._no_grad_pass(self.ref, batch, all_rows) if self.ref is not None else None
+        if c.algo.name == "dpo":
+            return self._dpo_update(batch, rewards, correct, ref_logp)
+        if old_logp is None and c.advantage == "gae":
+            old_logp = self._no_grad_pass(self.model, batch, all_rows)
+        adv, old_values, returns = self._advantages(rewards, probs, batch, old_logp, ref_logp)
+        stats, ent, first_logp = [], [], torch.zeros_like(batch.mask)
+        for epoch, mbs in enumerate(plan):
+            for micro in mbs:
+                for idx in micro:
+                    sub = batch.rows(idx)
+                    with self.autocast:
+                        logp, entropy = token_logprobs(self.model, sub, c.train.logprob_chunk, c.rollout.temperature)
+                    logp = logp.float()
+                    old = logp.detach() if old_logp is None else old_logp[idx, :logp.shape[1]]
+                    T = logp.shape[1]
+                    a = adv[idx, :T]
+                    if c.rollout.tis_cap:
+                        a = a * tis_weights(old, sub.engine_logp, sub.mask, c.rollout.tis_cap)
+                    ref = ref_logp[idx, :T] if ref_logp is not None else None
+                    loss, st = gpu.policy_loss(c.algo.name, logp, old, a, sub.mask, group_size=G, ref_logp=ref,
+                                               **self.hp)
+                    if self.value is not None:
+                        with self.autocast:
+                            v = completion_values(self.value, sub).float()
+                        vloss, vst = gpu.value_loss(v, old_values[idx, :T], returns[idx, :T], sub.mask,
+                                                    clip=c.algo.value_clip)
+                        loss = loss + vloss
+                        st = {**st, "value_loss": float(vloss.detach()), "value_clip_frac": vst["clip_frac"]}
+                    (loss / len(micro)).backward()
+                    st["loss"] = float(loss.detach())
+                    stats.append(st)
+                    if epoch == 0:
+                        first_logp[idx, :T] = logp.detach()
+                        ent.append(float((entropy.detach() * sub.mask).sum() / sub.mask.sum().clamp(min=1)))
+                st = self._optim_step()
+                stats[-1].update(st)
+        return self._step_metrics(batch, ro, rewards, correct, adv, stats, ent, first_logp, old_logp, ref_logp)
+
+    def _optim_step(self) -> dict:
+        c = self.cfg
+        norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
+                                              c.train.max_grad_norm)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        out = {"grad_norm": float(norm)}
+        if self.vopt is not None:
+            torch.nn.utils.clip_grad_norm_(self.value.parameters(), c.train.max_grad_norm)
+            self.vopt.step()
+            self.vopt.zero_grad(set_to_none=True)
+        return out
+
+    def _dpo_update(self, batch, rewards, correct, ref_logp) -> dict:
+        """DPO on pairs from each group: its best response (chosen) against its worst (rejected)."""
+        c, G = self.cfg, self.cfg.rollout.group_size
+        pairs = []
+        for g in range(len(rewards) // G):
+            r = rewards[g * G:(g + 1) * G]
+            if r.max() > r.min():
+                pairs.append((g * G + int(r.argmax()), g * G + int(r.argmin())))
+        m = {"reward_mean": float(rewards.mean()), "accuracy_trained": float(correct.mean()), "pairs": len(pairs),
+             "rur": 2 * len(pairs) / len(rewards), "tokens": int(batch.mask.sum())}
+        if not pairs:
+            return m
+        ref_seq = (ref_logp * batch.mask).sum(1)
+        stats = []
+        for _ in range(c.train.epochs):
+            idx = torch.tensor([i for p in pairs for i in p])
+            sub = batch.rows(idx)
+            with self.autocast:
+                logp, ent = token_logprobs(self.model, sub, c.train.logprob_chunk, c.rollout.temperature)
+            seq = (logp.float() * sub.mask).sum(1)
+            loss, st = gpu.dpo_loss(seq[0::2], seq[1::2], ref_seq[idx[0::2]], ref_seq[idx[1::2]], beta=c.algo.dpo_beta)
+            loss.backward()
+            st.update(self._optim_step(), loss=float(loss.detach()))
+            stats.append(st)
+        gap = logprob_gap(sub.engine_logp, logp.detach().float(), sub.mask)
+        m.update({k: _mean([s[k] for s in stats]) for k in stats[0]}, **gap,
+                 entropy=float((ent.detach() * sub.mask).sum() / sub.mask.sum()))
+        return m
+
+    def _step_metrics(self, batch, ro, rewards, correct, adv, stats, ent, first_logp, old_logp, ref_logp) -> dict:
+        mask = batch.mask
+        old = first_logp if old_logp is None else old_logp
+        lens = torch.tensor([len(x) for x in ro.completion_ids], dtype=torch.float32)
+        seq_adv = (adv.abs() * mask).sum(1)
+        m = {"reward_mean": float(rewards.mean()), "accuracy_trained": float(correct.mean()),
+             "rur": float((seq_adv > 1e-8).float().mean()), "entropy": _mean(ent),
+             "len_mean": float(lens.mean()), "len_max": float(lens.max()),
+             "truncated_frac": float(np.mean(ro.truncated)), "tokens": int(mask.sum())}
+        for k in ("loss", "clip_frac", "ratio_mean", "grad_norm", "value_loss", "value_clip_frac", "kl_mean"):
+            vals = [s[k] for s in stats if k in s]
+            if vals:
+                m["tcr" if k == "clip_frac" else k] = _mean(vals)
+        m.update(logprob_gap(batch.engine_logp, old, mask))
+        if ref_logp is not None:
+            m["kl_ref"] = float((gpu.kl(old, ref_logp, "k3") * mask).sum() / mask.sum().clamp(min=1))
+        return m
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def fit(self) -> Path:
+        """Train until ``run.steps``; returns the run folder."""
+        from tqdm import tqdm
+        bar = tqdm(total=self.cfg.run.steps, initial=self.step, disable=not self.cfg.run.progress, desc="train")
+        while self.step < self.cfg.run.steps:
+            m = self.train_step()
+            bar.update(1)
+            bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.2f}", s=f"{m['step_time_s']:.1f}")
+        bar.close()
+        if self.tb:
+            self.tb.close()
+        return self.out
+
+
+def gpu_beta(cfg: Config) -> float:
+    """The KL weight the policy loss will use (registry default unless overridden)."""
+    if cfg.algo.name == "dpo":
+        return 0.0
+    from spec.registry import ALGORITHMS
+    return float(cfg.loss_hparams().get("beta", ALGORITHMS[cfg.algo.name].defaults["beta"]))
+
+
+def _scatter(outs, like):
+    full = torch.zeros_like(like)
+    for idx, lp in outs:
+        full[idx, :lp.shape[1]] = lp.float()
+    return full
+
+
+def _tensorboard(out: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(out / "tb"))
+
+
+def train(cfg: Config, engine=None) -> Path:
+    """Run (or resume) the training described by ``cfg``; returns the run folder with metrics.jsonl."""
+    return Trainer(cfg, engine=engine).fit()
