@@ -28,3 +28,16 @@ def agg_weights(mask: torch.Tensor, agg: str, group_size: int | None = None, max
     if agg == "group_seq_sum_token_mean":
         return per_seq_mean / n_groups
     raise ValueError(f"agg: unknown aggregation mode {agg!r}")
+
+
+def agg_units(mask: torch.Tensor, agg: str, group_size: int | None = None) -> torch.Tensor:
+    """How many units a mode averages over (tokens, non-empty rows or non-empty groups); the normaliser constant
+    ``max_len`` aside, a mode's loss is a mean over these, so micro-batches weighted by their share of units add
+    up to the loss of the whole batch (exact gradient accumulation)."""
+    if agg == "token_mean":
+        return mask.sum()
+    if agg in ("group_token_mean", "group_seq_sum_token_mean"):
+        return (mask.reshape(-1, group_size * mask.shape[1]).sum(1) > 0).sum().to(mask.dtype)
+    if agg in ("seq_mean_token_mean", "seq_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"):
+        return (mask.sum(1) > 0).sum().to(mask.dtype)
+    raise ValueError(f"agg: unknown aggregation mode {agg!r}")

@@ -15,6 +15,7 @@ import torch
 import gpu
 
 from . import checkpoint as ckpt
+from .aggregation import agg_units
 from .batch import build_batch, completion_values, last_token_rewards, token_logprobs
 from spec.contract import resolve_hparams
 
@@ -243,8 +244,13 @@ class Trainer:
             old_logp = self._no_grad_pass(self.model, batch, all_rows)
         adv, old_values, returns = self._advantages(rewards, probs, batch, old_logp, ref_logp)
         stats, ent, first_logp = [], [], torch.zeros_like(batch.mask)
+        agg = resolve_hparams(c.algo.name, self.hp)["agg"]
         for epoch, mbs in enumerate(plan):
             for micro in mbs:
+                # each micro-batch weighs its share of the minibatch's aggregation units: exact accumulation
+                mb_mask = batch.mask[torch.cat(micro)]
+                total = agg_units(mb_mask, agg, G).clamp(min=1.0)
+                v_total = agg_units(mb_mask, "token_mean").clamp(min=1.0)
                 for idx in micro:
                     sub = batch.rows(idx)
                     with self.autocast:
@@ -263,9 +269,12 @@ class Trainer:
                             v = completion_values(self.value, sub).float()
                         vloss, vst = gpu.value_loss(v, old_values[idx, :T], returns[idx, :T], sub.mask,
                                                     clip=c.algo.value_clip)
-                        loss = loss + vloss
                         st = {**st, "value_loss": float(vloss.detach()), "value_clip_frac": vst["clip_frac"]}
-                    (loss / len(micro)).backward()
+                    weighted = loss * agg_units(sub.mask, agg, G) / total
+                    if self.value is not None:
+                        weighted = weighted + vloss * agg_units(sub.mask, "token_mean") / v_total
+                        loss = loss + vloss
+                    weighted.backward()
                     st["loss"] = float(loss.detach())
                     stats.append(st)
                     if epoch == 0:

@@ -107,3 +107,27 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_path):
     ha, hb = (json.loads((tmp_path / d / "checkpoint" / "state.json").read_text())["sas"]["history"]
               for d in ("killed", "clean"))
     assert ha and ha.keys() == hb.keys() and all(ha[k] == pytest.approx(hb[k]) for k in ha)
+
+
+@pytest.mark.parametrize("algo,agg", [("dapo", "token_mean"), ("grpo", None), ("dcpo", None)])
+def test_gradient_accumulation_gives_the_whole_batch_gradient(algo, agg, tmp_path, tiny_path):
+    """Micro-batches of one group each, weighted by their share of the aggregation's units, accumulate the
+    gradient of the whole batch at once (same seed, same rollouts). Unequal shares are covered, without a
+    model, by tests/test_gpu_accumulation.py."""
+    grads = []
+    for accum in (1, 2):
+        raw = tiny_config(tmp_path / f"{algo}{accum}", algo, steps=1, train={"grad_accum": accum},
+                          rollout={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 10, "temperature": 1.5},
+                          algo={"hp": {} if agg is None else {"agg": agg}})
+        tr = Trainer(from_dict(raw))
+        seen = []
+        step = tr._optim_step
+
+        def record(step=step, tr=tr, seen=seen):
+            seen.append(torch.cat([p.grad.flatten() for p in tr.model.parameters() if p.grad is not None]))
+            return step()
+        tr._optim_step = record
+        tr.fit()
+        grads.append(seen[0])
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-7)
