@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from spec.contract import check_group_size
+from spec.contract import (check_advantage_kind, check_group_size, check_overlong, check_prompt_ids,
+                           check_same_shape, check_unit_interval)
 from spec.registry import PARTS
 
 from .checks import as_mask, as_tensor
@@ -18,14 +19,11 @@ def _grouped(rewards, group_size):
 def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
                      unbiased=PARTS["grpo_advantage"]["unbiased"]):
     """GRPO (DeepSeekMath Sec. 4.1.2): (R - mean_g) / (std_g + eps); Dr.GRPO (2503.20783 Eq. 3): R - mean_g."""
-    if kind not in ("grpo", "dr_grpo"):
-        raise ValueError(f"kind: expected 'grpo' or 'dr_grpo', got {kind!r}")
     groups = _grouped(rewards, group_size)
+    check_advantage_kind(kind, group_size, unbiased)
     centred = groups - groups.mean(1, keepdim=True)
     if kind == "dr_grpo":
         return centred.reshape(-1)
-    if group_size < 2 and unbiased:
-        raise ValueError("group_size: the unbiased std needs G >= 2 responses per prompt, got 1")
     den = groups.std(1, correction=1 if unbiased else 0, keepdim=True) + eps
     return torch.where(den > 0, centred / torch.where(den > 0, den, torch.ones_like(den)),
                        torch.zeros_like(centred)).reshape(-1)
@@ -46,10 +44,7 @@ class SmoothAdvantage:
     def __call__(self, prompt_ids, rewards, group_size):
         groups = _grouped(rewards, group_size)
         ids = list(prompt_ids)
-        if len(ids) != len(groups):
-            raise ValueError(f"prompt_ids: expected one id per group ({len(groups)}), got {len(ids)}")
-        if len(set(ids)) != len(ids):
-            raise ValueError("prompt_ids: each prompt may appear once per call")
+        check_prompt_ids(ids, len(groups))
         out = torch.empty_like(groups)
         for g, (pid, r) in enumerate(zip(ids, groups)):
             visits, mu_old, var_old = self.history.get(pid, (0, 0.0, 0.0))
@@ -77,12 +72,9 @@ def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["la
     values = as_tensor("values", values, like=rewards, ndim=2).detach()
     mask = as_mask(mask, rewards)
     for name, x in (("values", values), ("mask", mask)):
-        if x.shape != rewards.shape:
-            raise ValueError(f"{name}: expected shape {tuple(rewards.shape)} (the shape of rewards), "
-                             f"got {tuple(x.shape)}")
-    for name, x in (("gamma", gamma), ("lam", lam)):
-        if not 0 <= x <= 1:
-            raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
+        check_same_shape(name, x.shape, "rewards", rewards.shape)
+    check_unit_interval("gamma", gamma)
+    check_unit_interval("lam", lam)
     adv = torch.zeros_like(rewards)
     next_v = rewards.new_zeros(len(rewards))
     next_a = rewards.new_zeros(len(rewards))
@@ -98,8 +90,7 @@ def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["la
 def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PARTS["overlong"]["cache_len"]):
     """DAPO Eq. 13 soft overlong punishment: 0, then linear down to -1 over the last cache_len tokens, then -1."""
     lengths = as_tensor("lengths", lengths)
-    if not 0 < cache_len <= max_len:
-        raise ValueError(f"cache_len: expected 0 < cache_len <= max_len ({max_len}), got {cache_len!r}")
+    check_overlong(max_len, cache_len)
     start = max_len - cache_len
     return torch.where(lengths <= start, torch.zeros_like(lengths),
                        torch.where(lengths <= max_len, (start - lengths) / cache_len, -torch.ones_like(lengths)))

@@ -8,15 +8,16 @@ from spec.contract import mask_error, nonfinite_error
 
 def as_tensor(name: str, x, like: torch.Tensor | None = None, ndim: int | None = None) -> torch.Tensor:
     """Return ``x`` as a finite floating tensor (on ``like``'s device and dtype when given)."""
+    dtype = torch.get_default_dtype() if like is None else like.dtype
     if not isinstance(x, torch.Tensor):
         try:
-            x = torch.as_tensor(x, dtype=torch.get_default_dtype() if like is None else like.dtype)
+            x = torch.as_tensor(x, dtype=dtype)
         except (TypeError, ValueError, RuntimeError):
             raise ValueError(f"{name}: expected a numeric tensor, got {type(x).__name__}") from None
     if x.dtype == torch.bool or x.is_complex():
         raise ValueError(f"{name}: expected a real floating tensor, got dtype {x.dtype}")
     if not x.is_floating_point():
-        x = x.to(torch.get_default_dtype() if like is None else like.dtype)
+        x = x.to(dtype)
     if like is not None:
         x = x.to(device=like.device)
     if ndim is not None and x.dim() != ndim:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spec.contract import check_agg, check_kl_kind, check_q, check_token_shapes, resolve_hparams
+from spec.contract import (check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q, check_reference,
+                           check_same_shape, check_token_shapes, check_value_args, resolve_hparams)
 from spec.registry import PARTS, get_algorithm
 
 from .aggregation import agg_weights
@@ -26,9 +27,7 @@ def kl(logp, ref_logp, kind="k3"):
     check_kl_kind(kind)
     logp = as_tensor("logp", logp)
     ref_logp = as_tensor("ref_logp", ref_logp, like=logp)
-    if logp.shape != ref_logp.shape:
-        raise ValueError(f"ref_logp: expected shape {tuple(logp.shape)} (the shape of logp), "
-                         f"got {tuple(ref_logp.shape)}")
+    check_same_shape("ref_logp", ref_logp.shape, "logp", logp.shape)
     return _kl_value(logp, ref_logp, kind)
 
 
@@ -82,9 +81,8 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         adv = adv[:, None].expand_as(logp)
     mask = as_mask(mask, logp)
     shapes = {"logp": logp.shape, "old_logp": old_logp.shape, "adv": adv.shape, "mask": mask.shape}
+    check_reference(name, hp["beta"], ref_logp)
     if hp["beta"] > 0:
-        if ref_logp is None:
-            raise ValueError(f"ref_logp: {name} with beta={hp['beta']} > 0 needs ref_logp (the reference log-probs)")
         ref_logp = as_tensor("ref_logp", ref_logp, like=logp).detach()
         shapes["ref_logp"] = ref_logp.shape
     check_token_shapes(shapes, group_size, hp["agg"])
@@ -110,8 +108,7 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
             clipped = torch.zeros_like(on)
         else:
             if alg.clip == "dynamic":
-                if (old_logp[on] > 0).any():
-                    raise ValueError("old_logp: dcpo needs log-probabilities <= 0 (q = exp(old_logp) in (0, 1])")
+                check_dcpo_old_logp(bool((old_logp[on] > 0).any()))
                 q = torch.exp(torch.where(on, old_logp, torch.zeros_like(old_logp)))
                 lo, hi = _bounds_unchecked(q, hp["eps_low"], hp["eps_high"], hp["r_max"])
             else:
@@ -133,17 +130,13 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
 def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip"], agg="token_mean",
                group_size=None, max_len=None):
     """Clipped critic loss 0.5 * max((v - R)^2, (clip(v, v_old - d, v_old + d) - R)^2) (PPO value clipping)."""
-    check_agg(agg)
+    check_value_args(clip, agg, max_len)
     values = as_tensor("values", values)
     old_values = as_tensor("old_values", old_values, like=values).detach()
     returns = as_tensor("returns", returns, like=values).detach()
     mask = as_mask(mask, values)
     check_token_shapes({"values": values.shape, "old_values": old_values.shape, "returns": returns.shape,
                         "mask": mask.shape}, group_size, agg)
-    if not clip > 0:
-        raise ValueError(f"clip: expected a number > 0, got {clip!r}")
-    if agg == "seq_mean_token_sum_norm" and max_len is None:
-        raise ValueError("max_len: agg='seq_mean_token_sum_norm' needs max_len, got None")
     v_clip = torch.maximum(torch.minimum(values, old_values + clip), old_values - clip)
     plain, clipped = (values - returns) ** 2, (v_clip - returns) ** 2
     loss_tok = 0.5 * torch.maximum(plain, clipped)
@@ -158,13 +151,8 @@ def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta=0.1):
     names = ("logp_rejected", "ref_chosen", "ref_rejected")
     ll, rw, rl = (as_tensor(n, x, like=lw, ndim=1) for n, x in zip(names, (logp_rejected, ref_chosen, ref_rejected)))
     for n, x in zip(names, (ll, rw, rl)):
-        if x.shape != lw.shape:
-            raise ValueError(f"{n}: expected shape {tuple(lw.shape)} (the shape of logp_chosen), "
-                             f"got {tuple(x.shape)}")
-    if not (isinstance(beta, (int, float)) and beta > 0):
-        raise ValueError(f"beta: expected a number > 0, got {beta!r}")
-    if lw.numel() == 0:
-        raise ValueError("logp_chosen: expected at least one preference pair, got none")
+        check_same_shape(n, x.shape, "logp_chosen", lw.shape)
+    check_dpo_args(beta, len(lw))
     margin = beta * ((lw - rw.detach()) - (ll - rl.detach()))
     m = margin.detach()
     stats = {"reward_accuracy": float((m > 0).float().mean()), "margin_mean": float(m.mean() / beta)}

@@ -7,7 +7,7 @@ import torch
 import gpu
 import sim
 import spec
-from spec.registry import AGG_MODES, ALGORITHMS, POLICY_ALGORITHMS
+from spec.registry import AGG_MODES, POLICY_ALGORITHMS
 
 from .cases import Case, make_case
 
@@ -172,7 +172,3 @@ def derivations() -> list[dict]:
     from spec.derivations import CHECKS
     return [{"derivation": name, "holds": bool(check()), "source": check.__doc__.splitlines()[0]}
             for name, check in CHECKS.items()]
-
-
-def algorithms_covered(rows: list[dict]) -> set[str]:
-    return {row["algorithm"] for row in rows} & set(ALGORITHMS)

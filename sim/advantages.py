@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.contract import check_group_size
+from spec.contract import (check_advantage_kind, check_group_size, check_overlong, check_prompt_ids,
+                           check_same_shape, check_unit_interval)
 from spec.registry import PARTS
 
 from spec.arrays import as_float, as_mask
@@ -18,14 +19,11 @@ def _grouped(rewards, group_size):
 def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
                      unbiased=PARTS["grpo_advantage"]["unbiased"]):
     """GRPO (DeepSeekMath Sec. 4.1.2): (R - mean_g) / (std_g + eps); Dr.GRPO (2503.20783 Eq. 3): R - mean_g."""
-    if kind not in ("grpo", "dr_grpo"):
-        raise ValueError(f"kind: expected 'grpo' or 'dr_grpo', got {kind!r}")
     groups = _grouped(rewards, group_size)
+    check_advantage_kind(kind, group_size, unbiased)
     centred = groups - groups.mean(1, keepdims=True)
     if kind == "dr_grpo":
         return centred.reshape(-1)
-    if group_size < 2 and unbiased:
-        raise ValueError("group_size: the unbiased std needs G >= 2 responses per prompt, got 1")
     std = groups.std(1, ddof=1 if unbiased else 0, keepdims=True)
     den = std + eps
     return np.divide(centred, den, out=np.zeros_like(centred), where=den > 0).reshape(-1)
@@ -46,10 +44,7 @@ class SmoothAdvantage:
     def __call__(self, prompt_ids, rewards, group_size):
         groups = _grouped(rewards, group_size)
         ids = list(prompt_ids)
-        if len(ids) != len(groups):
-            raise ValueError(f"prompt_ids: expected one id per group ({len(groups)}), got {len(ids)}")
-        if len(set(ids)) != len(ids):
-            raise ValueError("prompt_ids: each prompt may appear once per call")
+        check_prompt_ids(ids, len(groups))
         out = np.empty_like(groups)
         for g, (pid, r) in enumerate(zip(ids, groups)):
             visits, mu_old, var_old = self.history.get(pid, (0, 0.0, 0.0))
@@ -75,11 +70,9 @@ def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["la
     """GAE (1506.02438 Eq. 16) by its recursion over valid tokens: A_t = delta_t + gamma*lam*A_{t+1}."""
     rewards, values, mask = as_float("rewards", rewards, ndim=2), as_float("values", values, ndim=2), as_mask(mask)
     for name, x in (("values", values), ("mask", mask)):
-        if x.shape != rewards.shape:
-            raise ValueError(f"{name}: expected shape {rewards.shape} (the shape of rewards), got {x.shape}")
-    for name, x in (("gamma", gamma), ("lam", lam)):
-        if not 0 <= x <= 1:
-            raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
+        check_same_shape(name, x.shape, "rewards", rewards.shape)
+    check_unit_interval("gamma", gamma)
+    check_unit_interval("lam", lam)
     adv = np.zeros_like(rewards)
     next_v = np.zeros(len(rewards))
     next_a = np.zeros(len(rewards))
@@ -95,8 +88,7 @@ def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["la
 def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PARTS["overlong"]["cache_len"]):
     """DAPO Eq. 13 soft overlong punishment: 0, then linear down to -1 over the last cache_len tokens, then -1."""
     lengths = as_float("lengths", lengths)
-    if not 0 < cache_len <= max_len:
-        raise ValueError(f"cache_len: expected 0 < cache_len <= max_len ({max_len}), got {cache_len!r}")
+    check_overlong(max_len, cache_len)
     start = max_len - cache_len
     return np.where(lengths <= start, 0.0, np.where(lengths <= max_len, (start - lengths) / cache_len, -1.0))
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.contract import (check_agg, check_kl_kind, check_q, check_token_shapes, resolve_hparams)
+from spec.contract import (check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q, check_reference,
+                           check_same_shape, check_token_shapes, check_value_args, resolve_hparams)
 from spec.registry import PARTS, get_algorithm
 
 from .aggregation import agg_weights
@@ -25,8 +26,7 @@ def kl(logp, ref_logp, kind="k3"):
     """Per-token KL estimate of KL(pi || ref) from sampled tokens (Schulman's k1/k2/k3)."""
     check_kl_kind(kind)
     logp, ref_logp = as_float("logp", logp), as_float("ref_logp", ref_logp)
-    if logp.shape != ref_logp.shape:
-        raise ValueError(f"ref_logp: expected shape {logp.shape} (the shape of logp), got {ref_logp.shape}")
+    check_same_shape("ref_logp", ref_logp.shape, "logp", logp.shape)
     return _kl_terms(logp, ref_logp, kind)[0]
 
 
@@ -91,9 +91,8 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         adv = np.broadcast_to(adv[:, None], logp.shape)
     mask = as_mask(mask)
     shapes = {"logp": logp.shape, "old_logp": old_logp.shape, "adv": adv.shape, "mask": mask.shape}
+    check_reference(name, hp["beta"], ref_logp)
     if hp["beta"] > 0:
-        if ref_logp is None:
-            raise ValueError(f"ref_logp: {name} with beta={hp['beta']} > 0 needs ref_logp (the reference log-probs)")
         ref_logp = as_float("ref_logp", ref_logp)
         shapes["ref_logp"] = ref_logp.shape
     check_token_shapes(shapes, group_size, hp["agg"])
@@ -120,8 +119,7 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
             clipped = np.zeros(mask.shape, dtype=bool)
         else:
             if alg.clip == "dynamic":
-                if (old_logp[on] > 0).any():
-                    raise ValueError("old_logp: dcpo needs log-probabilities <= 0 (q = exp(old_logp) in (0, 1])")
+                check_dcpo_old_logp((old_logp[on] > 0).any())
                 lo, hi = _bounds_unchecked(np.exp(np.where(on, old_logp, 0.0)), hp["eps_low"], hp["eps_high"],
                                            hp["r_max"])
             else:
@@ -148,15 +146,11 @@ def _stats(ratio, clipped, mask):
 def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip"], agg="token_mean",
                group_size=None, max_len=None):
     """Clipped critic loss 0.5 * max((v - R)^2, (clip(v, v_old - d, v_old + d) - R)^2) (PPO value clipping)."""
-    check_agg(agg)
+    check_value_args(clip, agg, max_len)
     values, old_values = as_float("values", values), as_float("old_values", old_values)
     returns, mask = as_float("returns", returns), as_mask(mask)
     check_token_shapes({"values": values.shape, "old_values": old_values.shape, "returns": returns.shape,
                         "mask": mask.shape}, group_size, agg)
-    if not clip > 0:
-        raise ValueError(f"clip: expected a number > 0, got {clip!r}")
-    if agg == "seq_mean_token_sum_norm" and max_len is None:
-        raise ValueError("max_len: agg='seq_mean_token_sum_norm' needs max_len, got None")
     v_clip = np.clip(values, old_values - clip, old_values + clip)
     plain, clipped = (values - returns) ** 2, (v_clip - returns) ** 2
     use_clipped = clipped > plain
@@ -173,12 +167,8 @@ def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta=0.1):
     lw, ll, rw, rl = (as_float(n, x, ndim=1) for n, x in zip(names, (logp_chosen, logp_rejected, ref_chosen,
                                                                           ref_rejected)))
     for n, x in zip(names[1:], (ll, rw, rl)):
-        if x.shape != lw.shape:
-            raise ValueError(f"{n}: expected shape {lw.shape} (the shape of logp_chosen), got {x.shape}")
-    if not (isinstance(beta, (int, float)) and beta > 0):
-        raise ValueError(f"beta: expected a number > 0, got {beta!r}")
-    if lw.size == 0:
-        raise ValueError("logp_chosen: expected at least one preference pair, got none")
+        check_same_shape(n, x.shape, "logp_chosen", lw.shape)
+    check_dpo_args(beta, len(lw))
     margin = beta * ((lw - rw) - (ll - rl))
     loss = np.logaddexp(0.0, -margin)  # -log sigmoid(m)
     dmargin = -0.5 * (1.0 - np.tanh(0.5 * margin)) / lw.size  # d/dm of mean(-log sigmoid(m)) = -sigmoid(-m)/N

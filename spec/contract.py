@@ -13,11 +13,9 @@ def resolve_hparams(name: str, hp: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown hyper-parameter(s) {', '.join(unknown)}; expected among {', '.join(HPARAMS)}")
     out = dict(alg.defaults)
-    out.update({k: v for k, v in hp.items()})
-    if out["agg"] not in AGG_MODES:
-        raise ValueError(f"agg: unknown aggregation mode {out['agg']!r}; expected one of {', '.join(AGG_MODES)}")
-    if out["kl"] not in KL_KINDS:
-        raise ValueError(f"kl: unknown KL estimator {out['kl']!r}; expected one of {', '.join(KL_KINDS)}")
+    out.update(hp)
+    check_agg(out["agg"])
+    check_kl_kind(out["kl"], "kl")
     if out["agg"] == "seq_mean_token_sum_norm":
         if out["max_len"] is None:
             raise ValueError(f"max_len: {name} with agg='seq_mean_token_sum_norm' needs max_len (the generation "
@@ -44,10 +42,73 @@ def check_agg(agg: str) -> None:
         raise ValueError(f"agg: unknown aggregation mode {agg!r}; expected one of {', '.join(AGG_MODES)}")
 
 
-def check_kl_kind(kind: str) -> None:
-    """Raise if ``kind`` is not k1, k2 or k3."""
+def check_kl_kind(kind: str, arg: str = "kind") -> None:
+    """Raise if ``kind`` (the argument ``arg``) is not k1, k2 or k3."""
     if kind not in KL_KINDS:
-        raise ValueError(f"kind: unknown KL estimator {kind!r}; expected one of {', '.join(KL_KINDS)}")
+        raise ValueError(f"{arg}: unknown KL estimator {kind!r}; expected one of {', '.join(KL_KINDS)}")
+
+
+def check_same_shape(name: str, shape, ref_name: str, ref_shape) -> None:
+    """Raise unless ``name`` has the shape of ``ref_name``."""
+    if tuple(shape) != tuple(ref_shape):
+        raise ValueError(f"{name}: expected shape {tuple(ref_shape)} (the shape of {ref_name}), got {tuple(shape)}")
+
+
+def check_reference(name: str, beta, ref_logp) -> None:
+    """A KL penalty (beta > 0) needs the reference log-probs."""
+    if beta > 0 and ref_logp is None:
+        raise ValueError(f"ref_logp: {name} with beta={beta} > 0 needs ref_logp (the reference log-probs)")
+
+
+def check_dcpo_old_logp(any_positive: bool) -> None:
+    """DCPO's q = exp(old_logp) must be a probability: no unmasked old_logp above 0."""
+    if any_positive:
+        raise ValueError("old_logp: dcpo needs log-probabilities <= 0 (q = exp(old_logp) in (0, 1])")
+
+
+def check_value_args(clip, agg: str, max_len) -> None:
+    """The value loss's clip width, aggregation mode and, for seq_mean_token_sum_norm, its constant."""
+    check_agg(agg)
+    if not clip > 0:
+        raise ValueError(f"clip: expected a number > 0, got {clip!r}")
+    if agg == "seq_mean_token_sum_norm" and max_len is None:
+        raise ValueError("max_len: agg='seq_mean_token_sum_norm' needs max_len, got None")
+
+
+def check_dpo_args(beta, pairs: int) -> None:
+    """DPO's beta and at least one preference pair."""
+    if not (isinstance(beta, (int, float)) and beta > 0):
+        raise ValueError(f"beta: expected a number > 0, got {beta!r}")
+    if pairs == 0:
+        raise ValueError("logp_chosen: expected at least one preference pair, got none")
+
+
+def check_advantage_kind(kind: str, group_size: int, unbiased: bool) -> None:
+    """Group advantages are 'grpo' or 'dr_grpo'; GRPO's unbiased std needs two responses per prompt."""
+    if kind not in ("grpo", "dr_grpo"):
+        raise ValueError(f"kind: expected 'grpo' or 'dr_grpo', got {kind!r}")
+    if kind == "grpo" and unbiased and group_size < 2:
+        raise ValueError("group_size: the unbiased std needs G >= 2 responses per prompt, got 1")
+
+
+def check_prompt_ids(ids: list, groups: int) -> None:
+    """SAS takes one distinct prompt id per group."""
+    if len(ids) != groups:
+        raise ValueError(f"prompt_ids: expected one id per group ({groups}), got {len(ids)}")
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt_ids: each prompt may appear once per call")
+
+
+def check_unit_interval(name: str, value) -> None:
+    """Discounts (gamma, lambda) lie in [0, 1]."""
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name}: expected a number in [0, 1], got {value!r}")
+
+
+def check_overlong(max_len, cache_len) -> None:
+    """DAPO's overlong buffer: 0 < cache_len <= max_len."""
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"cache_len: expected 0 < cache_len <= max_len ({max_len}), got {cache_len!r}")
 
 
 def check_token_shapes(shapes: dict, group_size, agg: str | None = None) -> tuple[int, int]:
@@ -79,11 +140,6 @@ def check_q(q_min: float, q_max: float) -> None:
     """DCPO's bound needs the sampling probability q in (0, 1]."""
     if not (q_min > 0 and q_max <= 1):
         raise ValueError(f"q: expected probabilities in (0, 1], got values in [{q_min!r}, {q_max!r}]")
-
-
-def check_temperature(name: str, value) -> None:
-    """Temperatures and widths must be positive finite numbers."""
-    _positive(name, value)
 
 
 def nonfinite_error(name: str) -> ValueError:

@@ -5,7 +5,9 @@ import numpy as np
 import sympy as sp
 
 from .arrays import as_float, as_mask
-from .contract import check_agg, check_group_size, check_kl_kind, check_q, check_token_shapes, resolve_hparams
+from .contract import (check_advantage_kind, check_dcpo_old_logp, check_dpo_args, check_group_size, check_kl_kind,
+                       check_overlong, check_prompt_ids, check_q, check_reference, check_same_shape,
+                       check_token_shapes, check_unit_interval, check_value_args, resolve_hparams)
 from . import objectives as ob
 from .registry import PARTS, get_algorithm
 
@@ -42,16 +44,15 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         adv_ = np.repeat(adv_[:, None], lp_num.shape[1], axis=1)
     m = as_mask(mask)
     shapes = {"logp": lp_num.shape, "old_logp": old.shape, "adv": adv_.shape, "mask": m.shape}
+    check_reference(name, hp["beta"], ref_logp)
     if hp["beta"] > 0:
-        if ref_logp is None:
-            raise ValueError(f"ref_logp: {name} with beta={hp['beta']} > 0 needs ref_logp (the reference log-probs)")
         ref = _exact("ref_logp", ref_logp)
         shapes["ref_logp"] = ref.shape
     check_token_shapes(shapes, group_size, hp["agg"])
     mask = m.astype(int).tolist()
     n_rows, n_cols = lp_num.shape
-    if alg.clip == "dynamic" and (as_float("old_logp", old_logp)[m > 0] > 0).any():
-        raise ValueError("old_logp: dcpo needs log-probabilities <= 0 (q = exp(old_logp) in (0, 1])")
+    if alg.clip == "dynamic":
+        check_dcpo_old_logp((as_float("old_logp", old_logp)[m > 0] > 0).any())
 
     live, frozen = _symbols("lp", n_rows, n_cols), _symbols("sg", n_rows, n_cols)
     values = {}
@@ -93,8 +94,7 @@ def kl(logp, ref_logp, kind="k3"):
     """Exact per-token KL estimates (object array)."""
     check_kl_kind(kind)
     lp, ref = _exact("logp", logp), _exact("ref_logp", ref_logp)
-    if lp.shape != ref.shape:
-        raise ValueError(f"ref_logp: expected shape {lp.shape} (the shape of logp), got {ref.shape}")
+    check_same_shape("ref_logp", ref.shape, "logp", lp.shape)
     return np.vectorize(lambda a, b: ob.kl_estimator(a, b, kind), otypes=[object])(lp, ref)
 
 
@@ -112,16 +112,12 @@ def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
 def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip"], agg="token_mean",
                group_size=None, max_len=None):
     """Exact clipped critic loss 0.5 * max((v - R)^2, (clip(v, v_old +- d) - R)^2) and its gradient in v."""
-    check_agg(agg)
+    check_value_args(clip, agg, max_len)
     v_num = as_float("values", values)
     old, ret = _exact("old_values", old_values), _exact("returns", returns)
     m = as_mask(mask)
     check_token_shapes({"values": v_num.shape, "old_values": old.shape, "returns": ret.shape, "mask": m.shape},
                        group_size, agg)
-    if not clip > 0:
-        raise ValueError(f"clip: expected a number > 0, got {clip!r}")
-    if agg == "seq_mean_token_sum_norm" and max_len is None:
-        raise ValueError("max_len: agg='seq_mean_token_sum_norm' needs max_len, got None")
     d = rational(clip)
     syms = [[sp.Symbol(f"v_{i}_{t}", real=True) for t in range(v_num.shape[1])] for i in range(v_num.shape[0])]
     vals = {s: rational(float(v_num[i, t])) for i, row in enumerate(syms) for t, s in enumerate(row)}
@@ -146,12 +142,8 @@ def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta=0.1):
     lw, ll, rw, rl = (_exact(n, x, ndim=1) for n, x in zip(names, (logp_chosen, logp_rejected, ref_chosen,
                                                                      ref_rejected)))
     for n, x in zip(names[1:], (ll, rw, rl)):
-        if x.shape != lw.shape:
-            raise ValueError(f"{n}: expected shape {lw.shape} (the shape of logp_chosen), got {x.shape}")
-    if not (isinstance(beta, (int, float)) and beta > 0):
-        raise ValueError(f"beta: expected a number > 0, got {beta!r}")
-    if lw.size == 0:
-        raise ValueError("logp_chosen: expected at least one preference pair, got none")
+        check_same_shape(n, x.shape, "logp_chosen", lw.shape)
+    check_dpo_args(beta, len(lw))
     w = sp.symbols(f"w0:{len(lw)}", real=True)
     l_ = sp.symbols(f"l0:{len(lw)}", real=True)
     b = rational(beta)
@@ -177,16 +169,14 @@ def _standardise(x, mu, var):
 def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
                      unbiased=PARTS["grpo_advantage"]["unbiased"]):
     """Exact GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2) or Dr.GRPO R - mean (2503.20783 Eq. 3)."""
-    if kind not in ("grpo", "dr_grpo"):
-        raise ValueError(f"kind: expected 'grpo' or 'dr_grpo', got {kind!r}")
+    groups = _grouped(rewards, group_size)
+    check_advantage_kind(kind, group_size, unbiased)
     out = []
-    for g in _grouped(rewards, group_size):
+    for g in groups:
         mu = sum(g) / len(g)
         if kind == "dr_grpo":
             out += [x - mu for x in g]
             continue
-        if len(g) < 2 and unbiased:
-            raise ValueError("group_size: the unbiased std needs G >= 2 responses per prompt, got 1")
         var = sum((x - mu) ** 2 for x in g) / (len(g) - (1 if unbiased else 0))
         den = sp.sqrt(var) + rational(eps)
         out += [sp.Piecewise((0, sp.Eq(den, 0)), ((x - mu) / den, True)) for x in g]
@@ -202,10 +192,7 @@ class SmoothAdvantage:
     def __call__(self, prompt_ids, rewards, group_size):
         groups = _grouped(rewards, group_size)
         ids = list(prompt_ids)
-        if len(ids) != len(groups):
-            raise ValueError(f"prompt_ids: expected one id per group ({len(groups)}), got {len(ids)}")
-        if len(set(ids)) != len(ids):
-            raise ValueError("prompt_ids: each prompt may appear once per call")
+        check_prompt_ids(ids, len(groups))
         out = []
         for pid, r in zip(ids, groups):
             visits, mu_old, var_old = self.history.get(pid, (0, sp.Integer(0), sp.Integer(0)))
@@ -228,11 +215,10 @@ def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["la
     r, v = _exact("rewards", rewards, ndim=2), _exact("values", values, ndim=2)
     m = as_mask(mask)
     for name, x in (("values", v), ("mask", m)):
-        if x.shape != r.shape:
-            raise ValueError(f"{name}: expected shape {r.shape} (the shape of rewards), got {x.shape}")
+        check_same_shape(name, x.shape, "rewards", r.shape)
     for name, x in (("gamma", gamma), ("lam", lam)):
-        if sp.sympify(x).is_number and not 0 <= x <= 1:  # symbols are allowed for the derivations
-            raise ValueError(f"{name}: expected a number in [0, 1], got {x!r}")
+        if sp.sympify(x).is_number:  # symbols are allowed for the derivations
+            check_unit_interval(name, x)
     g, lam_ = rational(gamma), rational(lam)
     adv = np.zeros(r.shape, dtype=object)
     adv[:] = sp.Integer(0)
@@ -249,8 +235,7 @@ def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["la
 def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PARTS["overlong"]["cache_len"]):
     """DAPO Eq. 13 soft overlong punishment, exactly."""
     lengths = as_float("lengths", lengths)
-    if not 0 < cache_len <= max_len:
-        raise ValueError(f"cache_len: expected 0 < cache_len <= max_len ({max_len}), got {cache_len!r}")
+    check_overlong(max_len, cache_len)
     start = rational(max_len) - rational(cache_len)
 
     def one(n):
