@@ -145,15 +145,20 @@ def _check_type(name: str, value, tp):
     return value
 
 
-def _section(name: str, cls, raw) -> Any:
-    if raw is None:
-        raw = {}
+def _known(raw, cls, what: str, prefix: str = "") -> dict:
+    """The type hints of ``cls``, once ``raw`` is a mapping that names only those (``what``: fields, sections)."""
     if not isinstance(raw, dict):
-        raise ValueError(f"{name}: expected a mapping of fields, got {type(raw).__name__}")
+        raise ValueError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of {what}s, got {type(raw).__name__}")
     hints = get_type_hints(cls)
     unknown = sorted(set(raw) - set(hints))
     if unknown:
-        raise ValueError(f"{name}.{unknown[0]}: unknown field; expected one of {', '.join(hints)}")
+        raise ValueError(f"{prefix}{unknown[0]}: unknown {what}; expected one of {', '.join(hints)}")
+    return hints
+
+
+def _section(name: str, cls, raw) -> Any:
+    raw = {} if raw is None else raw
+    hints = _known(raw, cls, "field", f"{name}.")
     return cls(**{k: _check_type(f"{name}.{k}", v, hints[k]) for k, v in raw.items()})
 
 
@@ -250,12 +255,7 @@ def apply_set(raw: dict, item: str) -> None:
 
 def from_dict(raw: dict) -> Config:
     """A validated Config from a nested mapping."""
-    if not isinstance(raw, dict):
-        raise ValueError(f"config: expected a mapping of sections, got {type(raw).__name__}")
-    hints = get_type_hints(Config)
-    unknown = sorted(set(raw) - set(hints))
-    if unknown:
-        raise ValueError(f"{unknown[0]}: unknown section; expected one of {', '.join(hints)}")
+    hints = _known(raw, Config, "section")
     return validate(Config(**{k: _section(k, hints[k], raw.get(k)) for k in hints}))
 
 
