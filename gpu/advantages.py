@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from spec.contract import (check_advantage_kind, check_group_size, check_overlong, check_prompt_ids,
-                           check_same_shape, check_unit_interval)
+                           check_reinforce_args, check_same_shape, check_unit_interval)
 from spec.registry import PARTS
 
 from .checks import as_mask, as_tensor
@@ -18,12 +18,18 @@ def _grouped(rewards, group_size):
 
 def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
                      unbiased=PARTS["grpo_advantage"]["unbiased"]):
-    """GRPO (DeepSeekMath Sec. 4.1.2): (R - mean_g) / (std_g + eps); Dr.GRPO (2503.20783 Eq. 3): R - mean_g."""
+    """GRPO (DeepSeekMath Sec. 4.1.2): (R - mean_g) / (std_g + eps); Dr.GRPO (2503.20783 Eq. 3): R - mean_g;
+    RLOO (2402.14740 Eq. 5): G/(G-1) (R - mean_g); GPG (2504.02546 Sec. 2): (B / M) (R - mean_g)."""
     groups = _grouped(rewards, group_size)
-    check_advantage_kind(kind, group_size, unbiased)
+    check_advantage_kind(kind, group_size, unbiased, eps)
     centred = groups - groups.mean(1, keepdim=True)
     if kind == "dr_grpo":
         return centred.reshape(-1)
+    if kind == "rloo":
+        return (group_size / (group_size - 1) * centred).reshape(-1)
+    if kind == "gpg":
+        live = group_size * int((groups.amax(1) > groups.amin(1)).sum())
+        return (groups.numel() / max(live, 1) * centred).reshape(-1)
     den = groups.std(1, correction=1 if unbiased else 0, keepdim=True) + eps
     return torch.where(den > 0, centred / torch.where(den > 0, den, torch.ones_like(den)),
                        torch.zeros_like(centred)).reshape(-1)
@@ -94,6 +100,38 @@ def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PA
     start = max_len - cache_len
     return torch.where(lengths <= start, torch.zeros_like(lengths),
                        torch.where(lengths <= max_len, (start - lengths) / cache_len, -torch.ones_like(lengths)))
+
+
+def reinforce_pp_advantages(rewards, mask, *, logp=None, ref_logp=None, beta=0.0, group_size=None,
+                            baseline=False, gamma=PARTS["reinforce_pp"]["gamma"], eps=PARTS["reinforce_pp"]["eps"]):
+    """REINFORCE++ (2501.03262 Eq. 4-6): the outcome reward at each row's last token (R - mean_g with
+    ``baseline``) minus beta * k1 per token, discounted returns, whitened over the batch's tokens."""
+    rewards = as_tensor("rewards", rewards, ndim=1)
+    mask = as_mask(mask, rewards)
+    check_reinforce_args(len(rewards), tuple(mask.shape), beta, gamma, eps, group_size, baseline, logp, ref_logp)
+    if baseline:
+        groups = rewards.reshape(-1, group_size)
+        rewards = (groups - groups.mean(1, keepdim=True)).reshape(-1)
+    on = mask > 0
+    remaining = on.flip(1).cumsum(1).flip(1)  # unmasked tokens from t to the row's end
+    token_r = torch.where(on & (remaining == 1), rewards[:, None].expand_as(mask), torch.zeros_like(mask))
+    if beta > 0:
+        logp = as_tensor("logp", logp, like=rewards).detach()
+        ref_logp = as_tensor("ref_logp", ref_logp, like=rewards).detach()
+        check_same_shape("logp", logp.shape, "mask", mask.shape)
+        check_same_shape("ref_logp", ref_logp.shape, "mask", mask.shape)
+        token_r = token_r - beta * torch.where(on, logp - ref_logp, torch.zeros_like(logp))
+    ret = torch.zeros_like(mask)
+    acc = mask.new_zeros(len(mask))
+    for t in range(mask.shape[1] - 1, -1, -1):
+        acc = torch.where(on[:, t], token_r[:, t] + gamma * acc, acc)
+        ret[:, t] = torch.where(on[:, t], acc, torch.zeros_like(acc))
+    n = int(on.sum())
+    if n == 0:
+        return ret
+    vals = ret[on]
+    var = vals.var(correction=1) if n > 1 else vals.new_zeros(())  # the unbiased variance, as verl's whitening
+    return torch.where(on, (ret - vals.mean()) / torch.sqrt(var + eps), torch.zeros_like(ret))
 
 
 def dynamic_sampling_filter(rewards, group_size):

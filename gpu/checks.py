@@ -27,12 +27,15 @@ def as_tensor(name: str, x, like: torch.Tensor | None = None, ndim: int | None =
     return x
 
 
-def as_mask(mask, like: torch.Tensor) -> torch.Tensor:
-    """Return the mask as 0/1 in ``like``'s dtype, or raise if it holds anything else."""
+def as_mask(mask, like: torch.Tensor, name: str = "mask") -> torch.Tensor:
+    """Return the mask (argument ``name``) as 0/1 in ``like``'s dtype, or raise if it holds anything else."""
     if not isinstance(mask, torch.Tensor):
-        mask = torch.as_tensor(mask)
+        try:
+            mask = torch.as_tensor(mask)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"{name}: expected a numeric tensor, got {type(mask).__name__}") from None
     if mask.dtype != torch.bool and not bool(mask.eq(mask.bool()).all()):  # 0/1 only (NaN fails too)
-        raise mask_error()
+        raise mask_error(name)
     return mask.to(dtype=like.dtype, device=like.device)
 
 

@@ -4,31 +4,40 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spec.contract import (check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q, check_reference,
-                           check_same_shape, check_token_shapes, check_value_args, resolve_hparams)
+from spec.contract import (check_cov_select, check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q,
+                           check_reference, check_rollout_logp, check_same_shape, check_token_shapes,
+                           check_value_args, resolve_hparams)
+from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import PARTS, get_algorithm
 
 from .aggregation import agg_weights
 from .checks import as_mask, as_tensor
 
 
-def _kl_value(logp, ref_logp, kind):
-    """k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1 with d = ref - logp (Schulman's estimators)."""
+def _kl_value(logp, ref_logp, kind, log_ratio=None):
+    """k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1 with d = ref - logp (Schulman's estimators); k3_unbiased = r * k3
+    (DeepSeek-V3.2), differentiable through r as well."""
     d = ref_logp - logp
     if kind == "k1":
         return -d
     if kind == "k2":
         return 0.5 * d * d
-    return torch.exp(d) - d - 1.0
+    k3 = torch.exp(d) - d - 1.0
+    return torch.exp(log_ratio) * k3 if kind == "k3_unbiased" else k3
 
 
-def kl(logp, ref_logp, kind="k3"):
-    """Per-token KL estimate of KL(pi || ref) from sampled tokens."""
-    check_kl_kind(kind)
+def kl(logp, ref_logp, kind="k3", old_logp=None):
+    """Per-token KL estimate of KL(pi || ref) from sampled tokens (k3_unbiased needs ``old_logp``)."""
+    check_kl_kind(kind, has_old=old_logp is not None)
     logp = as_tensor("logp", logp)
     ref_logp = as_tensor("ref_logp", ref_logp, like=logp)
     check_same_shape("ref_logp", ref_logp.shape, "logp", logp.shape)
-    return _kl_value(logp, ref_logp, kind)
+    log_ratio = None
+    if old_logp is not None:
+        old_logp = as_tensor("old_logp", old_logp, like=logp).detach()
+        check_same_shape("old_logp", old_logp.shape, "logp", logp.shape)
+        log_ratio = logp - old_logp
+    return _kl_value(logp, ref_logp, kind, log_ratio)
 
 
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
@@ -45,13 +54,17 @@ def _bounds_unchecked(q, eps_low, eps_high, r_max):
     return lo, hi
 
 
-def _clip_terms(r, adv, lo, hi, dual_clip):
-    """PPO-clip (1707.06347 Eq. 7) with optional dual clip: per-element loss and the clipped indicator."""
-    unclipped = r * adv
+def _clip_terms(r, adv, lo, hi, dual_clip, delta=None):
+    """PPO-clip (1707.06347 Eq. 7) with the optional two-sided clip min(r, delta) (INTELLECT-2 2505.07291) and
+    dual clip (1912.09729 Eq. 5): per-element loss and the indicator of a zeroed gradient."""
+    capped_r = r if delta is None else torch.where(r > delta, torch.full_like(r, delta), r)
+    unclipped = capped_r * adv
     clipped_value = torch.clamp(r, lo, hi) * adv
     use_unclipped = unclipped <= clipped_value
     loss = -torch.where(use_unclipped, unclipped, clipped_value)
     clipped = ~use_unclipped
+    if delta is not None:
+        clipped = clipped | (use_unclipped & (r > delta) & (adv != 0))
     if dual_clip is not None:
         cap = -dual_clip * adv
         capped = (adv < 0) & (loss > cap)
@@ -70,7 +83,46 @@ def _row_mean(x, mask, lens):
     return (x * mask).sum(1) / lens.clamp(min=1.0)
 
 
-def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=None, **hp):
+def _rollout_weights(hp, old_logp, rollout_logp, mask):
+    """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
+    (IcePop) 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats)."""
+    kind = hp["rollout_correction"]
+    if kind is None:
+        return torch.ones_like(mask), {}
+    log_rho = torch.where(mask > 0, old_logp - rollout_logp.detach(), torch.zeros_like(mask))
+    if kind == "seq_mis":
+        log_rho = log_rho.sum(1, keepdim=True).expand_as(mask)
+    rho = torch.exp(log_rho)
+    if kind == "tis":
+        w, cut = torch.clamp(rho, max=hp["tis_cap"]), rho > hp["tis_cap"]
+    else:
+        cut = (rho < hp["mis_low"]) | (rho > hp["mis_high"])
+        w = (~cut).to(mask.dtype)
+    n = mask.sum().clamp(min=1.0)
+    return w, {"rc_weight_mean": float((w * mask).sum() / n), "rc_cut_frac": float((cut.to(mask.dtype) * mask).sum()
+                                                                                     / n)}
+
+
+def _sequence_terms(alg, hp, log_ratio, adv, mask):
+    """GSPO (Eq. 5-7) and GMPO (geometric mean of log-clipped token ratios): per-row loss, the zeroed-gradient
+    indicator per token, and the ratio shown in stats."""
+    lens = mask.sum(1)
+    a_seq = _row_mean(adv, mask, lens)
+    if alg.ratio == "sequence":
+        s = torch.exp(_row_mean(log_ratio, mask, lens))
+        seq_loss, seq_clipped = _clip_terms(s, a_seq, 1 - hp["eps_low"], 1 + hp["eps_high"], hp["dual_clip"],
+                                            hp["delta"])
+        return seq_loss, seq_clipped[:, None].expand_as(mask) & (mask > 0), s.detach()[:, None].expand_as(mask)
+    sgn = torch.sign(a_seq)[:, None]
+    x_clip = torch.clamp(log_ratio, -hp["eps_low"], hp["eps_high"])
+    use_x = sgn * log_ratio <= sgn * x_clip  # the unclipped term wins ties, as in PPO
+    c = torch.where(use_x, log_ratio, x_clip)
+    seq_loss = -a_seq * torch.exp(_row_mean(c, mask, lens))
+    return seq_loss, ~use_x & (mask > 0), torch.exp(log_ratio.detach())
+
+
+def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=None, rollout_logp=None,
+                cov_select=None, **hp):
     """Loss (0-d tensor, differentiable in ``logp``) and stats of a registry algorithm on a [B, T] batch."""
     alg = get_algorithm(name)
     hp = resolve_hparams(name, hp)
@@ -85,27 +137,46 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     if hp["beta"] > 0:
         ref_logp = as_tensor("ref_logp", ref_logp, like=logp).detach()
         shapes["ref_logp"] = ref_logp.shape
+    check_rollout_logp(hp, rollout_logp)
+    if rollout_logp is not None:
+        rollout_logp = as_tensor("rollout_logp", rollout_logp, like=logp).detach()
+        shapes["rollout_logp"] = rollout_logp.shape
+    if cov_select is not None:
+        cov_select = as_mask(cov_select, logp, "cov_select")
+        shapes["cov_select"] = cov_select.shape
     check_token_shapes(shapes, group_size, hp["agg"])
+    if cov_select is not None:
+        check_cov_select(name, alg, bool((cov_select > mask).any()))
     on = mask > 0
     log_ratio = torch.where(on, logp - old_logp, torch.zeros_like(logp))
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"])
-    lens = mask.sum(1)
+    rc_weights, stats = _rollout_weights(hp, old_logp, rollout_logp, mask)
+    n = mask.sum().clamp(min=1.0)
+    chosen = None
 
-    if alg.ratio == "sequence":
-        s = torch.exp(_row_mean(log_ratio, mask, lens))
-        seq_loss, seq_clipped = _clip_terms(s, _row_mean(adv, mask, lens), 1 - hp["eps_low"], 1 + hp["eps_high"],
-                                            hp["dual_clip"])
+    if alg.ratio in ("sequence", "geometric"):
+        seq_loss, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask)
         loss_tok = seq_loss[:, None].expand_as(mask)
-        ratio, clipped = s.detach()[:, None].expand_as(mask), seq_clipped[:, None].expand_as(mask)
     else:
         if alg.ratio == "sequence_token":  # GSPO Eq. 13: s_it = sg[s_i] * pi / sg[pi]
-            s = torch.exp(_row_mean(log_ratio, mask, lens)).detach()
+            s = torch.exp(_row_mean(log_ratio, mask, mask.sum(1))).detach()
             r = s[:, None] * torch.exp(logp - logp.detach())
         else:
             r = torch.exp(log_ratio)
+        clipped = torch.zeros_like(on)
         if alg.clip == "soft":
             loss_tok = _sapo_loss(r, adv, hp["tau_pos"], hp["tau_neg"])
-            clipped = torch.zeros_like(on)
+        elif alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * logp, the gradient never vanishes
+            lo = 1 - hp["eps_low"]
+            hi = 1 + hp["eps_high"] if hp["cap_mode"] == "relative" else hp["eps_high"]
+            rd = r.detach()
+            loss_tok = -torch.clamp(rd, lo, hi) * adv * logp
+            stats["trunc_frac"] = float((((rd < lo) | (rd > hi)).to(mask.dtype) * mask).sum() / n)
+        elif alg.ratio == "none":  # GPG: -A * logp
+            loss_tok = -adv * logp
+        elif alg.clip == "off":  # KL-Cov: -r*A, plus kl_cov_coef * |log r| on the selected tokens
+            chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select)
+            loss_tok = -r * adv + chosen.to(logp.dtype) * hp["kl_cov_coef"] * log_ratio.abs()
         else:
             if alg.clip == "dynamic":
                 check_dcpo_old_logp(bool((old_logp[on] > 0).any()))
@@ -113,18 +184,39 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
                 lo, hi = _bounds_unchecked(q, hp["eps_low"], hp["eps_high"], hp["r_max"])
             else:
                 lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
-            loss_tok, clipped = _clip_terms(r, adv, lo, hi, hp["dual_clip"])
+            loss_tok, clipped = _clip_terms(r, adv, lo, hi, hp["dual_clip"], hp["delta"])
+            if alg.select == "clip_cov":  # Clip-Cov: the selected tokens keep their value, lose their gradient
+                chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select)
+                loss_tok = torch.where(chosen, loss_tok.detach(), loss_tok)
+                clipped = clipped | chosen
         ratio = r.detach()
 
     loss_tok = torch.where(on, loss_tok, torch.zeros_like(loss_tok))
-    n = mask.sum().clamp(min=1.0)
-    stats = {"clip_frac": float((clipped.to(mask.dtype) * mask).sum() / n),
-             "ratio_mean": float((ratio * mask).sum() / n), "tokens": int(mask.sum())}
+    stats.update({"clip_frac": float((clipped.to(mask.dtype) * mask).sum() / n),
+                  "ratio_mean": float((ratio * mask).sum() / n), "tokens": int(mask.sum())})
+    if chosen is not None:
+        stats["cov_frac"] = float((chosen.to(mask.dtype) * mask).sum() / n)
+    loss = (weights * rc_weights * loss_tok).sum()
     if hp["beta"] > 0:
-        kl_tok = torch.where(on, _kl_value(logp, ref_logp, hp["kl"]), torch.zeros_like(logp))
-        loss_tok = loss_tok + hp["beta"] * kl_tok
+        kl_tok = torch.where(on, _kl_value(logp, ref_logp, hp["kl"], log_ratio), torch.zeros_like(logp))
+        loss = loss + hp["beta"] * (weights * kl_tok).sum()
         stats["kl_mean"] = float(kl_tok.detach().sum() / n)
-    return (weights * loss_tok).sum(), stats
+    return loss, stats
+
+
+def _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select):
+    """The tokens Clip-Cov detaches or KL-Cov penalises: ``cov_select`` when given, else by Cov(log pi, A)
+    (computed in float64 by spec.selection, so that every layer selects the same tokens)."""
+    if cov_select is not None:
+        return cov_select > 0
+    as_np = lambda x: x.detach().to("cpu", torch.float64).numpy()  # noqa: E731
+    cov = token_cov(as_np(logp), as_np(adv), as_np(mask))
+    if alg.select == "clip_cov":
+        chosen = clip_cov_select(cov, as_np(mask), clipped.cpu().numpy(), hp["clip_cov_lb"], hp["clip_cov_ub"],
+                                 hp["clip_cov_ratio"], hp["cov_seed"])
+    else:
+        chosen = kl_cov_select(cov, as_np(mask), hp["kl_cov_ratio"])
+    return torch.as_tensor(chosen, device=mask.device)
 
 
 def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip"], agg="token_mean",

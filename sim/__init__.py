@@ -1,6 +1,7 @@
 """NumPy layer: the losses with analytic gradients, advantages, and the simulator built on them."""
-from .advantages import SmoothAdvantage, dynamic_sampling_filter, gae, group_advantages, overlong_penalty
+from .advantages import (SmoothAdvantage, dynamic_sampling_filter, gae, group_advantages, overlong_penalty,
+                         reinforce_pp_advantages)
 from .losses import dcpo_bounds, dpo_loss, kl, policy_loss, value_loss
 
 __all__ = ["policy_loss", "dpo_loss", "kl", "dcpo_bounds", "value_loss", "gae", "group_advantages",
-           "SmoothAdvantage", "overlong_penalty", "dynamic_sampling_filter"]
+           "SmoothAdvantage", "overlong_penalty", "dynamic_sampling_filter", "reinforce_pp_advantages"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from spec.contract import (check_advantage_kind, check_group_size, check_overlong, check_prompt_ids,
-                           check_same_shape, check_unit_interval)
+                           check_reinforce_args, check_same_shape, check_unit_interval)
 from spec.registry import PARTS
 
 from spec.arrays import as_float, as_mask
@@ -18,12 +18,18 @@ def _grouped(rewards, group_size):
 
 def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
                      unbiased=PARTS["grpo_advantage"]["unbiased"]):
-    """GRPO (DeepSeekMath Sec. 4.1.2): (R - mean_g) / (std_g + eps); Dr.GRPO (2503.20783 Eq. 3): R - mean_g."""
+    """GRPO (DeepSeekMath Sec. 4.1.2): (R - mean_g) / (std_g + eps); Dr.GRPO (2503.20783 Eq. 3): R - mean_g;
+    RLOO (2402.14740 Eq. 5): G/(G-1) (R - mean_g); GPG (2504.02546 Sec. 2): (B / M) (R - mean_g)."""
     groups = _grouped(rewards, group_size)
-    check_advantage_kind(kind, group_size, unbiased)
+    check_advantage_kind(kind, group_size, unbiased, eps)
     centred = groups - groups.mean(1, keepdims=True)
     if kind == "dr_grpo":
         return centred.reshape(-1)
+    if kind == "rloo":
+        return (group_size / (group_size - 1) * centred).reshape(-1)
+    if kind == "gpg":
+        live = group_size * int((groups.max(1) > groups.min(1)).sum())
+        return (groups.size / max(live, 1) * centred).reshape(-1)
     std = groups.std(1, ddof=1 if unbiased else 0, keepdims=True)
     den = std + eps
     return np.divide(centred, den, out=np.zeros_like(centred), where=den > 0).reshape(-1)
@@ -91,6 +97,37 @@ def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PA
     check_overlong(max_len, cache_len)
     start = max_len - cache_len
     return np.where(lengths <= start, 0.0, np.where(lengths <= max_len, (start - lengths) / cache_len, -1.0))
+
+
+def reinforce_pp_advantages(rewards, mask, *, logp=None, ref_logp=None, beta=0.0, group_size=None,
+                            baseline=False, gamma=PARTS["reinforce_pp"]["gamma"], eps=PARTS["reinforce_pp"]["eps"]):
+    """REINFORCE++ (2501.03262 Eq. 4-6): the outcome reward at each row's last token (R - mean_g with
+    ``baseline``) minus beta * k1 per token, discounted returns, whitened over the batch's tokens."""
+    rewards, mask = as_float("rewards", rewards, ndim=1), as_mask(mask)
+    check_reinforce_args(len(rewards), mask.shape, beta, gamma, eps, group_size, baseline, logp, ref_logp)
+    if baseline:
+        groups = rewards.reshape(-1, group_size)
+        rewards = (groups - groups.mean(1, keepdims=True)).reshape(-1)
+    on = mask > 0
+    remaining = np.cumsum(on[:, ::-1], axis=1)[:, ::-1]  # unmasked tokens from t to the row's end
+    last = on & (remaining == 1)
+    token_r = np.where(last, rewards[:, None], 0.0)
+    if beta > 0:
+        logp, ref_logp = as_float("logp", logp), as_float("ref_logp", ref_logp)
+        check_same_shape("logp", logp.shape, "mask", mask.shape)
+        check_same_shape("ref_logp", ref_logp.shape, "mask", mask.shape)
+        token_r = token_r - beta * np.where(on, logp - ref_logp, 0.0)
+    ret = np.zeros(mask.shape)
+    acc = np.zeros(len(mask))
+    for t in range(mask.shape[1] - 1, -1, -1):
+        acc = np.where(on[:, t], token_r[:, t] + gamma * acc, acc)
+        ret[:, t] = np.where(on[:, t], acc, 0.0)
+    n = int(on.sum())
+    if n == 0:
+        return ret
+    mean = ret[on].mean()
+    var = ret[on].var(ddof=1) if n > 1 else 0.0  # the unbiased variance, as verl's whitening
+    return np.where(on, (ret - mean) / np.sqrt(var + eps), 0.0)
 
 
 def dynamic_sampling_filter(rewards, group_size):

@@ -3,31 +3,43 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.contract import (check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q, check_reference,
-                           check_same_shape, check_token_shapes, check_value_args, resolve_hparams)
+from spec.contract import (check_cov_select, check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q,
+                           check_reference, check_rollout_logp, check_same_shape, check_token_shapes,
+                           check_value_args, resolve_hparams)
+from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import PARTS, get_algorithm
 
 from .aggregation import agg_weights
 from spec.arrays import as_float, as_mask
 
 
-def _kl_terms(logp, ref_logp, kind):
-    """k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1 with d = ref - logp; returns (value, d value / d logp)."""
+def _kl_terms(logp, ref_logp, kind, log_ratio=None):
+    """k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1 with d = ref - logp, k3_unbiased = r * k3 (DeepSeek-V3.2);
+    returns (value, d value / d logp)."""
     d = ref_logp - logp
     if kind == "k1":
         return -d, np.ones_like(d)
     if kind == "k2":
         return 0.5 * d * d, -d
     ed = np.exp(d)
+    if kind == "k3_unbiased":  # d/dlogp [r k3] = r k3 + r (1 - e^d) = -r d
+        r = np.exp(log_ratio)
+        return r * (ed - d - 1.0), -r * d
     return ed - d - 1.0, 1.0 - ed
 
 
-def kl(logp, ref_logp, kind="k3"):
-    """Per-token KL estimate of KL(pi || ref) from sampled tokens (Schulman's k1/k2/k3)."""
-    check_kl_kind(kind)
+def kl(logp, ref_logp, kind="k3", old_logp=None):
+    """Per-token KL estimate of KL(pi || ref) from sampled tokens (Schulman's k1/k2/k3; k3_unbiased needs
+    ``old_logp``)."""
+    check_kl_kind(kind, has_old=old_logp is not None)
     logp, ref_logp = as_float("logp", logp), as_float("ref_logp", ref_logp)
     check_same_shape("ref_logp", ref_logp.shape, "logp", logp.shape)
-    return _kl_terms(logp, ref_logp, kind)[0]
+    log_ratio = None
+    if old_logp is not None:
+        old_logp = as_float("old_logp", old_logp)
+        check_same_shape("old_logp", old_logp.shape, "logp", logp.shape)
+        log_ratio = logp - old_logp
+    return _kl_terms(logp, ref_logp, kind, log_ratio)[0]
 
 
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
@@ -45,14 +57,17 @@ def _bounds_unchecked(q, eps_low, eps_high, r_max):
     return lo, hi
 
 
-def _clip_terms(r, adv, lo, hi, dual_clip):
-    """PPO-clip (1707.06347 Eq. 7) with optional dual clip: loss, d loss / d log r, and the clipped indicator."""
-    unclipped = r * adv
+def _clip_terms(r, adv, lo, hi, dual_clip, delta=None):
+    """PPO-clip (1707.06347 Eq. 7) with the optional two-sided clip min(r, delta) (INTELLECT-2 2505.07291) and
+    dual clip (1912.09729 Eq. 5): loss, d loss / d log r, and the indicator of a zeroed gradient."""
+    capped_r = r if delta is None else np.where(r > delta, delta, r)
+    unclipped = capped_r * adv
     clipped_value = np.clip(r, lo, hi) * adv
     use_unclipped = unclipped <= clipped_value
     loss = -np.where(use_unclipped, unclipped, clipped_value)
-    dloss = np.where(use_unclipped, -unclipped, 0.0)
-    clipped = ~use_unclipped
+    live = use_unclipped if delta is None else use_unclipped & (r <= delta)
+    dloss = np.where(live, -r * adv, 0.0)
+    clipped = ~use_unclipped if delta is None else ~use_unclipped | (use_unclipped & (r > delta) & (adv != 0))
     if dual_clip is not None:
         cap = -dual_clip * adv
         capped = (adv < 0) & (loss > cap)
@@ -71,17 +86,63 @@ def _sapo_terms(r, adv, tau_pos, tau_neg):
     return loss, dloss
 
 
-def _seq_mean_log_ratio(log_ratio, mask):
+def _row_mean(x, mask, lens):
+    return np.divide((x * mask).sum(1), lens, out=np.zeros(len(lens)), where=lens > 0)
+
+
+def _cispo_bounds(hp):
+    """CISPO's weight interval: [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or [1 - eps_low, eps_high]."""
+    hi = 1 + hp["eps_high"] if hp["cap_mode"] == "relative" else hp["eps_high"]
+    return 1 - hp["eps_low"], hi
+
+
+def _rollout_weights(hp, old_logp, rollout_logp, mask):
+    """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
+    (IcePop) 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats)."""
+    kind = hp["rollout_correction"]
+    if kind is None:
+        return np.ones(mask.shape), {}
+    on = mask > 0
+    log_rho = np.where(on, old_logp - rollout_logp, 0.0)
+    with np.errstate(over="ignore"):
+        if kind == "seq_mis":
+            log_rho = np.broadcast_to(log_rho.sum(1, keepdims=True), mask.shape)
+        rho = np.exp(log_rho)
+    if kind == "tis":
+        w, cut = np.minimum(rho, hp["tis_cap"]), rho > hp["tis_cap"]
+    else:
+        cut = (rho < hp["mis_low"]) | (rho > hp["mis_high"])
+        w = np.where(cut, 0.0, 1.0)
+    n = max(mask.sum(), 1.0)
+    return w, {"rc_weight_mean": float((w * mask).sum() / n), "rc_cut_frac": float((cut * mask).sum() / n)}
+
+
+def _sequence_terms(alg, hp, log_ratio, adv, mask):
+    """GSPO (Eq. 5-7) and GMPO (geometric mean of log-clipped token ratios): per-row loss, its gradient per token
+    d loss_i / d logp_t, the zeroed-gradient indicator per token, and the ratio shown in stats."""
+    on = mask > 0
     lens = mask.sum(1)
-    return np.divide((log_ratio * mask).sum(1), lens, out=np.zeros(len(lens)), where=lens > 0), lens
+    safe_lens = np.where(lens > 0, lens, 1.0)[:, None]
+    a_seq = _row_mean(adv, mask, lens)
+    if alg.ratio == "sequence":
+        s = np.exp(_row_mean(log_ratio, mask, lens))
+        seq_loss, dseq, seq_clipped = _clip_terms(s, a_seq, 1 - hp["eps_low"], 1 + hp["eps_high"], hp["dual_clip"],
+                                                  hp["delta"])
+        dtok = dseq[:, None] / safe_lens * mask
+        return seq_loss, dtok, np.broadcast_to(seq_clipped[:, None], mask.shape) & on, \
+            np.broadcast_to(s[:, None], mask.shape)
+    sgn = np.sign(a_seq)[:, None]
+    x_clip = np.clip(log_ratio, -hp["eps_low"], hp["eps_high"])
+    use_x = sgn * log_ratio <= sgn * x_clip  # the unclipped term wins ties, as in PPO
+    c = np.where(use_x, log_ratio, x_clip)
+    g = np.exp(_row_mean(c, mask, lens))
+    seq_loss = -a_seq * g
+    dtok = (seq_loss[:, None] / safe_lens) * use_x * mask
+    return seq_loss, dtok, ~use_x & on, np.exp(log_ratio)
 
 
-def _seq_adv(adv, mask, lens):
-    """The sequence advantage: the mean of the row's token advantages (the constant itself when constant)."""
-    return np.divide((adv * mask).sum(1), lens, out=np.zeros(len(lens)), where=lens > 0)
-
-
-def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=None, **hp):
+def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=None, rollout_logp=None,
+                cov_select=None, **hp):
     """Loss, gradient d loss / d logp and stats of a registry algorithm on a [B, T] batch (float64)."""
     alg = get_algorithm(name)
     hp = resolve_hparams(name, hp)
@@ -95,28 +156,45 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     if hp["beta"] > 0:
         ref_logp = as_float("ref_logp", ref_logp)
         shapes["ref_logp"] = ref_logp.shape
+    check_rollout_logp(hp, rollout_logp)
+    if rollout_logp is not None:
+        rollout_logp = as_float("rollout_logp", rollout_logp)
+        shapes["rollout_logp"] = rollout_logp.shape
+    if cov_select is not None:
+        cov_select = as_mask(cov_select, "cov_select")
+        shapes["cov_select"] = cov_select.shape
     check_token_shapes(shapes, group_size, hp["agg"])
+    if cov_select is not None:
+        check_cov_select(name, alg, bool((cov_select > mask).any()))
     on = mask > 0
     log_ratio = np.where(on, logp - old_logp, 0.0)
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"])
+    rc_weights, stats = _rollout_weights(hp, old_logp, rollout_logp, mask)
+    policy_weights = weights * rc_weights
 
-    if alg.ratio == "sequence":
-        z, lens = _seq_mean_log_ratio(log_ratio, mask)
-        s = np.exp(z)
-        seq_loss, dseq, seq_clipped = _clip_terms(s, _seq_adv(adv, mask, lens), 1 - hp["eps_low"],
-                                                  1 + hp["eps_high"], hp["dual_clip"])
-        w_row = weights.sum(1)
+    if alg.ratio in ("sequence", "geometric"):
+        seq_loss, dtok, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask)
         loss_tok = np.broadcast_to(seq_loss[:, None], mask.shape)
-        grad = (w_row * dseq / np.where(lens > 0, lens, 1.0))[:, None] * mask
-        ratio, clipped = np.broadcast_to(s[:, None], mask.shape), np.broadcast_to(seq_clipped[:, None], mask.shape)
+        grad = policy_weights.sum(1, keepdims=True) * dtok
     else:
-        if alg.ratio == "sequence_token":
-            ratio = np.broadcast_to(np.exp(_seq_mean_log_ratio(log_ratio, mask)[0])[:, None], mask.shape)
-        else:
+        with np.errstate(over="ignore"):
             ratio = np.exp(log_ratio)
+        if alg.ratio == "sequence_token":
+            ratio = np.broadcast_to(np.exp(_row_mean(log_ratio, mask, mask.sum(1)))[:, None], mask.shape)
+        clipped = np.zeros(mask.shape, dtype=bool)
         if alg.clip == "soft":
             loss_tok, dtok = _sapo_terms(ratio, adv, hp["tau_pos"], hp["tau_neg"])
-            clipped = np.zeros(mask.shape, dtype=bool)
+        elif alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * logp, the gradient never vanishes
+            lo, hi = _cispo_bounds(hp)
+            w = np.clip(ratio, lo, hi)
+            loss_tok, dtok = -w * adv * logp, -w * adv
+            stats["trunc_frac"] = float((((ratio < lo) | (ratio > hi)) * mask).sum() / max(mask.sum(), 1.0))
+        elif alg.ratio == "none":  # GPG: -A * logp
+            loss_tok, dtok = -adv * logp, -adv
+        elif alg.clip == "off":  # KL-Cov: -r*A, plus kl_cov_coef * |log r| on the selected tokens
+            chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select)
+            loss_tok = -ratio * adv + chosen * hp["kl_cov_coef"] * np.abs(log_ratio)
+            dtok = -ratio * adv + chosen * hp["kl_cov_coef"] * np.sign(log_ratio)
         else:
             if alg.clip == "dynamic":
                 check_dcpo_old_logp((old_logp[on] > 0).any())
@@ -124,17 +202,36 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
                                            hp["r_max"])
             else:
                 lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
-            loss_tok, dtok, clipped = _clip_terms(ratio, adv, lo, hi, hp["dual_clip"])
-        grad = weights * dtok
+            loss_tok, dtok, clipped = _clip_terms(ratio, adv, lo, hi, hp["dual_clip"], hp["delta"])
+            if alg.select == "clip_cov":  # Clip-Cov: the selected tokens keep their value, lose their gradient
+                chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select)
+                dtok = np.where(chosen, 0.0, dtok)
+                clipped = clipped | chosen
+        grad = policy_weights * dtok
 
     loss_tok = np.where(on, loss_tok, 0.0)
-    stats = _stats(ratio, clipped, mask)
+    stats.update(_stats(ratio, clipped, mask))
+    if alg.select is not None:
+        stats["cov_frac"] = float((chosen * mask).sum() / max(mask.sum(), 1.0))
+    loss = float((policy_weights * loss_tok).sum())
     if hp["beta"] > 0:
-        kl_tok, dkl = _kl_terms(logp, ref_logp, hp["kl"])
-        loss_tok = loss_tok + hp["beta"] * np.where(on, kl_tok, 0.0)
-        grad = grad + hp["beta"] * weights * dkl
-        stats["kl_mean"] = float((kl_tok * mask).sum() / max(mask.sum(), 1.0))
-    return float((weights * loss_tok).sum()), grad, stats
+        kl_tok, dkl = _kl_terms(logp, ref_logp, hp["kl"], log_ratio)
+        kl_tok = np.where(on, kl_tok, 0.0)
+        loss += float((weights * hp["beta"] * kl_tok).sum())
+        grad = grad + hp["beta"] * weights * np.where(on, dkl, 0.0)
+        stats["kl_mean"] = float(kl_tok.sum() / max(mask.sum(), 1.0))
+    return loss, grad, stats
+
+
+def _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select):
+    """The tokens Clip-Cov detaches or KL-Cov penalises: ``cov_select`` when given, else by Cov(log pi, A)."""
+    if cov_select is not None:
+        return cov_select > 0
+    cov = token_cov(logp, adv, mask)
+    if alg.select == "clip_cov":
+        return clip_cov_select(cov, mask, clipped, hp["clip_cov_lb"], hp["clip_cov_ub"], hp["clip_cov_ratio"],
+                               hp["cov_seed"])
+    return kl_cov_select(cov, mask, hp["kl_cov_ratio"])
 
 
 def _stats(ratio, clipped, mask):

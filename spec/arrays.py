@@ -19,9 +19,9 @@ def as_float(name: str, x, ndim: int | None = None) -> np.ndarray:
     return arr
 
 
-def as_mask(mask) -> np.ndarray:
-    """Return the mask as float64 0/1, or raise if it holds anything else."""
-    arr = as_float("mask", mask)
+def as_mask(mask, name: str = "mask") -> np.ndarray:
+    """Return the mask (argument ``name``) as float64 0/1, or raise if it holds anything else."""
+    arr = as_float(name, mask)
     if not ((arr == 0.0) | (arr == 1.0)).all():
-        raise mask_error()
+        raise mask_error(name)
     return arr

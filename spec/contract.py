@@ -1,7 +1,7 @@
 """Argument checks shared by the three layers, so that every layer rejects the same inputs with the same words."""
 from __future__ import annotations
 
-from .registry import AGG_MODES, GROUP_AGG_MODES, HPARAMS, KL_KINDS, get_algorithm
+from .registry import AGG_MODES, CAP_MODES, GROUP_AGG_MODES, HPARAMS, KL_KINDS, ROLLOUT_CORRECTIONS, get_algorithm
 
 
 def resolve_hparams(name: str, hp: dict) -> dict:
@@ -25,15 +25,74 @@ def resolve_hparams(name: str, hp: dict) -> dict:
         _finite_number(key, out[key])
         if out[key] < 0:
             raise ValueError(f"{key}: expected a number >= 0, got {out[key]!r}")
-    if out["eps_low"] >= 1 and alg.clip == "fixed":
+    if out["eps_low"] >= 1 and alg.clip == "fixed" and alg.ratio != "geometric":
         raise ValueError(f"eps_low: expected a number in [0, 1), got {out['eps_low']!r}")
     for key in ("tau_pos", "tau_neg", "r_max"):
         _positive(key, out[key])
+    if out["dual_clip"] is None and alg.clip == "dynamic":  # DCPO: the dual clip follows r_max
+        out["dual_clip"] = out["r_max"]
     if out["dual_clip"] is not None:
         _positive("dual_clip", out["dual_clip"])
         if out["dual_clip"] <= 1:
             raise ValueError(f"dual_clip: expected a constant > 1, got {out['dual_clip']!r}")
+    _check_beyond_seeds(name, alg, out)
     return out
+
+
+def _check_beyond_seeds(name, alg, hp) -> None:
+    """The options of the 2026 algorithms: CISPO's cap, the two-sided clip, the Cov selections, rollout correction."""
+    if hp["cap_mode"] not in CAP_MODES:
+        raise ValueError(f"cap_mode: expected one of {', '.join(CAP_MODES)}, got {hp['cap_mode']!r}")
+    if alg.clip == "truncated":
+        if hp["eps_low"] > 1:
+            raise ValueError(f"eps_low: CISPO's lower weight bound 1 - eps_low must be >= 0, got eps_low="
+                             f"{hp['eps_low']!r}")
+        if hp["cap_mode"] == "absolute" and hp["eps_high"] < 1:
+            raise ValueError(f"eps_high: CISPO's absolute cap must be >= 1, got {hp['eps_high']!r}")
+    if hp["delta"] is not None:
+        if alg.clip != "fixed" or alg.ratio == "geometric":
+            raise ValueError(f"delta: the two-sided clip applies to fixed-clip losses, not {name}")
+        _positive("delta", hp["delta"])
+        if hp["delta"] <= 1 + hp["eps_high"]:
+            raise ValueError(f"delta: expected a number > 1 + eps_high = {1 + hp['eps_high']!r}, got {hp['delta']!r}")
+    for key in ("clip_cov_ratio", "kl_cov_ratio"):
+        _finite_number(key, hp[key])
+        if not 0 <= hp[key] <= 1:
+            raise ValueError(f"{key}: expected a share in [0, 1], got {hp[key]!r}")
+    for key in ("clip_cov_lb", "clip_cov_ub"):
+        _finite_number(key, hp[key])
+    if hp["clip_cov_lb"] >= hp["clip_cov_ub"]:
+        raise ValueError(f"clip_cov_ub: expected a number > clip_cov_lb ({hp['clip_cov_lb']!r}), "
+                         f"got {hp['clip_cov_ub']!r}")
+    _finite_number("kl_cov_coef", hp["kl_cov_coef"])
+    if hp["kl_cov_coef"] < 0:
+        raise ValueError(f"kl_cov_coef: expected a number >= 0, got {hp['kl_cov_coef']!r}")
+    seed = hp["cov_seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"cov_seed: expected an integer >= 0, got {seed!r}")
+    rc = hp["rollout_correction"]
+    if rc is not None and rc not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"rollout_correction: expected None or one of {', '.join(ROLLOUT_CORRECTIONS)}, got {rc!r}")
+    _positive("tis_cap", hp["tis_cap"])
+    _finite_number("mis_low", hp["mis_low"])
+    _positive("mis_high", hp["mis_high"])
+    if not 0 <= hp["mis_low"] <= hp["mis_high"]:
+        raise ValueError(f"mis_low: expected 0 <= mis_low <= mis_high ({hp['mis_high']!r}), got {hp['mis_low']!r}")
+
+
+def check_rollout_logp(hp: dict, rollout_logp) -> None:
+    """A rollout correction needs the engine's log-probs."""
+    if hp["rollout_correction"] is not None and rollout_logp is None:
+        raise ValueError(f"rollout_logp: rollout_correction={hp['rollout_correction']!r} needs rollout_logp (the "
+                         "sampling engine's log-probs)")
+
+
+def check_cov_select(name: str, alg, selected_off_mask: bool) -> None:
+    """``cov_select`` is Clip-Cov's or KL-Cov's selection, a 0/1 mask inside ``mask``."""
+    if alg.select is None:
+        raise ValueError(f"cov_select: only clip_cov and kl_cov select tokens, not {name}")
+    if selected_off_mask:
+        raise ValueError("cov_select: selects tokens outside mask (padding)")
 
 
 def check_agg(agg: str) -> None:
@@ -42,10 +101,12 @@ def check_agg(agg: str) -> None:
         raise ValueError(f"agg: unknown aggregation mode {agg!r}; expected one of {', '.join(AGG_MODES)}")
 
 
-def check_kl_kind(kind: str, arg: str = "kind") -> None:
-    """Raise if ``kind`` (the argument ``arg``) is not k1, k2 or k3."""
+def check_kl_kind(kind: str, arg: str = "kind", has_old: bool = True) -> None:
+    """Raise if ``kind`` (the argument ``arg``) is not a KL estimator, or is k3_unbiased without old log-probs."""
     if kind not in KL_KINDS:
         raise ValueError(f"{arg}: unknown KL estimator {kind!r}; expected one of {', '.join(KL_KINDS)}")
+    if kind == "k3_unbiased" and not has_old:
+        raise ValueError("old_logp: the k3_unbiased estimator (r * k3) needs old_logp for r = exp(logp - old_logp)")
 
 
 def check_same_shape(name: str, shape, ref_name: str, ref_shape) -> None:
@@ -83,12 +144,38 @@ def check_dpo_args(beta, pairs: int) -> None:
         raise ValueError("logp_chosen: expected at least one preference pair, got none")
 
 
-def check_advantage_kind(kind: str, group_size: int, unbiased: bool) -> None:
-    """Group advantages are 'grpo' or 'dr_grpo'; GRPO's unbiased std needs two responses per prompt."""
-    if kind not in ("grpo", "dr_grpo"):
-        raise ValueError(f"kind: expected 'grpo' or 'dr_grpo', got {kind!r}")
-    if kind == "grpo" and unbiased and group_size < 2:
-        raise ValueError("group_size: the unbiased std needs G >= 2 responses per prompt, got 1")
+GROUP_ADVANTAGE_KINDS = ("grpo", "dr_grpo", "rloo", "gpg")
+
+
+def check_advantage_kind(kind: str, group_size: int, unbiased: bool, eps=0.0) -> None:
+    """Group advantages are grpo, dr_grpo, rloo or gpg; GRPO's unbiased std and RLOO need G >= 2; eps >= 0."""
+    if kind not in GROUP_ADVANTAGE_KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(GROUP_ADVANTAGE_KINDS)}, got {kind!r}")
+    if group_size < 2 and (kind == "rloo" or (kind == "grpo" and unbiased)):
+        why = "the leave-one-out mean" if kind == "rloo" else "the unbiased std"
+        raise ValueError(f"group_size: {why} needs G >= 2 responses per prompt, got 1")
+    _finite_number("eps", eps)
+    if eps < 0:
+        raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
+
+
+def check_reinforce_args(n_rewards: int, mask_shape, beta, gamma, eps, group_size, baseline: bool, logp,
+                         ref_logp) -> None:
+    """REINFORCE++: one reward per row of a [B, T] mask, beta >= 0 (with both log-probs when > 0), gamma in
+    [0, 1], eps >= 0, and for the baseline variant a group size that divides B."""
+    if len(mask_shape) != 2:
+        raise ValueError(f"mask: expected a 2-D [B, T] array, got shape {tuple(mask_shape)}")
+    if n_rewards != mask_shape[0]:
+        raise ValueError(f"rewards: expected one reward per row of mask ({mask_shape[0]}), got {n_rewards}")
+    for name, value in (("beta", beta), ("eps", eps)):
+        _finite_number(name, value)
+        if value < 0:
+            raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
+    if beta > 0 and (logp is None or ref_logp is None):
+        raise ValueError(f"ref_logp: beta={beta} > 0 needs logp and ref_logp (the k1 penalty in the reward)")
+    _finite_number("gamma", gamma)
+    check_unit_interval("gamma", gamma)
+    check_group_size(group_size, mask_shape[0], needed=baseline, why="the baseline variant")
 
 
 def check_prompt_ids(ids: list, groups: int) -> None:
@@ -146,8 +233,8 @@ def nonfinite_error(name: str) -> ValueError:
     return ValueError(f"{name}: expected finite values, found NaN or inf")
 
 
-def mask_error() -> ValueError:
-    return ValueError("mask: expected only 0 and 1 (or booleans)")
+def mask_error(name: str = "mask") -> ValueError:
+    return ValueError(f"{name}: expected only 0 and 1 (or booleans)")
 
 
 def _finite_number(name, value):

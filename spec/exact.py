@@ -5,11 +5,13 @@ import numpy as np
 import sympy as sp
 
 from .arrays import as_float, as_mask
-from .contract import (check_advantage_kind, check_dcpo_old_logp, check_dpo_args, check_group_size, check_kl_kind,
-                       check_overlong, check_prompt_ids, check_q, check_reference, check_same_shape,
-                       check_token_shapes, check_unit_interval, check_value_args, resolve_hparams)
+from .contract import (check_advantage_kind, check_cov_select, check_dcpo_old_logp, check_dpo_args,
+                       check_group_size, check_kl_kind, check_overlong, check_prompt_ids, check_q, check_reference,
+                       check_reinforce_args, check_rollout_logp, check_same_shape, check_token_shapes, check_unit_interval,
+                       check_value_args, resolve_hparams)
 from . import objectives as ob
 from .registry import PARTS, get_algorithm
+from .selection import clip_cov_select, kl_cov_select, token_cov
 
 
 def rational(x):
@@ -34,7 +36,8 @@ def _substitute(expr, values):
     return sp.sympify(expr).xreplace(values)
 
 
-def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=None, **hp):
+def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=None, rollout_logp=None,
+                cov_select=None, **hp):
     """Exact loss and gradient d loss / d logp (object array) of a registry algorithm on a small [B, T] batch."""
     alg = get_algorithm(name)
     hp = resolve_hparams(name, hp)
@@ -48,7 +51,16 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     if hp["beta"] > 0:
         ref = _exact("ref_logp", ref_logp)
         shapes["ref_logp"] = ref.shape
+    check_rollout_logp(hp, rollout_logp)
+    if rollout_logp is not None:
+        rollout = _exact("rollout_logp", rollout_logp)
+        shapes["rollout_logp"] = rollout.shape
+    if cov_select is not None:
+        cov_select = as_mask(cov_select, "cov_select")
+        shapes["cov_select"] = cov_select.shape
     check_token_shapes(shapes, group_size, hp["agg"])
+    if cov_select is not None:
+        check_cov_select(name, alg, bool((cov_select > m).any()))
     mask = m.astype(int).tolist()
     n_rows, n_cols = lp_num.shape
     if alg.clip == "dynamic":
@@ -59,13 +71,36 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     for i in range(n_rows):
         for t in range(n_cols):
             values[live[i][t]] = values[frozen[i][t]] = rational(float(lp_num[i, t]))
-    objective = ob.policy_objective(alg, _exact_hp(hp), live, frozen, old, adv_, mask,
-                                    ref if hp["beta"] > 0 else None, group_size, ob.AtPoint(values))
+    ehp, select = _exact_hp(hp), ob.AtPoint(values)
+    chosen = None
+    if alg.select is not None:
+        chosen = cov_select if cov_select is not None else _cov_selection(alg, hp, lp_num, m, old, adv_, live,
+                                                                           select)
+        chosen = (np.asarray(chosen) > 0).astype(int).tolist()
+    objective = ob.policy_objective(alg, ehp, live, frozen, old, adv_, mask, ref if hp["beta"] > 0 else None,
+                                    group_size, select, rollout if rollout_logp is not None else None, chosen)
     grad = np.empty((n_rows, n_cols), dtype=object)
     for i in range(n_rows):
         for t in range(n_cols):
             grad[i, t] = _substitute(sp.diff(objective, live[i][t]), values) if mask[i][t] else sp.Integer(0)
     return _substitute(objective, values), grad
+
+
+def _cov_selection(alg, hp, lp_num, m, old, adv_, live, select):
+    """The Clip-Cov / KL-Cov selection (spec.selection, in float64); Clip-Cov's already-clipped tokens decided
+    exactly."""
+    cov = token_cov(lp_num, adv_.astype(float), m)
+    if alg.select == "kl_cov":
+        return kl_cov_select(cov, m, hp["kl_cov_ratio"])
+    ehp = _exact_hp(hp)
+    lo, hi = 1 - ehp["eps_low"], 1 + ehp["eps_high"]
+    clipped = np.zeros(m.shape, dtype=bool)
+    for i, t in zip(*np.nonzero(m)):
+        r = sp.exp(live[i][t] - old[i, t])
+        unclipped = ob.capped_ratio(r, ehp["delta"], select) * adv_[i, t]
+        clipped[i, t] = not select.holds(unclipped <= ob.clip(r, lo, hi, select) * adv_[i, t])
+    return clip_cov_select(cov, m, clipped, hp["clip_cov_lb"], hp["clip_cov_ub"], hp["clip_cov_ratio"],
+                           hp["cov_seed"])
 
 
 def _symbols(prefix, n_rows, n_cols):
@@ -76,26 +111,32 @@ def _exact_hp(hp):
     return {k: rational(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in hp.items()}
 
 
-def symbolic_objective(name, rows, cols, *, mask=None, group_size=None, **hp):
+def symbolic_objective(name, rows, cols, *, mask=None, group_size=None, cov_select=None, **hp):
     """A policy loss as one sympy expression over symbols ``lp_i_t`` (logp), ``old_i_t``, ``A_i_t`` (and
-    ``ref_i_t`` when beta > 0), for a batch of the given size and mask (all ones by default); stop-gradient copies
-    of logp (GSPO-token) are ``sg_i_t``. Returns (expression, symbols by name)."""
+    ``ref_i_t`` when beta > 0, ``ro_i_t`` the engine's log-probs under a rollout correction), for a batch of the
+    given size and mask (all ones by default); stop-gradient copies of logp (GSPO-token, CISPO, Clip-Cov) are
+    ``sg_i_t``; ``cov_select`` is the Clip-Cov / KL-Cov selection (none by default). Returns (expression,
+    symbols by name)."""
     alg = get_algorithm(name)
     hp = resolve_hparams(name, hp)
     mask = np.ones((rows, cols), dtype=int) if mask is None else as_mask(mask).astype(int)
     check_token_shapes({"mask": mask.shape}, group_size, hp["agg"])
-    syms = {k: _symbols(k, rows, cols) for k in ("lp", "sg", "old", "A", "ref")}
+    syms = {k: _symbols(k, rows, cols) for k in ("lp", "sg", "old", "A", "ref", "ro")}
+    chosen = None if cov_select is None else as_mask(cov_select, "cov_select").astype(int).tolist()
     expr = ob.policy_objective(alg, _exact_hp(hp), syms["lp"], syms["sg"], syms["old"], syms["A"], mask.tolist(),
-                               syms["ref"] if hp["beta"] > 0 else None, group_size, ob.piecewise)
+                               syms["ref"] if hp["beta"] > 0 else None, group_size, ob.piecewise,
+                               syms["ro"] if hp["rollout_correction"] else None, chosen)
     return expr, syms
 
 
-def kl(logp, ref_logp, kind="k3"):
-    """Exact per-token KL estimates (object array)."""
-    check_kl_kind(kind)
+def kl(logp, ref_logp, kind="k3", old_logp=None):
+    """Exact per-token KL estimates (object array); k3_unbiased needs ``old_logp``."""
+    check_kl_kind(kind, has_old=old_logp is not None)
     lp, ref = _exact("logp", logp), _exact("ref_logp", ref_logp)
     check_same_shape("ref_logp", ref.shape, "logp", lp.shape)
-    return np.vectorize(lambda a, b: ob.kl_estimator(a, b, kind), otypes=[object])(lp, ref)
+    old = lp if old_logp is None else _exact("old_logp", old_logp)
+    check_same_shape("old_logp", old.shape, "logp", lp.shape)
+    return np.vectorize(lambda a, b, o: ob.kl_estimator(a, b, kind, o), otypes=[object])(lp, ref, old)
 
 
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
@@ -168,14 +209,24 @@ def _standardise(x, mu, var):
 
 def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
                      unbiased=PARTS["grpo_advantage"]["unbiased"]):
-    """Exact GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2) or Dr.GRPO R - mean (2503.20783 Eq. 3)."""
+    """Exact GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2), Dr.GRPO R - mean (2503.20783 Eq. 3), RLOO
+    R_i - mean_{j != i} R_j (2402.14740 Eq. 5) or GPG alpha (R - mean), alpha = B / M (2504.02546 Sec. 2)."""
     groups = _grouped(rewards, group_size)
-    check_advantage_kind(kind, group_size, unbiased)
+    check_advantage_kind(kind, group_size, unbiased, eps)
+    if kind == "gpg":  # M: the responses of groups whose rewards are not all equal (they carry a gradient)
+        live = sum(len(g) for g in groups if max(g) > min(g))
+        alpha = sp.Rational(len(groups) * group_size, live) if live else sp.Integer(0)
     out = []
     for g in groups:
         mu = sum(g) / len(g)
         if kind == "dr_grpo":
             out += [x - mu for x in g]
+            continue
+        if kind == "rloo":
+            out += [x - (sum(g) - x) / (len(g) - 1) for x in g]
+            continue
+        if kind == "gpg":
+            out += [alpha * (x - mu) for x in g]
             continue
         var = sum((x - mu) ** 2 for x in g) / (len(g) - (1 if unbiased else 0))
         den = sp.sqrt(var) + rational(eps)
@@ -242,6 +293,39 @@ def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PA
         n = rational(float(n))
         return sp.Integer(0) if n <= start else (start - n) / rational(cache_len) if n <= max_len else sp.Integer(-1)
     return np.array([one(n) for n in lengths.flat], dtype=object).reshape(lengths.shape)
+
+
+def reinforce_pp_advantages(rewards, mask, *, logp=None, ref_logp=None, beta=0.0, group_size=None,
+                            baseline=False, gamma=PARTS["reinforce_pp"]["gamma"], eps=PARTS["reinforce_pp"]["eps"]):
+    """Exact REINFORCE++ (2501.03262 Eq. 4-6): the outcome reward at each row's last token (R - mean_g with
+    ``baseline``) minus beta * k1 per token, discounted returns, whitened over the batch's tokens."""
+    r = _exact("rewards", rewards, ndim=1)
+    m = as_mask(mask)
+    check_reinforce_args(len(r), m.shape, beta, gamma, eps, group_size, baseline, logp, ref_logp)
+    if baseline:
+        groups = r.reshape(-1, group_size)
+        r = np.array([x - sum(g) / group_size for g in groups for x in g], dtype=object)
+    k1 = None
+    if beta > 0:
+        lp, ref = _exact("logp", logp), _exact("ref_logp", ref_logp)
+        check_same_shape("logp", lp.shape, "mask", m.shape)
+        check_same_shape("ref_logp", ref.shape, "mask", m.shape)
+        k1 = lp - ref
+    g, b = rational(gamma), rational(beta)
+    ret = np.full(m.shape, sp.Integer(0), dtype=object)
+    for i in range(m.shape[0]):
+        on = list(np.flatnonzero(m[i]))
+        acc = sp.Integer(0)
+        for t in reversed(on):
+            acc = (r[i] if t == on[-1] else 0) - (b * k1[i, t] if k1 is not None else 0) + g * acc
+            ret[i, t] = acc
+    vals = [ret[i, t] for i, t in zip(*np.nonzero(m))]
+    if not vals:
+        return ret
+    mean = sum(vals) / len(vals)
+    var = sum((v - mean) ** 2 for v in vals) / max(len(vals) - 1, 1)  # the unbiased variance, as verl's whitening
+    den = sp.sqrt(var + rational(eps))
+    return np.where(m > 0, (ret - mean) / den, sp.Integer(0))
 
 
 def dynamic_sampling_filter(rewards, group_size):

@@ -47,10 +47,12 @@ def clip(r, lo, hi, select=piecewise):
     return select((lo, r < lo), (hi, r > hi), (r, True))
 
 
-def ppo_clip_surrogate(r, adv, lo, hi, select=piecewise):
-    """PPO Eq. 7 per term: min(r*A, clip(r, lo, hi)*A); the unclipped branch wins ties."""
+def ppo_clip_surrogate(r, adv, lo, hi, select=piecewise, delta=None):
+    """PPO Eq. 7 per term: min(r*A, clip(r, lo, hi)*A), with min(r, delta) in the first term under the two-sided
+    clip; the unclipped branch wins ties."""
     c = clip(r, lo, hi, select) * adv
-    return select((r * adv, r * adv <= c), (c, True))
+    u = capped_ratio(r, delta, select) * adv
+    return select((u, u <= c), (c, True))
 
 
 def ppo_clipped(r, adv, lo, hi):
@@ -78,10 +80,41 @@ def sapo_gate(r, tau):
     return 4 / tau / (1 + sp.exp(-tau * (r - 1)))
 
 
-def kl_estimator(logp, ref_logp, kind):
-    """Schulman's estimators of KL(pi || ref) with d = ref_logp - logp: k1 = -d, k2 = d^2/2, k3 = e^d - d - 1."""
+def kl_estimator(logp, ref_logp, kind, old_logp=None):
+    """Schulman's estimators of KL(pi || ref) with d = ref_logp - logp: k1 = -d, k2 = d^2/2, k3 = e^d - d - 1;
+    k3_unbiased = exp(logp - old_logp) * k3 (DeepSeek-V3.2 2512.02556, Sec. 3.1)."""
     d = ref_logp - logp
+    if kind == "k3_unbiased":
+        return sp.exp(logp - old_logp) * (sp.exp(d) - d - 1)
     return {"k1": -d, "k2": d**2 / 2, "k3": sp.exp(d) - d - 1}[kind]
+
+
+def capped_ratio(r, delta, select=piecewise):
+    """The two-sided clip's min(r, delta) (INTELLECT-2 2505.07291, Sec. 3); r itself wins the tie."""
+    return r if delta is None else select((delta, r > delta), (r, True))
+
+
+def cispo_bounds(hp):
+    """CISPO's weight interval: [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or [1 - eps_low, eps_high] with
+    cap_mode='absolute'."""
+    hi = 1 + hp["eps_high"] if hp["cap_mode"] == "relative" else hp["eps_high"]
+    return 1 - hp["eps_low"], hi
+
+
+def gmpo_clipped_log_ratio(x, sign, eps_low, eps_high, select=piecewise):
+    """GMPO's token term sgn(A) * min(sgn(A) x, sgn(A) clip(x, -eps_low, eps_high)) for x = log r; x itself wins
+    the tie."""
+    xc = clip(x, -eps_low, eps_high, select)
+    return select((x, sign * x <= sign * xc), (xc, True))
+
+
+def rollout_weight(log_rho, hp, select=piecewise):
+    """Rollout correction with rho = exp(log_rho): TIS min(rho, C) (Yao et al. 2025); MIS / IcePop
+    1[C_lo <= rho <= C_hi] (token, or with the row's sum of log_rho for seq_mis)."""
+    rho = sp.exp(log_rho)
+    if hp["rollout_correction"] == "tis":
+        return select((hp["tis_cap"], rho > hp["tis_cap"]), (rho, True))
+    return select((1, sp.And(rho >= hp["mis_low"], rho <= hp["mis_high"])), (0, True))
 
 
 def aggregate(loss, mask, agg, group_size=None, max_len=None):
@@ -109,41 +142,69 @@ def aggregate(loss, mask, agg, group_size=None, max_len=None):
     raise ValueError(f"agg: unknown aggregation mode {agg!r}")
 
 
-def policy_objective(alg, hp, live, frozen, old, adv, mask, ref=None, group_size=None, select=piecewise):
+def policy_objective(alg, hp, live, frozen, old, adv, mask, ref=None, group_size=None, select=piecewise,
+                     rollout=None, chosen=None):
     """A registry algorithm's loss (the negated objective) over a [B][T] batch: ``live`` are the logp symbols,
-    ``frozen`` their stop-gradient copies, the rest numbers or symbols; ``hp`` holds exact hyper-parameters."""
+    ``frozen`` their stop-gradient copies, the rest numbers or symbols; ``hp`` holds exact hyper-parameters;
+    ``rollout`` the engine's log-probs (rollout correction); ``chosen`` the 0/1 Clip-Cov / KL-Cov selection."""
     n_rows, n_cols = len(mask), len(mask[0]) if mask else 0
     lens = [sum(row) for row in mask]
+    tokens = [[t for t in range(n_cols) if mask[i][t]] for i in range(n_rows)]
 
     def seq_ratio(symbols, i):  # GSPO Eq. 6: s_i = exp(mean_t log(pi / pi_old))
-        return sp.exp(sum(symbols[i][t] - old[i][t] for t in range(n_cols) if mask[i][t]) / lens[i])
+        return sp.exp(sum(symbols[i][t] - old[i][t] for t in tokens[i]) / lens[i])
+
+    def seq_adv(i):  # the row's advantage: the mean of its token advantages
+        return sum(adv[i][k] for k in tokens[i]) / lens[i]
 
     def clipped_loss(r, a, q):
         if alg.clip == "dynamic":  # DCPO Eq. 4 with the bounds of Eq. 21-27
             lo, hi = dcpo_lower(q, hp["eps_low"]), dcpo_upper(q, hp["eps_high"], hp["r_max"])
         else:
             lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
-        out = -ppo_clip_surrogate(r, a, lo, hi, select)
+        out = -ppo_clip_surrogate(r, a, lo, hi, select, hp["delta"])
         return out if hp["dual_clip"] is None else dual_clip_loss(out, a, hp["dual_clip"], select)
+
+    def gmpo_loss(i):  # GMPO: -A_i * exp(mean_t of the log-clipped token log-ratios)
+        a = seq_adv(i)
+        terms = [gmpo_clipped_log_ratio(live[i][t] - old[i][t], sp.sign(a), hp["eps_low"], hp["eps_high"], select)
+                 for t in tokens[i]]
+        return -a * sp.exp(sum(terms) / lens[i])
 
     def token_loss(i, t):
         a = adv[i][t]
         if alg.ratio == "sequence":  # GSPO Eq. 7 with the row's advantage
-            a_seq = sum(adv[i][k] for k in range(n_cols) if mask[i][k]) / lens[i]
-            return clipped_loss(seq_ratio(live, i), a_seq, None)
+            return clipped_loss(seq_ratio(live, i), seq_adv(i), None)
+        if alg.ratio == "geometric":
+            return gmpo_loss(i)
+        if alg.ratio == "none":  # GPG: the plain policy gradient -A log pi
+            return -a * live[i][t]
         if alg.ratio == "sequence_token":  # GSPO Eq. 13: sg[s_i] * pi / sg[pi]
             r = seq_ratio(frozen, i) * sp.exp(live[i][t] - frozen[i][t])
         else:
             r = sp.exp(live[i][t] - old[i][t])
         if alg.clip == "soft":  # SAPO Eq. 6: tau by the sign of A
             return -sapo_gate(r, select((hp["tau_pos"], a > 0), (hp["tau_neg"], True))) * a
+        if alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * log pi
+            lo, hi = cispo_bounds(hp)
+            return -clip(sp.exp(frozen[i][t] - old[i][t]), lo, hi, select) * a * live[i][t]
+        if alg.clip == "off":  # KL-Cov: -r A, plus the |log r| penalty on the selected tokens
+            return -r * a + (hp["kl_cov_coef"] * sp.Abs(live[i][t] - old[i][t]) if chosen and chosen[i][t] else 0)
+        if chosen and chosen[i][t]:  # Clip-Cov: the value at the stop-gradient copy, so no gradient
+            return clipped_loss(sp.exp(frozen[i][t] - old[i][t]), a, sp.exp(old[i][t]))
         return clipped_loss(r, a, sp.exp(old[i][t]))
+
+    def correction(i, t):
+        if hp["rollout_correction"] is None:
+            return 1
+        if hp["rollout_correction"] == "seq_mis":
+            return rollout_weight(sum(old[i][k] - rollout[i][k] for k in tokens[i]), hp, select)
+        return rollout_weight(old[i][t] - rollout[i][t], hp, select)
 
     loss = [[sp.Integer(0)] * n_cols for _ in range(n_rows)]
     for i in range(n_rows):
-        for t in range(n_cols):
-            if mask[i][t]:
-                loss[i][t] = token_loss(i, t)
-                if ref is not None:  # DeepSeekMath Eq. 3: + beta * KL inside the token sum
-                    loss[i][t] += hp["beta"] * kl_estimator(live[i][t], ref[i][t], hp["kl"])
+        for t in tokens[i]:
+            loss[i][t] = correction(i, t) * token_loss(i, t)
+            if ref is not None:  # DeepSeekMath Eq. 3: + beta * KL inside the token sum
+                loss[i][t] += hp["beta"] * kl_estimator(live[i][t], ref[i][t], hp["kl"], old[i][t])
     return aggregate(loss, mask, hp["agg"], group_size, hp["max_len"])

@@ -16,20 +16,36 @@ AGG_MODES: Mapping[str, str] = MappingProxyType({
                 "over its tokens, so this equals seq_mean_token_mean",
 })
 GROUP_AGG_MODES = frozenset({"group_token_mean", "group_seq_sum_token_mean"})
-KL_KINDS = ("k1", "k2", "k3")
+KL_KINDS = ("k1", "k2", "k3", "k3_unbiased")
+#: Rollout corrections for a rollout/trainer mismatch, an option of every policy loss (None = off).
+ROLLOUT_CORRECTIONS = ("tis", "mis", "seq_mis")
+#: CISPO's cap on the importance weight: ``1 + eps_high`` (paper, verl, SkyRL) or ``eps_high`` itself (TRL, Liger).
+CAP_MODES = ("relative", "absolute")
 
 #: Every hyper-parameter a policy loss accepts, with the meaning users see in errors and --help.
 HPARAMS: Mapping[str, str] = MappingProxyType({
     "eps_low": "lower clip width: r >= 1 - eps_low (DCPO: eps in its dynamic lower bound)",
     "eps_high": "upper clip width: r <= 1 + eps_high (DCPO: eps in its dynamic upper bound)",
     "beta": "weight of the per-token KL penalty added to the loss (0 = none)",
-    "kl": "KL estimator for the penalty: k1, k2 or k3",
+    "kl": "KL estimator for the penalty: k1, k2, k3 or k3_unbiased (r * k3, DeepSeek-V3.2)",
     "agg": "aggregation mode, one of " + ", ".join(AGG_MODES),
     "max_len": "constant L for seq_mean_token_sum_norm (the generation budget)",
     "tau_pos": "SAPO gate temperature for positive advantages",
     "tau_neg": "SAPO gate temperature for negative advantages",
     "r_max": "DCPO cap on the ratio bound (and its dual clip)",
-    "dual_clip": "dual-clip constant c: for A < 0, loss <= -c*A (None = off)",
+    "dual_clip": "dual-clip constant c: for A < 0, loss <= -c*A (None = off; DCPO: follows r_max)",
+    "delta": "two-sided clip of fixed-clip losses (INTELLECT-2): r capped at delta > 1 + eps_high (None = off)",
+    "cap_mode": "CISPO's weight cap: 'relative' (1 + eps_high) or 'absolute' (eps_high itself)",
+    "clip_cov_ratio": "Clip-Cov: share of the batch's tokens whose gradient is detached",
+    "clip_cov_lb": "Clip-Cov: lower bound of the covariance window for candidates",
+    "clip_cov_ub": "Clip-Cov: upper bound of the covariance window for candidates",
+    "cov_seed": "Clip-Cov: seed of the random choice among candidates (or pass cov_select)",
+    "kl_cov_ratio": "KL-Cov: share k of the batch's tokens (largest covariance) that get the |log r| penalty",
+    "kl_cov_coef": "KL-Cov: weight of the |log r| penalty",
+    "rollout_correction": "rollout/trainer mismatch correction with rollout_logp: tis, mis, seq_mis (None = off)",
+    "tis_cap": "TIS: truncation C of the token weight exp(old_logp - rollout_logp)",
+    "mis_low": "MIS/IcePop: lowest weight kept",
+    "mis_high": "MIS/IcePop: highest weight kept",
 })
 
 
@@ -38,26 +54,33 @@ class Algorithm:
     """One algorithm: how its ratio is formed, how it is clipped, and its paper defaults."""
 
     name: str
-    ratio: str  # "token", "sequence" (GSPO) or "sequence_token" (GSPO-token)
-    clip: str  # "fixed", "dynamic" (DCPO), "soft" (SAPO) or "none" (DPO)
+    ratio: str  # "token", "sequence" (GSPO), "sequence_token" (GSPO-token), "geometric" (GMPO) or "none" (GPG)
+    # "fixed", "dynamic" (DCPO), "soft" (SAPO), "truncated" (CISPO: the weight, not the gradient), "off" (GPG),
+    # "none" (DPO: not a policy loss)
+    clip: str
     defaults: Mapping[str, object] = field(default_factory=dict)
     source: str = ""
+    advantage: str = "grpo"  # the estimator the paper trains with (a key of ADVANTAGES)
+    select: str | None = None  # token selection by Cov(log pi, A): "clip_cov" or "kl_cov"
 
 
-def _alg(name, ratio, clip, source, **defaults):
+def _alg(name, ratio, clip, source, advantage="grpo", select=None, **defaults):
     base = {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.0, "kl": "k3", "max_len": None, "dual_clip": None,
-            "tau_pos": 1.0, "tau_neg": 1.05, "r_max": 10.0}
+            "tau_pos": 1.0, "tau_neg": 1.05, "r_max": 10.0, "delta": None, "cap_mode": "relative",
+            "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "cov_seed": 0,
+            "kl_cov_ratio": 2e-3, "kl_cov_coef": 1.0,
+            "rollout_correction": None, "tis_cap": 2.0, "mis_low": 0.5, "mis_high": 5.0}
     base.update(defaults)
-    return Algorithm(name, ratio, clip, MappingProxyType(base), source)
+    return Algorithm(name, ratio, clip, MappingProxyType(base), source, advantage, select)
 
 
 ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (
     _alg("ppo", "token", "fixed", "PPO, Schulman et al. 1707.06347, Eq. 7 (KL goes into the reward, k1)",
-         agg="token_mean"),
+         advantage="gae", agg="token_mean"),
     _alg("grpo", "token", "fixed", "DeepSeekMath 2402.03300, Eq. 3 (k3 penalty Eq. 4, beta 0.04)",
          agg="seq_mean_token_mean", beta=0.04),
     _alg("dr_grpo", "token", "fixed", "Dr.GRPO, Liu et al. 2503.20783, Eq. 3 (constant normaliser)",
-         agg="seq_mean_token_sum_norm"),
+         advantage="dr_grpo", agg="seq_mean_token_sum_norm"),
     _alg("dapo", "token", "fixed", "DAPO 2503.14476, Eq. 8 (clip-higher 0.28, token-level loss)",
          agg="group_token_mean", eps_high=0.28),
     _alg("gspo", "sequence", "fixed", "GSPO 2507.18071, Eq. 5-7 (sequence ratio, clip 3e-4/4e-4)",
@@ -65,11 +88,21 @@ ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (
     _alg("gspo_token", "sequence_token", "fixed", "GSPO 2507.18071, Eq. 13-14 (GSPO-token)",
          agg="seq_mean_token_mean", eps_low=3e-4, eps_high=4e-4),
     _alg("dcpo", "token", "dynamic", "DCPO 2509.02333, Eq. 4 (dynamic clip), Eq. 8 (OTM), Eq. 21-28 (bounds)",
-         agg="group_seq_sum_token_mean", eps_low=0.16, eps_high=0.2, r_max=10.0, dual_clip=10.0),
+         advantage="sas", agg="group_seq_sum_token_mean", eps_low=0.16, eps_high=0.2, r_max=10.0),
     _alg("sapo", "token", "soft", "SAPO 2511.20347, Eq. 5-6 (soft gate, tau_pos 1.0, tau_neg 1.05)",
          agg="seq_mean_token_mean"),
+    _alg("cispo", "token", "truncated", "MiniMax-M1 2506.13585, Eq. 4-5 (weight cap 1 + 4 as ScaleRL 2510.13786)",
+         agg="token_mean", eps_low=1.0, eps_high=4.0),
+    _alg("gmpo", "geometric", "fixed", "GMPO 2507.20673, Sec. 3 (geometric mean of token ratios clipped in log space; eps 0.4, Sec. 4)",
+         agg="seq_mean", eps_low=0.4, eps_high=0.4),
+    _alg("gpg", "none", "off", "GPG 2504.02546, Sec. 2 (plain policy gradient, no ratio, no clip; AGE-scaled advantage)",
+         advantage="gpg", agg="token_mean"),
+    _alg("clip_cov", "token", "fixed", "Cui et al. 2505.22617, Sec. 5 (Clip-Cov: detach ratio*N high-Cov tokens)",
+         select="clip_cov", agg="token_mean"),
+    _alg("kl_cov", "token", "off", "Cui et al. 2505.22617, Sec. 5 (KL-Cov: |log r| penalty on the top-k Cov tokens)",
+         select="kl_cov", agg="token_mean"),
     Algorithm("dpo", "sequence", "none", MappingProxyType({"beta": 0.1}),
-              "DPO, Rafailov et al. 2305.18290, Eq. 7"),
+              "DPO, Rafailov et al. 2305.18290, Eq. 7", advantage="none"),
 )})
 
 #: Algorithms trained with ``policy_loss`` (all but DPO, which has ``dpo_loss``).
@@ -85,8 +118,20 @@ PARTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
     "value_loss": MappingProxyType({"clip": 0.2, "agg": "token_mean",
                                     "source": "PPO 1707.06347 with clipped value loss (as in the PPO baselines)"}),
     "overlong": MappingProxyType({"max_len": 20480, "cache_len": 4096, "source": "DAPO 2503.14476, Eq. 13"}),
-    "kl": MappingProxyType({"source": "Schulman, 'Approximating KL divergence' (k1, k2, k3)"}),
+    "kl": MappingProxyType({"source": "Schulman, 'Approximating KL divergence' (k1, k2, k3); k3_unbiased "
+                                      "DeepSeek-V3.2 2512.02556 (r * k3)"}),
+    "rloo_advantage": MappingProxyType({"source": "RLOO, Ahmadian et al. 2402.14740, Eq. 5 (leave-one-out mean)"}),
+    "gpg_advantage": MappingProxyType({"source": "GPG 2504.02546, Sec. 2 AGE (alpha = B / M, M the responses "
+                                                 "with a gradient: those of groups whose rewards are not all equal)"}),
+    "reinforce_pp": MappingProxyType({"gamma": 1.0, "eps": 1e-8, "unbiased": True,
+                                      "source": "REINFORCE++ 2501.03262, Eq. 4-6 (k1 in the token reward, batch "
+                                                "whitening; _baseline: whitened R - mean_g)"}),
+    "rollout_correction": MappingProxyType({"source": "Yao et al. 2025 (truncated IS); IcePop (Ring-1T 2510.18855, "
+                                                      "masked IS); verl rollout_correction"}),
 })
+
+#: Advantage estimators the training loops offer, by the name algorithms give in ``Algorithm.advantage``.
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "gpg", "sas", "gae", "reinforce_pp", "reinforce_pp_baseline")
 
 
 def get_algorithm(name: str) -> Algorithm:
