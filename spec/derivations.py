@@ -152,3 +152,98 @@ CHECKS = {
     "gae_recursion_equals_sum": gae_recursion_equals_sum,
     "sas_first_visit_is_grpo": sas_first_visit_is_grpo,
 }
+
+
+# -- beyond the seeds (reference "Beyond the seeds"): each derivation runs the code the layers use ------------------
+
+def cispo_gradient_is_truncated_reinforce() -> bool:
+    """MiniMax-M1 Eq. 4-5: CISPO's gradient in logp is -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A, the REINFORCE
+    gradient weighted by the truncated ratio; at r = 3/2, A = 1 PPO-clip's gradient is 0 and CISPO's is not."""
+    from .exact import policy_loss, symbolic_objective
+    expr, s = symbolic_objective("cispo", 1, 1)
+    lp, sg, old, a = s["lp"][0][0], s["sg"][0][0], s["old"][0][0], s["A"][0][0]
+    weight = ob.clip(sp.exp(lp - old), 0, 5)  # the defaults: eps_low 1, eps_high 4
+    same = sp.simplify((sp.diff(expr, lp).xreplace({sg: lp}) - (-weight * a)).rewrite(sp.Piecewise)) == 0
+    point = ([[float(sp.log(sp.Rational(3, 2)))]], [[0.0]], [[1.0]], [[1]])
+    _, ppo_grad = policy_loss("ppo", *point)
+    _, cispo_grad = policy_loss("cispo", *point)
+    return bool(same and ppo_grad[0, 0] == 0 and abs(sp.N(cispo_grad[0, 0] + sp.Rational(3, 2), 30)) < 1e-12)
+
+
+def gmpo_bounded_by_arithmetic_mean() -> bool:
+    """GMPO Sec. 3: for A > 0 its objective exp(mean_t c_t) on the clipped log-ratios c_t is at most the arithmetic
+    mean of the same clipped ratios (AM-GM: for two tokens the gap is (e^(c0/2) - e^(c1/2))^2 / 2 >= 0), with
+    equality at constant ratios; checked where no token is clipped and where token 1 is clipped at eps_high."""
+    from .contract import resolve_hparams
+    from .exact import _exact_hp
+    from .registry import get_algorithm
+    alg, hp = get_algorithm("gmpo"), _exact_hp(resolve_hparams("gmpo", {}))
+    x = list(sp.symbols("x0 x1", real=True))
+    ok = True
+    for x1 in (sp.Rational(1, 10), sp.Integer(1)):  # inside the clip, then above eps_high = 2/5
+        select = ob.AtPoint({x[0]: sp.Rational(1, 10), x[1]: x1})
+        objective = -ob.policy_objective(alg, hp, [x], [x], [[0, 0]], [[1, 1]], [[1, 1]], select=select)
+        c = [ob.gmpo_clipped_log_ratio(v, 1, hp["eps_low"], hp["eps_high"], select) for v in x]
+        arithmetic = (sp.exp(c[0]) + sp.exp(c[1])) / 2
+        ok &= sp.simplify(arithmetic - objective - (sp.exp(c[0] / 2) - sp.exp(c[1] / 2)) ** 2 / 2) == 0
+        ok &= (c[1] == x[1]) == (x1 < hp["eps_high"])
+    return bool(ok and sp.simplify((arithmetic - objective).xreplace({x[0]: c[1]})) == 0)
+
+
+def rloo_is_scaled_centring(group_size: int = 4) -> bool:
+    """RLOO 2402.14740 Eq. 5: R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean_g)."""
+    from .exact import group_advantages
+    rew = [sp.Symbol(f"R{k}", real=True) for k in range(group_size)]
+    out = group_advantages(rew, group_size, kind="rloo")
+    mean = sum(rew) / group_size
+    return all(sp.simplify(a - sp.Rational(group_size, group_size - 1) * (x - mean)) == 0 for a, x in zip(out, rew))
+
+
+def k3_unbiased_under_old_policy(n: int = 3) -> bool:
+    """DeepSeek-V3.2 2512.02556 Sec. 3.1: E_{x ~ pi_old}[(pi/pi_old) k3] = KL(pi || ref) for categoricals over n."""
+    def simplex(name):
+        p = list(sp.symbols(f"{name}0:{n - 1}", positive=True))
+        return p + [1 - sum(p)]
+    old, cur, ref = simplex("o"), simplex("p"), simplex("s")
+    expectation = sum(o * ob.kl_estimator(sp.log(p), sp.log(s), "k3_unbiased", sp.log(o))
+                      for o, p, s in zip(old, cur, ref))
+    kl = sum(p * sp.log(p / s) for p, s in zip(cur, ref))
+    return sp.simplify(sp.expand_log(expectation - kl, force=True)) == 0
+
+
+def tis_without_cap_is_plain_importance_weighting() -> bool:
+    """Truncated IS with C = oo weights each token's loss by exp(old_logp - rollout_logp) exactly."""
+    from .contract import resolve_hparams
+    from .exact import _exact_hp, symbolic_objective
+    from .registry import get_algorithm
+    plain, s = symbolic_objective("grpo", 1, 2, beta=0.0)
+    hp = _exact_hp(resolve_hparams("grpo", {"beta": 0.0, "rollout_correction": "tis"}))
+    hp["tis_cap"] = sp.oo
+    tis = ob.policy_objective(get_algorithm("grpo"), hp, s["lp"], s["sg"], s["old"], s["A"], [[1, 1]],
+                              rollout=s["ro"])
+    plain_tokens = [symbolic_objective("grpo", 1, 2, beta=0.0, mask=[[int(t == k) for t in range(2)]])[0]
+                    for k in range(2)]
+    weighted = sum(sp.exp(s["old"][0][k] - s["ro"][0][k]) * plain_tokens[k] for k in range(2)) / 2
+    return bool(sp.simplify(tis - weighted) == 0 and plain.has(sp.Piecewise))
+
+
+def kl_cov_without_selection_is_plain_pg(length: int = 3) -> bool:
+    """KL-Cov with k = 0 selects no token (spec.selection) and its loss is the plain surrogate -mean_t r_t A_t."""
+    import numpy as np
+
+    from .exact import symbolic_objective
+    from .selection import kl_cov_select
+    none = not kl_cov_select(np.arange(length, dtype=float)[None], np.ones((1, length)), 0.0).any()
+    expr, s = symbolic_objective("kl_cov", 1, length, kl_cov_ratio=0.0)
+    plain = -sum(sp.exp(s["lp"][0][t] - s["old"][0][t]) * s["A"][0][t] for t in range(length)) / length
+    return bool(none and sp.simplify(expr - plain) == 0)
+
+
+CHECKS.update({
+    "cispo_gradient_is_truncated_reinforce": cispo_gradient_is_truncated_reinforce,
+    "gmpo_bounded_by_arithmetic_mean": gmpo_bounded_by_arithmetic_mean,
+    "rloo_is_scaled_centring": rloo_is_scaled_centring,
+    "k3_unbiased_under_old_policy": k3_unbiased_under_old_policy,
+    "tis_without_cap_is_plain_importance_weighting": tis_without_cap_is_plain_importance_weighting,
+    "kl_cov_without_selection_is_plain_pg": kl_cov_without_selection_is_plain_pg,
+})

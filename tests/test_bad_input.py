@@ -150,8 +150,8 @@ def test_advantages_group_size(layer):
         mod.group_advantages(conv(np.zeros(6)), 4)
     with pytest.raises(ValueError, match="group_size: group advantages needs group_size"):
         mod.group_advantages(conv(np.zeros(6)), None)
-    with pytest.raises(ValueError, match="kind: expected 'grpo' or 'dr_grpo'"):
-        mod.group_advantages(conv(np.zeros(6)), 3, kind="rloo")
+    with pytest.raises(ValueError, match="kind: expected one of grpo, dr_grpo, rloo, gpg, got 'gae'"):
+        mod.group_advantages(conv(np.zeros(6)), 3, kind="gae")
 
 
 def test_dpo_shapes_and_beta(layer):
