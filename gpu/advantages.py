@@ -19,7 +19,7 @@ def _grouped(rewards, group_size):
 def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
                      unbiased=PARTS["grpo_advantage"]["unbiased"]):
     """GRPO (DeepSeekMath Sec. 4.1.2): (R - mean_g) / (std_g + eps); Dr.GRPO (2503.20783 Eq. 3): R - mean_g;
-    RLOO (2402.14740 Eq. 5): G/(G-1) (R - mean_g); GPG (2504.02546 Sec. 2): (B / M) (R - mean_g)."""
+    RLOO (2402.14740, Sec. 3): G/(G-1) (R - mean_g); GPG (2504.02546 Sec. 2): (B / M) (R - mean_g)."""
     groups = _grouped(rewards, group_size)
     check_advantage_kind(kind, group_size, unbiased, eps)
     centred = groups - groups.mean(1, keepdim=True)
@@ -104,7 +104,7 @@ def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PA
 
 def reinforce_pp_advantages(rewards, mask, *, logp=None, ref_logp=None, beta=0.0, group_size=None,
                             baseline=False, gamma=PARTS["reinforce_pp"]["gamma"], eps=PARTS["reinforce_pp"]["eps"]):
-    """REINFORCE++ (2501.03262 Eq. 4-6): the outcome reward at each row's last token (R - mean_g with
+    """REINFORCE++ (2501.03262, Sec. 3): the outcome reward at each row's last token (R - mean_g with
     ``baseline``) minus beta * k1 per token, discounted returns, whitened over the batch's tokens."""
     rewards = as_tensor("rewards", rewards, ndim=1)
     mask = as_mask(mask, rewards)

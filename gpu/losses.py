@@ -85,7 +85,7 @@ def _row_mean(x, mask, lens):
 
 def _rollout_weights(hp, old_logp, rollout_logp, mask):
     """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
-    (IcePop) 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats)."""
+    (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats)."""
     kind = hp["rollout_correction"]
     if kind is None:
         return torch.ones_like(mask), {}
@@ -97,7 +97,7 @@ def _rollout_weights(hp, old_logp, rollout_logp, mask):
         w, cut = torch.clamp(rho, max=hp["tis_cap"]), rho > hp["tis_cap"]
     else:
         cut = (rho < hp["mis_low"]) | (rho > hp["mis_high"])
-        w = (~cut).to(mask.dtype)
+        w = torch.where(cut, torch.zeros_like(rho), rho)
     n = mask.sum().clamp(min=1.0)
     return w, {"rc_weight_mean": float((w * mask).sum() / n), "rc_cut_frac": float((cut.to(mask.dtype) * mask).sum()
                                                                                      / n)}

@@ -98,7 +98,7 @@ def _cispo_bounds(hp):
 
 def _rollout_weights(hp, old_logp, rollout_logp, mask):
     """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
-    (IcePop) 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats)."""
+    (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats)."""
     kind = hp["rollout_correction"]
     if kind is None:
         return np.ones(mask.shape), {}
@@ -112,7 +112,7 @@ def _rollout_weights(hp, old_logp, rollout_logp, mask):
         w, cut = np.minimum(rho, hp["tis_cap"]), rho > hp["tis_cap"]
     else:
         cut = (rho < hp["mis_low"]) | (rho > hp["mis_high"])
-        w = np.where(cut, 0.0, 1.0)
+        w = np.where(cut, 0.0, rho)
     n = max(mask.sum(), 1.0)
     return w, {"rc_weight_mean": float((w * mask).sum() / n), "rc_cut_frac": float((cut * mask).sum() / n)}
 

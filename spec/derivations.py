@@ -191,7 +191,7 @@ def gmpo_bounded_by_arithmetic_mean() -> bool:
 
 
 def rloo_is_scaled_centring(group_size: int = 4) -> bool:
-    """RLOO 2402.14740 Eq. 5: R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean_g)."""
+    """RLOO 2402.14740, Sec. 3: R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean_g)."""
     from .exact import group_advantages
     rew = [sp.Symbol(f"R{k}", real=True) for k in range(group_size)]
     out = group_advantages(rew, group_size, kind="rloo")

@@ -210,7 +210,7 @@ def _standardise(x, mu, var):
 def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage"]["eps"],
                      unbiased=PARTS["grpo_advantage"]["unbiased"]):
     """Exact GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2), Dr.GRPO R - mean (2503.20783 Eq. 3), RLOO
-    R_i - mean_{j != i} R_j (2402.14740 Eq. 5) or GPG alpha (R - mean), alpha = B / M (2504.02546 Sec. 2)."""
+    R_i - mean_{j != i} R_j (2402.14740, Sec. 3) or GPG alpha (R - mean), alpha = B / M (2504.02546 Sec. 2)."""
     groups = _grouped(rewards, group_size)
     check_advantage_kind(kind, group_size, unbiased, eps)
     if kind == "gpg":  # M: the responses of groups whose rewards are not all equal (they carry a gradient)
@@ -297,7 +297,7 @@ def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PA
 
 def reinforce_pp_advantages(rewards, mask, *, logp=None, ref_logp=None, beta=0.0, group_size=None,
                             baseline=False, gamma=PARTS["reinforce_pp"]["gamma"], eps=PARTS["reinforce_pp"]["eps"]):
-    """Exact REINFORCE++ (2501.03262 Eq. 4-6): the outcome reward at each row's last token (R - mean_g with
+    """Exact REINFORCE++ (2501.03262, Sec. 3): the outcome reward at each row's last token (R - mean_g with
     ``baseline``) minus beta * k1 per token, discounted returns, whitened over the batch's tokens."""
     r = _exact("rewards", rewards, ndim=1)
     m = as_mask(mask)

@@ -82,7 +82,7 @@ def sapo_gate(r, tau):
 
 def kl_estimator(logp, ref_logp, kind, old_logp=None):
     """Schulman's estimators of KL(pi || ref) with d = ref_logp - logp: k1 = -d, k2 = d^2/2, k3 = e^d - d - 1;
-    k3_unbiased = exp(logp - old_logp) * k3 (DeepSeek-V3.2 2512.02556, Sec. 3.1)."""
+    k3_unbiased = exp(logp - old_logp) * k3 (DeepSeek-V3.2 2512.02556)."""
     d = ref_logp - logp
     if kind == "k3_unbiased":
         return sp.exp(logp - old_logp) * (sp.exp(d) - d - 1)
@@ -90,7 +90,7 @@ def kl_estimator(logp, ref_logp, kind, old_logp=None):
 
 
 def capped_ratio(r, delta, select=piecewise):
-    """The two-sided clip's min(r, delta) (INTELLECT-2 2505.07291, Sec. 3); r itself wins the tie."""
+    """The two-sided clip's min(r, delta) (INTELLECT-2 2505.07291); r itself wins the tie."""
     return r if delta is None else select((delta, r > delta), (r, True))
 
 
@@ -109,12 +109,12 @@ def gmpo_clipped_log_ratio(x, sign, eps_low, eps_high, select=piecewise):
 
 
 def rollout_weight(log_rho, hp, select=piecewise):
-    """Rollout correction with rho = exp(log_rho): TIS min(rho, C) (Yao et al. 2025); MIS / IcePop
-    1[C_lo <= rho <= C_hi] (token, or with the row's sum of log_rho for seq_mis)."""
+    """Rollout correction with rho = exp(log_rho): TIS min(rho, C) (Yao et al. 2025); MIS / IcePop (Ring-1T report,
+    2025) rho * 1[C_lo <= rho <= C_hi] (token, or with the row's sum of log_rho for seq_mis)."""
     rho = sp.exp(log_rho)
     if hp["rollout_correction"] == "tis":
         return select((hp["tis_cap"], rho > hp["tis_cap"]), (rho, True))
-    return select((1, sp.And(rho >= hp["mis_low"], rho <= hp["mis_high"])), (0, True))
+    return select((rho, sp.And(rho >= hp["mis_low"], rho <= hp["mis_high"])), (0, True))
 
 
 def aggregate(loss, mask, agg, group_size=None, max_len=None):

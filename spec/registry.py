@@ -120,13 +120,13 @@ PARTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
     "overlong": MappingProxyType({"max_len": 20480, "cache_len": 4096, "source": "DAPO 2503.14476, Eq. 13"}),
     "kl": MappingProxyType({"source": "Schulman, 'Approximating KL divergence' (k1, k2, k3); k3_unbiased "
                                       "DeepSeek-V3.2 2512.02556 (r * k3)"}),
-    "rloo_advantage": MappingProxyType({"source": "RLOO, Ahmadian et al. 2402.14740, Eq. 5 (leave-one-out mean)"}),
+    "rloo_advantage": MappingProxyType({"source": "RLOO, Ahmadian et al. 2402.14740, Sec. 3 (leave-one-out mean)"}),
     "gpg_advantage": MappingProxyType({"source": "GPG 2504.02546, Sec. 2 AGE (alpha = B / M, M the responses "
                                                  "with a gradient: those of groups whose rewards are not all equal)"}),
     "reinforce_pp": MappingProxyType({"gamma": 1.0, "eps": 1e-8, "unbiased": True,
-                                      "source": "REINFORCE++ 2501.03262, Eq. 4-6 (k1 in the token reward, batch "
+                                      "source": "REINFORCE++ 2501.03262, Sec. 3 (k1 in the token reward, batch "
                                                 "whitening; _baseline: whitened R - mean_g)"}),
-    "rollout_correction": MappingProxyType({"source": "Yao et al. 2025 (truncated IS); IcePop (Ring-1T 2510.18855, "
+    "rollout_correction": MappingProxyType({"source": "Yao et al. 2025 (truncated IS); IcePop (Ring-1T report, 2025, "
                                                       "masked IS); verl rollout_correction"}),
 })
 

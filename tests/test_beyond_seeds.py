@@ -141,10 +141,11 @@ def test_two_sided_clip_caps_negative_advantages(layer):
 
 
 @pytest.mark.parametrize("kind, rho, weight, cut", [("tis", 3.0, 2.0, 1.0), ("tis", 0.5, 0.5, 0.0),
-                                                    ("mis", 3.0, 1.0, 0.0), ("mis", 6.0, 0.0, 1.0),
+                                                    ("mis", 3.0, 3.0, 0.0), ("mis", 6.0, 0.0, 1.0),
                                                     ("mis", 0.4, 0.0, 1.0)])
 def test_rollout_correction_weights_the_token_loss(layer, kind, rho, weight, cut):
-    # GRPO without KL at r = 1, A = 1: the token loss is -1; the weight is min(rho, 2) (TIS) or 1[0.5 <= rho <= 5]
+    # GRPO without KL at r = 1, A = 1: the token loss is -1; the weight is min(rho, 2) (TIS) or
+    # rho * 1[0.5 <= rho <= 5] (MIS)
     old = arr([-1.0])
     loss, grad, stats = run(layer, "grpo", old, old, arr([1.0]), arr([1.0]), beta=0.0, rollout_correction=kind,
                             rollout_logp=old - math.log(rho))
@@ -160,7 +161,7 @@ def test_sequence_mis_masks_a_whole_row(layer):
     rollout = old - arr([0.5, 1.0], [1.0, 1.0])
     loss, _, stats = run(layer, "grpo", old, old, np.ones((2, 2)), np.ones((2, 2)), beta=0.0,
                          rollout_correction="seq_mis", rollout_logp=rollout)
-    assert loss == pytest.approx(-0.5, rel=1e-12)  # seq_mean_token_mean: (-1 + 0) / 2
+    assert loss == pytest.approx(-math.exp(1.5) / 2, rel=1e-12)  # seq_mean_token_mean: (-e^1.5 + 0) / 2
     if stats is not None:
         assert stats["rc_cut_frac"] == 0.5
 
