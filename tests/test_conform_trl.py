@@ -69,6 +69,33 @@ def test_bias_corrected_kl_changes_the_gradient_even_on_policy():
     assert grad[0, 0] == pytest.approx(want_grad[0, 0], rel=1e-6)
 
 
+def test_bias_corrected_kl_is_the_k3_unbiased_estimator():
+    # off-policy (log r = 0.3), ref = logp + 0.2: TRL's corrected term is r * k3, the reference's k3_unbiased
+    case = dict(log_ratio=[[0.3]], adv=[1.0], mask=[[1]], ref_offset=[[0.2]])
+    loss, grad, used = call({"loss_type": "grpo", "beta": 0.04}, **case)
+    want, want_grad = exact("grpo", used, beta=0.04, kl="k3_unbiased")
+    plain, _ = exact("grpo", used, beta=0.04)
+    assert loss == pytest.approx(want, rel=1e-6) and grad == pytest.approx(want_grad, rel=1e-6)
+    assert abs(want - plain) > 1e-4
+
+
+def test_cispo_caps_the_weight_at_epsilon_high_itself():
+    # r = e^2 = 7.39, A = 1: TRL's weight is min(r, 4) = 4; MiniMax-M1 Eq. 5 (and verl) cap it at 1 + 4 = 5
+    loss, grad, used = call({"loss_type": "cispo", "epsilon_high": 4.0}, [[2.0]], [1.0], [[1]])
+    absolute = exact("cispo", used, cap_mode="absolute")
+    paper = exact("cispo", used)
+    assert grad[0, 0] == pytest.approx(-4.0, rel=1e-6) == pytest.approx(absolute[1][0, 0])
+    assert paper[1][0, 0] == pytest.approx(-5.0) and loss == pytest.approx(absolute[0], rel=1e-6)
+
+
+def test_delta_is_the_two_sided_clip():
+    # A = -1, r = e = 2.72 > delta = 1.5: TRL's loss is -min(1.5 A, 1.2 A) = 1.5 with no gradient, as the reference
+    loss, grad, used = call({"loss_type": "grpo", "delta": 1.5}, [[1.0]], [-1.0], [[1]])
+    want, want_grad = exact("grpo", used, beta=0.0, delta=1.5)
+    assert loss == pytest.approx(want, rel=1e-6) == pytest.approx(1.5)
+    assert grad[0, 0] == 0.0 == want_grad[0, 0]
+
+
 def test_sequence_level_with_the_dapo_loss_weights_sequences_by_length():
     config = {"loss_type": "dapo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}
     loss, grad, used = call(config, [[1e-4, 0, 0], [-1e-4, 1e-4, 0.0]], [1.0, -1.0], [[1, 0, 0], [1, 1, 1]])

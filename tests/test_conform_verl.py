@@ -132,3 +132,58 @@ def test_a_micro_batch_without_tokens_gives_nan(mode):
     assert math.isnan(float(loss))
     assert float(spec.policy_loss("grpo", [[-1.0, -1.0]], [[-1.0, -1.0]], [[1.0, 1.0]], [[0, 0]], beta=0.0,
                                   agg=mode.replace("-", "_"))[0]) == 0.0
+
+
+def _loss_fn(mode, logp, old, adv, mask, policy_loss=None, agg="token-mean", rollout_is_weights=None, **cfg):
+    from verl.workers.config.actor import PolicyLossConfig
+    if policy_loss is not None:
+        cfg["policy_loss"] = PolicyLossConfig(loss_mode=mode, **policy_loss)
+    lp = t(logp).requires_grad_(True)
+    kw = {} if rollout_is_weights is None else {"rollout_is_weights": t(rollout_is_weights)}
+    loss, _ = ca.get_policy_loss_fn(mode)(t(old), lp, t(adv), t(mask), agg, actor_config(loss_agg_mode=agg, **cfg),
+                                          **kw)
+    loss.backward()
+    return float(loss.detach()), lp.grad.numpy()
+
+
+def test_cispo_caps_the_weight_at_one_plus_epsilon_as_the_paper():
+    # r = e^2 = 7.39 > 5, A = 1: weight 1 + 4 = 5, gradient -5 (MiniMax-M1 Eq. 5)
+    loss, grad = _loss_fn("cispo", [[-1.0]], [[-3.0]], [[1.0]], [[1.0]], clip_ratio_low=1.0, clip_ratio_high=4.0)
+    exact, exact_grad = spec.policy_loss("cispo", [[-1.0]], [[-3.0]], [[1.0]], [[1.0]])
+    assert grad[0, 0] == pytest.approx(-5.0) == pytest.approx(float(exact_grad[0, 0]))
+    assert loss == pytest.approx(float(exact)) == pytest.approx(5.0)  # -5 * 1 * (-1)
+
+
+def test_geo_mean_counts_empty_rows_in_its_mean():
+    # row 0: A = 1, log-ratios 0.1 and 0.2 (inside the clip): -exp(0.15); row 1 fully masked
+    logp, old = [[-1.0, -1.0], [0.0, 0.0]], [[-1.1, -1.2], [0.0, 0.0]]
+    adv, mask = [[1.0, 1.0], [0.0, 0.0]], [[1.0, 1.0], [0.0, 0.0]]
+    loss, _ = _loss_fn("geo_mean", logp, old, adv, mask, clip_ratio_low=0.4, clip_ratio_high=0.4)
+    exact, _ = spec.policy_loss("gmpo", logp, old, adv, mask)
+    assert float(exact) == pytest.approx(-math.exp(0.15))
+    assert loss == pytest.approx(-math.exp(0.15) / 2)
+
+
+def test_clip_cov_zeroes_the_value_of_the_chosen_tokens():
+    # on-policy, logp -1..-4, A = 4, -4, -4, 4: covs 6, -2, 2, -6, only token 2 in (1, 5); ratio 1 takes it
+    logp, adv = [[-1.0, -2.0, -3.0, -4.0]], [[4.0, -4.0, -4.0, 4.0]]
+    loss, grad = _loss_fn("clip_cov", logp, logp, adv, [[1.0] * 4], policy_loss={"clip_cov_ratio": 1.0})
+    exact, exact_grad = spec.policy_loss("clip_cov", logp, logp, adv, [[1.0] * 4], clip_cov_ratio=1.0)
+    np.testing.assert_allclose(grad, exact_grad.astype(float), atol=1e-12)  # token 2 has no gradient in both
+    assert float(exact) == pytest.approx(0.0)  # -(4 - 4 - 4 + 4) / 4: Cui et al. detach, the value stays
+    assert loss == pytest.approx(-4.0 / 4)  # verl drops token 2's value: -(4 - 4 + 4) / 4
+
+
+def test_icepop_keeps_the_importance_weight_inside_its_bounds():
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+    # rho = 3 (kept with weight 3), 6 and 0.4 (masked): the same as rollout_correction='mis' with [0.5, 5]
+    log_rho = t([[math.log(3.0), math.log(6.0), math.log(0.4)]])
+    w, _ = compute_rollout_correction_weights(log_rho, t([[1.0, 1.0, 1.0]]), rollout_is="token",
+                                              rollout_is_threshold="0.5_5.0")
+    np.testing.assert_allclose(w.numpy(), [[3.0, 0.0, 0.0]], rtol=1e-12)
+    old = [[-1.0, -1.0, -1.0]]
+    rollout = (np.array(old) - log_rho.numpy()).tolist()
+    loss, _ = _loss_fn("vanilla", old, old, [[1.0] * 3], [[1.0] * 3], rollout_is_weights=w.numpy(), clip_ratio_c=1e9)
+    exact, _ = spec.policy_loss("grpo", old, old, [[1.0] * 3], [[1.0] * 3], beta=0.0, agg="token_mean",
+                                rollout_correction="mis", rollout_logp=rollout)
+    assert loss == pytest.approx(float(exact)) == pytest.approx(-1.0)

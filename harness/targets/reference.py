@@ -37,23 +37,15 @@ def _hp(name, hp, batch):
     return {"max_len": batch.max_len, **hp}
 
 
-def policy_value(name: str, hp: dict, batch, rows_counted: bool = False, kl_times_ratio: bool = False):
-    """Loss and d loss / d logp of a registry algorithm. Variants, not reference conventions: ``rows_counted``
-    also counts fully masked rows in the mean over sequences; ``kl_times_ratio`` multiplies the per-token KL term
-    by the token ratio pi/pi_old (the bias correction of DeepSeek-V3.2, 2512.02556)."""
+def policy_value(name: str, hp: dict, batch, rows_counted: bool = False):
+    """Loss and d loss / d logp of a registry algorithm (with the batch's ``rollout_logp`` extra, when it has one,
+    for a rollout correction). A variant, not a reference convention: ``rows_counted`` also counts fully masked
+    rows in the mean over sequences."""
     logp = t64(batch.logp, grad=True)
-    full = _hp(name, hp, batch)
-    beta = full.get("beta", get_algorithm(name).defaults["beta"]) if kl_times_ratio else 0.0
-    if kl_times_ratio:
-        full["beta"] = 0.0
+    rollout = batch.extra.get("rollout_logp") if hasattr(batch, "extra") else None
     loss, _ = gpu.policy_loss(name, logp, t64(batch.old_logp), t64(batch.adv), t64(batch.mask),
-                              group_size=batch.group_size, ref_logp=t64(batch.ref_logp), **full)
-    if beta > 0:
-        hp_all = {**get_algorithm(name).defaults, **full}
-        w = agg_weights(t64(batch.mask), hp_all["agg"], batch.group_size, hp_all["max_len"])
-        on = t64(batch.mask) > 0
-        ratio = torch.exp(torch.where(on, logp - t64(batch.old_logp), torch.zeros_like(logp)))
-        loss = loss + beta * (w * gpu.kl(logp, t64(batch.ref_logp), hp_all["kl"]) * ratio).sum()
+                              group_size=batch.group_size, ref_logp=t64(batch.ref_logp),
+                              rollout_logp=None if rollout is None else t64(rollout), **_hp(name, hp, batch))
     if rows_counted:
         loss = loss * float((batch.mask.sum(1) > 0).sum()) / max(len(batch.mask), 1)
     if loss.requires_grad:
@@ -69,7 +61,8 @@ def policy(name: str, **hp) -> Convention:
 def exact_policy(name: str, **hp):
     """The exact (sympy) reference loss of a minimal input."""
     return lambda b: float(spec.policy_loss(name, b.logp, b.old_logp, b.adv, b.mask, group_size=b.group_size,
-                                            ref_logp=b.ref_logp, **_hp(name, hp, b))[0])
+                                            ref_logp=b.ref_logp, rollout_logp=b.extra.get("rollout_logp"),
+                                            **_hp(name, hp, b))[0])
 
 
 def policy_grid(names, base: dict, options: dict, rows_counted: bool = False, exclude=None) -> list:

@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import torch
 
-from ..conform import Batch, Check, Convention, batch_of
+from ..conform import Batch, Check, batch_of
 from . import reference as ref
 from .reference import t64
 
@@ -172,7 +172,7 @@ class Target:
                     "the batch's log-ratios laid on the model's log-probs, and the gradient is taken w.r.t. the "
                     "per-token log-probs the trainer computes. TRL computes log-probs in float32 whatever the model's "
                     "dtype, hence the float32 tolerance. "
-                    "loss_type cispo, luspo and vespo have no reference convention and are not checked.")
+                    "loss_type luspo and vespo have no reference convention and are not checked.")
 
     def _check(self, name, knob, config, ref_hp, grid, names=None, note=""):
         trainer = make_trainer(**config)
@@ -180,11 +180,6 @@ class Target:
         conv = ref.policy(name, **ref_hp)
         cands = ref.policy_grid(names or [name], {"max_len": MAX_COMPLETION, **ref_hp}, grid, rows_counted=True,
                                 exclude=(name, {"max_len": MAX_COMPLETION, **ref_hp}))
-        if config.get("beta", 0.0) > 0 and config.get("use_bias_correction_kl", True):
-            cands.append(Convention(
-                ref.label(name, ref_hp) + " with the k3 term times the token ratio (DeepSeek-V3.2 bias correction) "
-                "and empty rows counted in the mean over sequences",
-                lambda b: ref.policy_value(name, ref_hp, b, rows_counted=True, kl_times_ratio=True), named=False))
         return Check(name, call, knob, trl_run(trainer), conv, cands, trl_batch,
                      exact=ref.exact_policy(name, **ref_hp), note=note, tolerance=self.tolerance)
 
@@ -193,14 +188,26 @@ class Target:
                 "seq_mean_token_sum_norm", "group_seq_sum_token_mean"]
         gspo = {"eps_low": 3e-4, "eps_high": 4e-4}
         tg = {"epsilon": 3e-4, "epsilon_high": 4e-4, "importance_sampling_level": "sequence"}
+        kls = ["k3", "k3_unbiased"]
         return [
             self._check("grpo", "loss_type='grpo', TRL defaults (beta 0, epsilon 0.2)", {"loss_type": "grpo"}, {},
                         {"agg": aggs, "beta": [0.04, 0.0]}),
             self._check("grpo", "loss_type='grpo', beta=0.04 (the paper's)", {"loss_type": "grpo", "beta": 0.04}, {},
-                        {"agg": aggs}, note="TRL's use_bias_correction_kl (default True) multiplies the k3 term by "
-                        "the importance ratio (DeepSeek-V3.2): its gradient differs from k3's even on-policy."),
+                        {"agg": aggs, "kl": kls}, note="TRL's use_bias_correction_kl (default True) multiplies the "
+                        "k3 term by the importance ratio (DeepSeek-V3.2): its gradient differs from k3's even "
+                        "on-policy."),
+            self._check("grpo", "loss_type='grpo', beta=0.04, use_bias_correction_kl=True",
+                        {"loss_type": "grpo", "beta": 0.04, "use_bias_correction_kl": True}, {"kl": "k3_unbiased"},
+                        {"agg": aggs, "kl": kls}),
             self._check("grpo", "loss_type='grpo', beta=0.04, use_bias_correction_kl=False",
                         {"loss_type": "grpo", "beta": 0.04, "use_bias_correction_kl": False}, {}, {"agg": aggs}),
+            self._check("grpo", "loss_type='grpo', delta=1.5 (two-sided clip), beta 0",
+                        {"loss_type": "grpo", "delta": 1.5}, {"delta": 1.5, "beta": 0.0},
+                        {"agg": aggs, "delta": [1.5, None]}),
+            self._check("cispo", "loss_type='cispo', epsilon_high=4.0", {"loss_type": "cispo", "epsilon_high": 4.0},
+                        {}, {"agg": aggs, "cap_mode": ["relative", "absolute"]},
+                        note="CISPO's epsilon_high is an absolute cap in TRL, Liger and Unsloth (the weight is at "
+                        "most epsilon_high) and a relative one (1 + eps) in MiniMax-M1's Eq. 5, verl and SkyRL."),
             self._check("dr_grpo", f"loss_type='dr_grpo', max_completion_length={MAX_COMPLETION}",
                         {"loss_type": "dr_grpo"}, {"max_len": MAX_COMPLETION}, {"agg": aggs}),
             self._check("dapo", "TRL defaults (loss_type 'dapo', epsilon 0.2, epsilon_high unset)", {}, {},

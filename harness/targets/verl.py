@@ -42,13 +42,24 @@ class Target:
                     "d loss / d log_prob by autograd, float64.")
 
     # ---- callers ---------------------------------------------------------------------------------------------
-    def policy_run(self, loss_mode, agg_mode, **cfg):
+    def policy_run(self, loss_mode, agg_mode, rollout_is=None, policy_loss=None, **cfg):
+        """verl's loss ``loss_mode``; ``rollout_is`` (kwargs of compute_rollout_correction_weights) weights it by
+        the rollout correction of old_logp against the batch's rollout_logp; ``policy_loss`` sets
+        PolicyLossConfig fields (Clip-Cov, KL-Cov)."""
+        if policy_loss is not None:
+            from verl.workers.config.actor import PolicyLossConfig
+            cfg["policy_loss"] = PolicyLossConfig(loss_mode=loss_mode, **policy_loss)
         config = actor_config(loss_agg_mode=agg_mode, **cfg)
         fn = self.ca.get_policy_loss_fn(loss_mode)
 
         def run(b):
             logp = t64(b.logp, grad=True)
-            loss, _ = fn(t64(b.old_logp), logp, t64(b.adv), t64(b.mask), agg_mode, config)
+            kw = {}
+            if rollout_is is not None:
+                from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+                kw["rollout_is_weights"], _ = compute_rollout_correction_weights(
+                    t64(b.old_logp - b.extra["rollout_logp"]), t64(b.mask), **rollout_is)
+            loss, _ = fn(t64(b.old_logp), logp, t64(b.adv), t64(b.mask), agg_mode, config, **kw)
             loss.backward()
             grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
             return float(loss.detach()), grad.numpy(), b
@@ -96,13 +107,53 @@ class Target:
 
     # ---- checks ----------------------------------------------------------------------------------------------
     def checks(self) -> list[Check]:
-        return self.policy_checks() + self.agg_checks() + self.kl_checks() + self.advantage_checks()
+        return (self.policy_checks() + self.beyond_seed_checks() + self.agg_checks() + self.kl_checks()
+                + self.advantage_checks())
 
-    def _policy(self, name, call, knob, run, ref_hp, grid, seq_adv=None, names=None, note=""):
+    def beyond_seed_checks(self) -> list[Check]:
+        """CISPO, GPG, GMPO (geo_mean), Clip-Cov, KL-Cov and the rollout corrections (TIS, IcePop)."""
+        agg = {"agg": ALL_AGG}
+        no_dual = {"clip_ratio_c": 1e9}
+        out = [
+            self._policy("cispo", "cispo", "clip_ratio_low 1.0, clip_ratio_high 4.0, token-mean",
+                         self.policy_run("cispo", "token-mean", clip_ratio_low=1.0, clip_ratio_high=4.0), {},
+                         {**agg, "cap_mode": ["relative", "absolute"]}),
+            self._policy("gpg", "gpg", "token-mean", self.policy_run("gpg", "token-mean"), {}, agg),
+            self._policy("gmpo", "geo_mean", "clip_ratio 0.4 (log space), loss_agg_mode ignored",
+                         self.policy_run("geo_mean", "token-mean", clip_ratio_low=0.4, clip_ratio_high=0.4), {}, agg,
+                         seq_adv=True, rows_counted=True,
+                         note="verl's geo_mean takes torch.mean over every row, fully masked ones included."),
+            self._policy("clip_cov", "clip_cov", "clip_cov_ratio=1.0 (every candidate chosen: verl draws them "
+                         "with torch.randperm), window (1, 5)",
+                         self.policy_run("clip_cov", "token-mean", policy_loss={"clip_cov_ratio": 1.0}),
+                         {"clip_cov_ratio": 1.0}, agg,
+                         note="verl multiplies the chosen tokens' loss by 0 (value and gradient); Cui et al. "
+                         "detach them (the value stays, the gradient goes)."),
+            self._policy("kl_cov", "kl_cov", "kl_cov_ratio=0.2, ppo_kl_coef=1.0",
+                         self.policy_run("kl_cov", "token-mean", policy_loss={"kl_cov_ratio": 0.2,
+                                                                              "ppo_kl_coef": 1.0}),
+                         {"kl_cov_ratio": 0.2, "kl_cov_coef": 1.0}, agg),
+        ]
+        for label, rollout_is, hp in (
+                ("rollout_is='token', threshold 2.0 (TIS)", {"rollout_is": "token", "rollout_is_threshold": 2.0},
+                 {"rollout_correction": "tis", "tis_cap": 2.0}),
+                ("rollout_is='token', threshold '0.5_5.0' (IcePop)",
+                 {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}, {"rollout_correction": "mis"}),
+                ("rollout_is='sequence', threshold '0.5_5.0' (sequence IcePop)",
+                 {"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0"}, {"rollout_correction": "seq_mis"})):
+            out.append(self._policy("grpo", "vanilla", f"{label}, clip_ratio_c=1e9, token-mean",
+                                    self.policy_run("vanilla", "token-mean", rollout_is, **no_dual),
+                                    {"beta": 0.0, "agg": "token_mean", **hp},
+                                    {"agg": ALL_AGG, "rollout_correction": [None, "tis", "mis", "seq_mis"]},
+                                    cases=rollout_batch))
+        return out
+
+    def _policy(self, name, call, knob, run, ref_hp, grid, seq_adv=None, names=None, note="", cases=None,
+                rows_counted=False):
         conv = ref.policy(name, **ref_hp)
-        cands = ref.policy_grid(names or [name], ref_hp, grid, exclude=(name, ref_hp))
+        cands = ref.policy_grid(names or [name], ref_hp, grid, rows_counted=rows_counted, exclude=(name, ref_hp))
         return Check(name, f"get_policy_loss_fn({call!r})", knob, run, conv, cands,
-                     lambda s, f: batch_of(s, f, seq_adv=seq_adv),
+                     cases or (lambda s, f: batch_of(s, f, seq_adv=seq_adv)),
                      exact=ref.exact_policy(name, **ref_hp), note=note)
 
     def policy_checks(self) -> list[Check]:
@@ -185,6 +236,15 @@ class Target:
                              note="The reference clips the value at d = 0.2; verl's critic default is 0.5.",
                              reads="logp as values, old_logp as old values, ref_logp as returns, mask"))
         return out
+
+
+def rollout_batch(seed, family):
+    """A generated batch plus the engine's log-probs: old_logp moved by N(0, 0.5) nats per token (N(0, 2) in the
+    extreme family)."""
+    b = batch_of(seed, family)
+    rng = np.random.default_rng(20_000 + seed)
+    b.extra["rollout_logp"] = b.old_logp + rng.normal(0.0, 2.0 if family == "extreme" else 0.5, b.mask.shape)
+    return b
 
 
 def kl_batch(seed, family):
