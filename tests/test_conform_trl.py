@@ -7,7 +7,8 @@ pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
 import spec  # noqa: E402
-from harness.conform import Batch, run_check  # noqa: E402
+from harness.conform import run_check  # noqa: E402
+from harness.conform_cases import Batch  # noqa: E402
 from harness.targets.trl import Target, make_trainer, trl_run  # noqa: E402
 
 TRAINERS = {}

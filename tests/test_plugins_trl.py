@@ -8,7 +8,7 @@ pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
 import spec  # noqa: E402
-from harness.conform import Batch  # noqa: E402
+from harness.conform_cases import Batch  # noqa: E402
 from harness.targets.trl import make_trainer, trl_run  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import torch
 from spec.contract import resolve_hparams
 from spec.registry import AGG_MODES, HPARAMS, POLICY_ALGORITHMS
 
-from ..conform import Check, batch_of
+from ..conform_cases import Check, batch_of
 from . import reference as ref
 from .reference import t64
 

@@ -6,7 +6,7 @@ import torch
 
 from spec.registry import AGG_MODES
 
-from ..conform import Check, batch_of
+from ..conform_cases import Check, batch_of
 from . import reference as ref
 from .reference import t64
 

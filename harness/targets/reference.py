@@ -12,7 +12,7 @@ import spec
 from gpu.aggregation import agg_weights
 from spec.registry import AGG_MODES, PARTS, get_algorithm
 
-from ..conform import Convention
+from ..conform_cases import Convention
 
 
 SEQ_MEANS = ("seq_mean_token_mean", "seq_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")

@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import torch
 
-from ..conform import Batch, Check, batch_of
+from ..conform_cases import Batch, Check, batch_of
 from . import reference as ref
 from .reference import t64
 
