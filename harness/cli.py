@@ -33,10 +33,9 @@ def _verify_rows(seeds: int, quiet: bool):
 
 def verify_markdown(rows, derivations) -> str:
     """The verify table and the derivations as markdown."""
-    lines = ["| algorithm | layer pair | cases | max loss diff | max grad diff | tolerance | verdict |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['algorithm']} | {r['pair']} | {r['cases']} | {r['loss_diff']:.2e} | {r['grad_diff']:.2e} | "
-              f"{r['tolerance']:.0e} | {'agrees' if r['agrees'] else 'DIFFERS'} |" for r in rows]
+    from harness.verify import COLUMNS, cells
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
     lines += ["", "| derivation (sympy) | holds | what it checks |", "|---|---|---|"]
     lines += [f"| {d['derivation']} | {'yes' if d['holds'] else 'NO'} | {d['source']} |" for d in derivations]
     return "\n".join(lines) + "\n"
@@ -57,13 +56,12 @@ def verify(json_out: bool = typer.Option(False, "--json", help="Print the result
     if json_out:
         print(json.dumps({"ok": ok, "rows": rows, "derivations": derivations}, indent=1))
     else:
+        from harness.verify import COLUMNS, cells
         table = Table(title="cliplab verify: layer agreement")
-        for col in ("algorithm", "layer pair", "cases", "max loss diff", "max grad diff", "tolerance", "verdict"):
+        for col in COLUMNS:
             table.add_column(col)
         for r in rows:
-            table.add_row(r["algorithm"], r["pair"], str(r["cases"]), f"{r['loss_diff']:.2e}",
-                          f"{r['grad_diff']:.2e}", f"{r['tolerance']:.0e}",
-                          "[green]agrees[/]" if r["agrees"] else "[red]DIFFERS[/]")
+            table.add_row(*cells(r)[:-1], "[green]agrees[/]" if r["agrees"] else "[red]DIFFERS[/]")
         console.print(table)
         for d in derivations:
             console.print(f"{'[green]holds[/]' if d['holds'] else '[red]FAILS[/]'}  {d['derivation']}")
