@@ -21,6 +21,12 @@ class Case:
     def max_len(self) -> int:
         return self.mask.shape[1]
 
+    @property
+    def rollout_logp(self) -> np.ndarray:
+        """The sampling engine's log-probs, for rollout corrections: old_logp moved by twice the case's random
+        reference offset (ref_logp - logp, N(0, 0.3)), so exp(old - rollout) spreads over about [0.3, 3]."""
+        return self.old_logp + 2.0 * (self.ref_logp - self.logp)
+
 
 def make_case(seed: int, prompts: int | None = None, group_size: int | None = None, length: int | None = None,
               extreme: bool | None = None, small_q: bool | None = None, seq_adv: bool | None = None) -> Case:

@@ -83,6 +83,8 @@ def _round32(x):
 def layer_policy_loss(layer: str, name: str, case: Case, **hp) -> tuple[float, np.ndarray]:
     """Loss and gradient d loss / d logp of a policy loss in one layer (spec, sim, gpu64 or gpu32), as float64."""
     kw = {"group_size": case.group_size, "ref_logp": case.ref_logp, **hp}
+    if hp.get("rollout_correction"):
+        kw["rollout_logp"] = case.rollout_logp
     if layer == "spec":
         loss, grad = spec.policy_loss(name, case.logp, case.old_logp, case.adv, case.mask, **kw)
         return float(loss), _np(grad)
@@ -91,8 +93,8 @@ def layer_policy_loss(layer: str, name: str, case: Case, **hp) -> tuple[float, n
         return loss, grad
     t = lambda x: _torch(x, DTYPES[layer])  # noqa: E731
     logp = t(case.logp).requires_grad_(True)
-    loss, _ = gpu.policy_loss(name, logp, t(case.old_logp), t(case.adv), t(case.mask), **{**kw, "ref_logp":
-                                                                                           t(case.ref_logp)})
+    kw = {k: t(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+    loss, _ = gpu.policy_loss(name, logp, t(case.old_logp), t(case.adv), t(case.mask), **kw)
     loss.backward()
     return float(loss.detach()), _np(logp.grad)
 
@@ -125,14 +127,16 @@ def _pairs(fn, inputs: dict, exact: bool = True) -> dict:
 @dataclass(frozen=True)
 class Option:
     """A hyper-parameter setting the policy losses are checked under; ``clips`` limits it to algorithms whose
-    registry clip kind is listed (None: every policy algorithm)."""
+    registry clip kind is listed, ``names`` to the algorithms named (None: every policy algorithm)."""
 
     label: str
     hp: Mapping[str, object] = field(default_factory=dict)
     clips: tuple | None = None
+    names: tuple | None = None
 
     def applies(self, name: str) -> bool:
-        return self.clips is None or get_algorithm(name).clip in self.clips
+        return ((self.clips is None or get_algorithm(name).clip in self.clips)
+                and (self.names is None or name in self.names))
 
 
 #: The option matrix, one line per option (the generated batches add dual-clip-capped, extreme and masked tokens).
@@ -144,6 +148,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("eps_low=0.1 eps_high=0.3", {"eps_low": 0.1, "eps_high": 0.3}, clips=("fixed", "dynamic")),
     Option("r_max=3", {"r_max": 3.0}, clips=("dynamic",)),
     Option("tau_pos=0.5 tau_neg=2", {"tau_pos": 0.5, "tau_neg": 2.0}, clips=("soft",)),
+    Option("delta=1.5", {"delta": 1.5}, clips=("fixed",)),
+    Option("eps_low=0.2 eps_high=0.1 (log space)", {"eps_low": 0.2, "eps_high": 0.1}, clips=("log",)),
+    Option("cap_mode=absolute eps_high=2", {"cap_mode": "absolute", "eps_high": 2.0}, clips=("truncated",)),
+    Option("eps_low=0.2 eps_high=0.2", {"eps_low": 0.2, "eps_high": 0.2}, clips=("truncated",)),
+    Option("clip_cov_ratio=0.3 window (-3, 3)", {"clip_cov_ratio": 0.3, "clip_cov_lb": -3.0, "clip_cov_ub": 3.0},
+           names=("clip_cov",)),
+    Option("kl_cov_ratio=0.3 kl_cov_coef=2", {"kl_cov_ratio": 0.3, "kl_cov_coef": 2.0}, names=("kl_cov",)),
+    Option("rollout tis C=1.5", {"rollout_correction": "tis", "tis_cap": 1.5}),
+    Option("rollout mis [0.7, 1.5]", {"rollout_correction": "mis", "mis_low": 0.7, "mis_high": 1.5}),
+    Option("rollout seq_mis [0.3, 3]", {"rollout_correction": "seq_mis", "mis_low": 0.3, "mis_high": 3.0}),
 )
 
 
@@ -214,9 +228,19 @@ def _value_loss(layer, values, old_values, returns, mask):
     return (float(loss),), (grad,)
 
 
-def _kl(layer, logp, ref_logp):
+def _kl(layer, logp, ref_logp, old_logp):
     """Per-token values; the penalty's gradient is measured in the policy rows with beta > 0."""
-    return tuple(_module(layer).kl(_arg(layer, logp), _arg(layer, ref_logp), kind) for kind in KL_KINDS), None
+    return tuple(_module(layer).kl(_arg(layer, logp), _arg(layer, ref_logp), kind, old_logp=_arg(layer, old_logp))
+                 for kind in KL_KINDS), None
+
+
+def _reinforce_pp(layer, rewards, mask, logp, ref_logp, group_size):
+    """REINFORCE++ with k1 in the reward (beta 0.1, gamma 0.9), and its baseline variant."""
+    m = _module(layer)
+    a = lambda x: _arg(layer, x)  # noqa: E731
+    return (m.reinforce_pp_advantages(a(rewards), a(mask), logp=a(logp), ref_logp=a(ref_logp), beta=0.1,
+                                      gamma=0.9),
+            m.reinforce_pp_advantages(a(rewards), a(mask), group_size=group_size, baseline=True)), None
 
 
 def _dcpo_bounds(layer, q):
@@ -234,7 +258,8 @@ def _dynamic_sampling(layer, correct, group_size):
 
 
 def parts_case(seed: int) -> dict:
-    """Advantages (GRPO, Dr.GRPO, SAS over four visits), GAE (gamma 0.9, lam 0.8), the value loss and its
+    """Advantages (GRPO, Dr.GRPO, RLOO, GPG, REINFORCE++ and its baseline, SAS over four visits), GAE (gamma 0.9,
+    lam 0.8), the value loss and its
     gradient, the KL estimators, DCPO's bounds (default and other eps and r_max), DAPO's overlong shaping and
     dynamic-sampling filter, in every layer: {part: {pair: (value_excess, grad_excess or None)}}."""
     case = make_case(seed)
@@ -245,11 +270,20 @@ def parts_case(seed: int) -> dict:
     correct[:g] = 1.0  # one all-correct group
     inputs = {"grpo_advantage": (_advantage("grpo"), {"rewards": rewards, "group_size": g}),
               "dr_grpo_advantage": (_advantage("dr_grpo"), {"rewards": rewards, "group_size": g}),
+              "rloo_advantage": (_advantage("rloo"), {"rewards": rewards, "group_size": g}),
+              "gpg_advantage": (_advantage("gpg"), {"rewards": rewards, "group_size": g}),
+              "reinforce_pp": (_reinforce_pp, {"rewards": rng.normal(size=len(case.mask)), "mask": case.mask,
+                                               "logp": case.old_logp, "ref_logp": case.ref_logp,
+                                               "group_size": case.group_size}),
               "sas": (_sas, {"rewards": rewards, "group_size": g}),
               "gae": (_gae, {"rewards": case.adv, "values": case.ref_logp, "mask": case.mask}),
               "value_loss": (_value_loss, {"values": case.logp, "old_values": case.old_logp,
                                            "returns": case.ref_logp, "mask": case.mask}),
-              "kl": (_kl, {"logp": case.logp, "ref_logp": case.ref_logp}),
+              # k3_unbiased's weight r = exp(logp - old_logp) at the extreme cases' log-ratios of 20 would multiply
+              # k3's float32 rounding near 0 by e^20: the KL part takes log-ratios within +-2 (the policy rows keep
+              # the extreme ones, where the penalty's gradient is measured)
+              "kl": (_kl, {"logp": case.logp, "ref_logp": case.ref_logp,
+                           "old_logp": case.logp - np.clip(case.logp - case.old_logp, -2.0, 2.0)}),
               "dcpo_bounds": (_dcpo_bounds, {"q": np.exp(case.old_logp).ravel()}),
               "overlong": (_overlong, {"lengths": rng.integers(15000, 22000, 8).astype(float),
                                        "short": np.arange(0.0, 24.0)}),

@@ -25,13 +25,15 @@ def resolve_hparams(name: str, hp: dict) -> dict:
         _finite_number(key, out[key])
         if out[key] < 0:
             raise ValueError(f"{key}: expected a number >= 0, got {out[key]!r}")
-    if out["eps_low"] >= 1 and alg.clip == "fixed" and alg.ratio != "geometric":
+    if out["eps_low"] >= 1 and alg.clip == "fixed":
         raise ValueError(f"eps_low: expected a number in [0, 1), got {out['eps_low']!r}")
     for key in ("tau_pos", "tau_neg", "r_max"):
         _positive(key, out[key])
     if out["dual_clip"] is None and alg.clip == "dynamic":  # DCPO: the dual clip follows r_max
         out["dual_clip"] = out["r_max"]
     if out["dual_clip"] is not None:
+        if alg.clip not in ("fixed", "dynamic"):
+            raise ValueError(f"dual_clip: the dual clip applies to PPO-clip losses, not {name}")
         _positive("dual_clip", out["dual_clip"])
         if out["dual_clip"] <= 1:
             raise ValueError(f"dual_clip: expected a constant > 1, got {out['dual_clip']!r}")
@@ -50,7 +52,7 @@ def _check_beyond_seeds(name, alg, hp) -> None:
         if hp["cap_mode"] == "absolute" and hp["eps_high"] < 1:
             raise ValueError(f"eps_high: CISPO's absolute cap must be >= 1, got {hp['eps_high']!r}")
     if hp["delta"] is not None:
-        if alg.clip != "fixed" or alg.ratio == "geometric":
+        if alg.clip != "fixed":
             raise ValueError(f"delta: the two-sided clip applies to fixed-clip losses, not {name}")
         _positive("delta", hp["delta"])
         if hp["delta"] <= 1 + hp["eps_high"]:

@@ -55,8 +55,8 @@ class Algorithm:
 
     name: str
     ratio: str  # "token", "sequence" (GSPO), "sequence_token" (GSPO-token), "geometric" (GMPO) or "none" (GPG)
-    # "fixed", "dynamic" (DCPO), "soft" (SAPO), "truncated" (CISPO: the weight, not the gradient), "off" (GPG),
-    # "none" (DPO: not a policy loss)
+    # "fixed", "dynamic" (DCPO), "log" (GMPO: fixed, on log r), "soft" (SAPO), "truncated" (CISPO: the weight, not
+    # the gradient), "off" (GPG, KL-Cov), "none" (DPO: not a policy loss)
     clip: str
     defaults: Mapping[str, object] = field(default_factory=dict)
     source: str = ""
@@ -91,15 +91,20 @@ ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (
          advantage="sas", agg="group_seq_sum_token_mean", eps_low=0.16, eps_high=0.2, r_max=10.0),
     _alg("sapo", "token", "soft", "SAPO 2511.20347, Eq. 5-6 (soft gate, tau_pos 1.0, tau_neg 1.05)",
          agg="seq_mean_token_mean"),
-    _alg("cispo", "token", "truncated", "MiniMax-M1 2506.13585, Eq. 4-5 (weight cap 1 + 4 as ScaleRL 2510.13786)",
+    _alg("cispo", "token", "truncated",
+         "MiniMax-M1 2506.13585, Eq. 4-5 (weight cap 1 + 4 as ScaleRL 2510.13786)",
          agg="token_mean", eps_low=1.0, eps_high=4.0),
-    _alg("gmpo", "geometric", "fixed", "GMPO 2507.20673, Sec. 3 (geometric mean of token ratios clipped in log space; eps 0.4, Sec. 4)",
+    _alg("gmpo", "geometric", "log",
+         "GMPO 2507.20673, Sec. 3 (geometric mean of token ratios clipped in log space; eps 0.4, Sec. 4)",
          agg="seq_mean", eps_low=0.4, eps_high=0.4),
-    _alg("gpg", "none", "off", "GPG 2504.02546, Sec. 2 (plain policy gradient, no ratio, no clip; AGE-scaled advantage)",
+    _alg("gpg", "none", "off",
+         "GPG 2504.02546, Sec. 2 (plain policy gradient, no ratio, no clip; AGE-scaled advantage)",
          advantage="gpg", agg="token_mean"),
-    _alg("clip_cov", "token", "fixed", "Cui et al. 2505.22617, Sec. 5 (Clip-Cov: detach ratio*N high-Cov tokens)",
+    _alg("clip_cov", "token", "fixed",
+         "Cui et al. 2505.22617, Sec. 5 (Clip-Cov: detach ratio*N high-Cov tokens)",
          select="clip_cov", agg="token_mean"),
-    _alg("kl_cov", "token", "off", "Cui et al. 2505.22617, Sec. 5 (KL-Cov: |log r| penalty on the top-k Cov tokens)",
+    _alg("kl_cov", "token", "off",
+         "Cui et al. 2505.22617, Sec. 5 (KL-Cov: |log r| penalty on the top-k Cov tokens)",
          select="kl_cov", agg="token_mean"),
     Algorithm("dpo", "sequence", "none", MappingProxyType({"beta": 0.1}),
               "DPO, Rafailov et al. 2305.18290, Eq. 7", advantage="none"),

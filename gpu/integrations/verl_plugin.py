@@ -45,9 +45,14 @@ def hyperparameters(name: str, agg: str | None, config, width: int) -> dict:
     """cliplab hyper-parameters of ``name`` from a verl ActorConfig."""
     alg = get_algorithm(name)
     hp = {"agg": agg or alg.defaults["agg"], "beta": 0.0}  # verl adds its KL loss itself (use_kl_loss)
-    if alg.clip in ("fixed", "dynamic"):
+    if alg.clip in ("fixed", "dynamic", "log", "truncated"):
         hp["eps_low"] = float(config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio)
         hp["eps_high"] = float(config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio)
+    if alg.select is not None:  # Clip-Cov and KL-Cov read verl's policy_loss section
+        pl = config.policy_loss
+        hp.update({"clip_cov_ratio": float(pl.clip_cov_ratio), "clip_cov_lb": float(pl.clip_cov_lb),
+                   "clip_cov_ub": float(pl.clip_cov_ub)} if alg.select == "clip_cov" else
+                  {"kl_cov_ratio": float(pl.kl_cov_ratio), "kl_cov_coef": float(pl.ppo_kl_coef)})
     if alg.clip == "soft":
         hp["tau_pos"], hp["tau_neg"] = float(config.tau_pos), float(config.tau_neg)
     if hp["agg"] == "seq_mean_token_sum_norm":
