@@ -9,61 +9,87 @@ r, q, eps, tau, d, x = sp.symbols("r q epsilon tau d x", positive=True)
 
 
 def dcpo_upper_bound_solves_inequality() -> bool:
-    """DCPO Eq. 21-24: the root of (r - 1) r q = eps above 1 is the closed-form upper bound."""
+    """DCPO Eq. 21-24: the root above 1 of (r - 1) r q = eps is the implementation's upper bound
+    (objectives.dcpo_upper, uncapped), and the cap r_max = c binds exactly from q = eps / (c (c - 1)) down."""
     roots = sp.solve(sp.Eq((r - 1) * r * q, eps), r)
     above = [root for root in roots if (root - 1).subs({q: 1, eps: sp.Rational(1, 10)}) > 0]
-    closed = ob.HALF + ob.HALF * sp.sqrt(1 + 4 * eps / q)
-    return len(above) == 1 and sp.simplify(above[0] - closed) == 0
+    c = 1 + sp.Symbol("u", positive=True)  # any cap above 1
+    at_cap = _factor_roots(ob.dcpo_upper(eps / (c * (c - 1)), eps, sp.oo))  # sqrt((2c - 1)^2) = 2c - 1
+    return (len(above) == 1 and sp.simplify(above[0] - ob.dcpo_upper(q, eps, sp.oo)) == 0
+            and sp.simplify(at_cap - c) == 0)
+
+
+def _factor_roots(expr):
+    """Square roots with their radicands factored, so that sqrt(x^2) becomes x for a positive x."""
+    return expr.replace(lambda e: isinstance(e, sp.Pow) and e.exp == ob.HALF, lambda e: sp.sqrt(sp.factor(e.base)))
+
+
+def _eps_low_below(quarter_q_share):
+    """eps_low written against q: eps_low = q (1 - s) / 4, so that 1 - 4 eps_low / q = s."""
+    return q * (1 - quarter_q_share) / 4
 
 
 def dcpo_lower_bound_solves_inequality() -> bool:
-    """DCPO Eq. 25-27: of the roots of (1 - r) r q = eps, the one that tends to 1 as eps -> 0 is the lower bound."""
+    """DCPO Eq. 25-27: where 4 eps <= q, the root of (1 - r) r q = eps that tends to 1 as eps -> 0 is the
+    implementation's lower bound (objectives.dcpo_lower); where 4 eps > q, (1 - r) r q peaks at q/4 < eps on
+    [1/2, 1], so no ratio there breaks the constraint, and the bound is 1/2."""
     e = sp.Symbol("e", real=True)
+    t = sp.Symbol("t", positive=True)
     roots = sp.solve(sp.Eq((1 - r) * r * q, e), r)
     near_one = [root for root in roots if sp.limit(root, e, 0, "+") == 1]
-    closed = ob.HALF + ob.HALF * sp.sqrt(1 - 4 * e / q)
-    return len(near_one) == 1 and sp.simplify(near_one[0] - closed) == 0
+    inside = _eps_low_below(t**2)  # 4 eps <= q
+    outside = _eps_low_below(-t**2)  # 4 eps > q
+    rr = sp.Symbol("r", real=True)
+    peak = sp.maximum((1 - rr) * rr * q, rr, sp.Interval(ob.HALF, 1))
+    return (len(near_one) == 1 and sp.simplify(near_one[0].subs(e, inside) - ob.dcpo_lower(q, inside)) == 0
+            and ob.dcpo_lower(q, outside) == ob.HALF and sp.simplify(peak - q / 4) == 0)
 
 
 def dcpo_bound_touches_grpo() -> bool:
-    """DCPO Eq. 28: with eps_high = eps and eps_low = eps - eps^2 the bound meets GRPO's at (1/(1+eps), 1+eps)
-    and (1, 1-eps), for 0 < eps < 1/2 (written eps = (1 - t)/2 with 0 < t < 1)."""
-    upper = ob.dcpo_upper(1 / (1 + eps), eps, sp.oo)
-    upper = upper.replace(lambda e: isinstance(e, sp.Pow) and e.exp == ob.HALF,
-                          lambda e: sp.sqrt(sp.factor(e.base)))  # sqrt((1 + 2 eps)^2) = 1 + 2 eps
+    """DCPO Eq. 28: with eps_high = eps and eps_low = eps - eps^2 the implementation's bounds meet GRPO's at
+    (1/(1+eps), 1+eps) and (1, 1-eps), for 0 < eps < 1/2 (written eps = (1 - t)/2 with 0 < t < 1)."""
+    upper = _factor_roots(ob.dcpo_upper(1 / (1 + eps), eps, sp.oo))  # sqrt((1 + 2 eps)^2) = 1 + 2 eps
     t = sp.Symbol("t", positive=True)
     e = (1 - t) / 2
-    inside = 1 - 4 * (e - e**2)  # = t^2 >= 0, so max(inside, 0) = inside
-    lower = ob.HALF + ob.HALF * sp.sqrt(inside)
-    return (sp.simplify(upper - (1 + eps)) == 0 and sp.factor(inside) == t**2
-            and sp.simplify(lower - (1 - e)) == 0)
+    lower = ob.dcpo_lower(1, sp.factor(e - e**2))  # 1 - 4 (e - e^2) = t^2 >= 0
+    return sp.simplify(upper - (1 + eps)) == 0 and sp.simplify(lower - (1 - e)) == 0
 
 
 def dcpo_bound_satisfies_constraint_with_equality() -> bool:
-    """Both closed-form bounds sit exactly on the boundary abs((r - 1) r q) = eps of DCPO's constraint."""
-    hi = ob.HALF + ob.HALF * sp.sqrt(1 + 4 * eps / q)
-    lo = ob.HALF + ob.HALF * sp.sqrt(1 - 4 * eps / q)
-    return sp.expand((hi - 1) * hi * q - eps) == 0 and sp.expand((1 - lo) * lo * q - eps) == 0
+    """The implementation's bounds (objectives.dcpo_upper uncapped, objectives.dcpo_lower where 4 eps <= q) sit
+    exactly on the boundary abs((r - 1) r q) = eps of DCPO's constraint."""
+    t = sp.Symbol("t", positive=True)
+    hi = ob.dcpo_upper(q, eps, sp.oo)
+    eps_low = _eps_low_below(t**2)
+    lo = ob.dcpo_lower(q, eps_low)
+    return sp.expand((hi - 1) * hi * q - eps) == 0 and sp.expand((1 - lo) * lo * q - eps_low) == 0
 
 
 def gspo_token_equals_gspo(length: int = 3) -> bool:
-    """GSPO Eq. 13-14 vs Eq. 5-7: with a constant advantage the GSPO-token objective has GSPO's value and,
-    in both the unclipped and the clipped region, GSPO's gradient in every token's log-prob."""
-    lp = sp.symbols(f"lp0:{length}", real=True)
-    sg = sp.symbols(f"sg0:{length}", real=True)
-    old = sp.symbols(f"old0:{length}", real=True)
-    a, lo, hi = sp.symbols("A lo hi", real=True)
-    seq_ratio = sp.exp(sum(l - o for l, o in zip(lp, old)) / length)
-    frozen_ratio = seq_ratio.xreplace(dict(zip(lp, sg)))
-    token_ratios = [frozen_ratio * sp.exp(l - s) for l, s in zip(lp, sg)]
-    at_sg = dict(zip(sg, lp))
-    ok = sp.simplify(sum(token_ratios).xreplace(at_sg) / length - seq_ratio) == 0
-    # unclipped region: the surrogate is r*A for both; clipped region: a constant, gradient 0 for both
-    gspo_obj = seq_ratio * a
-    token_obj = sum(tr * a for tr in token_ratios) / length
-    for l in lp:
-        ok &= sp.simplify(sp.diff(token_obj, l).xreplace(at_sg) - sp.diff(gspo_obj, l)) == 0
-        ok &= sp.diff(hi * a, l) == 0 and sp.diff(lo * a, l) == 0
+    """GSPO Eq. 13-14 vs Eq. 5-7: with a constant advantage the implementation's GSPO-token loss
+    (objectives.policy_objective, registry defaults) has GSPO's value and gradient in every token's log-prob, for
+    A > 0 and A < 0, inside the clip range, above and below it (the branch active at a point of each)."""
+    from .contract import resolve_hparams
+    from .exact import _exact_hp
+    from .registry import get_algorithm
+    lp, sg, old = ([list(sp.symbols(f"{k}0:{length}", real=True))] for k in ("lp", "sg", "old"))
+    a = sp.Symbol("A", real=True)
+    at_sg = dict(zip(sg[0], lp[0]))
+    step = sp.Rational(3, 100)
+    ok = True
+    for region, log_ratios in (("inside", [step / 300, -step / 300, 0]), ("above", [step, 0, 0]),
+                               ("below", [-step, 0, 0])):
+        for sign in (1, -1):
+            point = {a: sign, **{o: -1 for o in old[0]}}
+            point.update({x: -1 + d for x, d in zip(lp[0] + sg[0], log_ratios * 2)})
+            loss = {name: ob.policy_objective(get_algorithm(name), _exact_hp(resolve_hparams(name, {})), lp, sg, old,
+                                              [[a] * length], [[1] * length], None, None, ob.AtPoint(point))
+                    for name in ("gspo", "gspo_token")}
+            ok &= sp.simplify(loss["gspo_token"].xreplace(at_sg) - loss["gspo"]) == 0
+            for x in lp[0]:
+                seq_grad = sp.diff(loss["gspo"], x)
+                ok &= sp.simplify(sp.diff(loss["gspo_token"], x).xreplace(at_sg) - seq_grad) == 0
+                ok &= (seq_grad == 0) == ((region, sign) in (("above", 1), ("below", -1)))  # clipped: 0
     return bool(ok)
 
 
@@ -131,12 +157,21 @@ def gae_recursion_equals_sum(length: int = 4) -> bool:
 
 
 def sas_first_visit_is_grpo(group_size: int = 4) -> bool:
-    """DCPO SAS at a prompt's first visit equals GRPO's standardisation (population std, no eps)."""
+    """DCPO SAS at a prompt's first visit equals GRPO's standardisation with the population std and no eps; with
+    this project's GRPO default std (unbiased) it is sqrt(G/(G-1)) times GRPO's (at eps 0; the default eps 1e-6
+    adds a factor 1 + eps/std)."""
     from .exact import SmoothAdvantage, group_advantages
     rew = [sp.Symbol(f"R{k}", real=True) for k in range(group_size)]
     sas = SmoothAdvantage()(["p"], rew, group_size)
-    grpo = group_advantages(rew, group_size, eps=0, unbiased=False)
-    return all(sp.simplify(a - b) == 0 for a, b in zip(sas, grpo))
+    population = group_advantages(rew, group_size, eps=0, unbiased=False)
+    default_std = group_advantages(rew, group_size, eps=0)
+    factor = sp.sqrt(sp.Rational(group_size, group_size - 1))
+    ok = all(sp.simplify(a - b) == 0 for a, b in zip(sas, population))
+    for a, c in zip(sas, default_std):  # branch by branch: both are 0 where the std is 0, else their ratio is fixed
+        (a_zero, _), (a_else, _) = a.args
+        (c_zero, _), (c_else, _) = c.args
+        ok &= a_zero == c_zero == 0 and sp.simplify(a_else - factor * c_else) == 0
+    return ok
 
 
 CHECKS = {

@@ -1,10 +1,11 @@
-"""`cliplab verify` agrees on every algorithm and says so as a table and as JSON."""
+"""`cliplab verify` agrees on every algorithm and option and says so as a table and as JSON."""
 import json
 
 from typer.testing import CliRunner
 
 from harness.cli import app
-from spec.registry import ALGORITHMS
+from harness.verify import OPTIONS, PAIRS
+from spec.registry import ALGORITHMS, PARTS
 
 
 def test_verify_json_names_every_algorithm_and_agrees(tmp_path):
@@ -12,11 +13,21 @@ def test_verify_json_names_every_algorithm_and_agrees(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
     assert data["ok"] is True
-    assert set(ALGORITHMS) <= {row["algorithm"] for row in data["rows"]}
     assert all(row["agrees"] for row in data["rows"]) and all(d["holds"] for d in data["derivations"])
     pairs = {(row["algorithm"], row["pair"]) for row in data["rows"]}
-    assert all((name, pair) in pairs for name in ALGORITHMS for pair in ("spec~sim", "sim~gpu64", "sim~gpu32"))
-    assert "| dcpo | spec~sim |" in (tmp_path / "v.md").read_text()
+    parts = {"grpo_advantage", "dr_grpo_advantage", "sas", "gae", "value_loss", "kl", "dcpo_bounds", "overlong",
+             "dynamic_sampling"}
+    assert set(PARTS) <= parts  # every part of the registry has its rows
+    assert all((name, pair) in pairs for name in set(ALGORITHMS) | parts for pair in PAIRS)
+    rows = {(row["algorithm"], row["pair"]): row for row in data["rows"]}
+    for pair in PAIRS:  # gradients measured where the layers give one, n/a (null) where they do not
+        assert rows[("value_loss", pair)]["grad_err"] is not None and rows[("dpo", pair)]["grad_err"] is not None
+        assert rows[("gae", pair)]["grad_err"] is None
+    for name, alg in ALGORITHMS.items():  # one case per applicable option in the exact pair (seed 0)
+        if alg.clip != "none":
+            assert rows[(name, "spec~sim")]["cases"] == sum(opt.applies(name) for opt in OPTIONS)
+    text = (tmp_path / "v.md").read_text()
+    assert "| dcpo | spec~sim |" in text and "| gae | sim~gpu32 |" in text and "| n/a |" in text
 
 
 def test_help_explains():

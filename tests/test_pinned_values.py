@@ -86,7 +86,6 @@ def test_dcpo_dual_clip_caps_negative_advantages(layer):
         np.testing.assert_allclose(grad, [[0.0]], atol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="dual clip follows r_max: lead's fix pending")
 @pytest.mark.parametrize("layer", LAYERS)
 def test_dcpo_dual_clip_follows_r_max(layer):
     # The reference: c follows r_max unless dual_clip is given. Same token as above (PPO loss 12, hi 2.56 < 5),
