@@ -72,8 +72,10 @@ def writable_folder(path, name: str) -> Path:
     """Create the folder ``path`` (the setting ``name``) if needed and check that it can be written; a ValueError
     naming ``name`` otherwise (a file in the way, no permission)."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{name}: {path} is a file; expected a folder")
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = "" if blocker == path else f" (on the way to {path})"
+        raise ValueError(f"{name}: {blocker} is a file; expected a folder{where}")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
