@@ -50,10 +50,12 @@ def verify(json_out: bool = typer.Option(False, "--json", help="Print the result
     """Hold the three layers together: exact sympy (spec) vs NumPy float64 (sim) vs torch float64 and float32
     (gpu), for every algorithm under every aggregation mode, plus DPO, the advantage estimators, GAE, the value
     loss, the KL estimators, DCPO's bounds, and the sympy derivations. Exits 1 on any disagreement."""
+    if out:
+        from harness.rundirs import output_file
+        _user_errors(output_file, out)  # a bad --out fails before the run
     rows, derivations = _verify_rows(seeds, quiet=json_out)
     ok = all(r["agrees"] for r in rows) and all(d["holds"] for d in derivations)
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("# cliplab verify\n\n" + verify_markdown(rows, derivations))
     if json_out:
         print(json.dumps({"ok": ok, "rows": rows, "derivations": derivations}, indent=1))

@@ -149,3 +149,8 @@ def test_cli_train_out_dir_that_is_a_file(tmp_path):
         code, out = _cli("train", "--config", cfg, *extra)
         assert code == 2 and out == f"error: run.out_dir: {afile} is a file; expected a folder (on the way to " \
                                     f"{afile / 'run'})"
+
+
+def test_cli_verify_out_that_is_a_folder_fails_before_the_run(tmp_path):
+    code, out = _cli("verify", "--out", tmp_path)
+    assert code == 2 and out == f"error: out: {tmp_path} is a folder; expected a markdown file path"
