@@ -17,7 +17,8 @@ from spec.records import read_json, read_jsonl, write_text
 CKPT = "checkpoint"
 HISTORY = "config_history.jsonl"
 #: Fields a resume may change freely: they do not change what is trained or how.
-FREE_FIELDS = ("run.steps", "run.save_every", "run.progress", "run.resume", "run.threads", "model.cache_dir")
+FREE_FIELDS = ("run.steps", "run.save_every", "run.progress", "run.resume", "run.threads", "model.cache_dir",
+               "rollout.vllm_kv_cache_mb")
 
 
 def _rng_state() -> dict:
@@ -86,7 +87,7 @@ def load(ckpt: Path, modules: dict, optimisers: dict) -> dict:
     torch.set_rng_state(blob["torch_rng"])
     if blob["cuda_rng"]:
         torch.cuda.set_rng_state_all(blob["cuda_rng"])
-    state = json.loads((ckpt / "state.json").read_text())
+    state = read_json(ckpt / "state.json")
     rng = state.pop("rng")
     random.setstate(_tuples(rng["python"]))
     npst = rng["numpy"]
@@ -137,8 +138,8 @@ def resume_config_change(ckpt: Path, new: dict, allow: bool) -> dict | None:
     if not allow:
         text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
         raise ValueError(f"run.out_dir: {path.parent} was trained to step {step} with another config ({text}); "
-                         "resume it with --allow-config-change to record the change and go on, or use another "
-                         "run.out_dir")
+                         "pass --allow-config-change to resume under the new one (recorded in its "
+                         f"{HISTORY}), set run.resume=false to start over, or use another run.out_dir")
     return {"from_step": step, "changes": changes, "previous": old}
 
 

@@ -118,7 +118,7 @@ def test_resume_under_a_changed_config_is_refused_unless_allowed_and_then_record
     changed = {**raw, "run": {**raw["run"], "steps": 2}, "algo": {**raw["algo"], "name": "dapo"},
                "train": {"lr": 2e-3}}
     with pytest.raises(ValueError, match=r"^run.out_dir: .* step 1 .*algo.name: 'grpo' -> 'dapo'; "
-                                         r"train.lr: 0.001 -> 0.002\); resume it with --allow-config-change"):
+                                         r"train.lr: 0.001 -> 0.002\); pass --allow-config-change"):
         Trainer(from_dict(changed))
     assert not (tmp_path / "run" / "config_history.jsonl").exists()
     with pytest.warns(UserWarning, match=r"run/metrics.jsonl: dropped a half-written last line"):
@@ -135,6 +135,14 @@ def test_resume_under_a_changed_config_is_refused_unless_allowed_and_then_record
     Trainer(from_dict(longer)).fit()
     assert [m["step"] for m in _metrics(tmp_path / "run")] == [1, 2, 3]
     assert len((tmp_path / "run" / "config_history.jsonl").read_text().splitlines()) == 1
+
+
+def test_config_changes_name_nested_fields_and_leave_out_what_does_not_change_training():
+    from gpu.checkpoint import config_changes
+    old = from_dict({"algo": {"name": "grpo"}}).to_dict()
+    new = from_dict({"algo": {"name": "grpo", "hp": {"eps_high": 0.28}}, "run": {"steps": 99, "threads": 1}})
+    assert config_changes(old, new.to_dict()) == {"algo.hp.eps_high": [None, 0.28]}
+    assert config_changes(old, from_dict({}).to_dict()) == {}
 
 
 def test_an_out_dir_that_is_a_file_is_named_before_the_model_loads(tmp_path):
