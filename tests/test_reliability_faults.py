@@ -1,6 +1,5 @@
 """Faults: a sweep killed at random (its main process alone, or its whole process group) resumes at the first try to
 the same bytes; a sweep folder has one live owner; half-written files and bad paths give errors naming them."""
-import json
 import os
 import random
 import signal

@@ -129,7 +129,8 @@ def test_cli_report_warns_in_one_line_on_a_truncated_metrics_file(sweep, tmp_pat
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / "r.md")
     path = sweep / "runs" / "grpo__seed0" / "metrics.jsonl"
-    assert proc.stderr == f"warning: {path}: dropped a half-written last line (line 3: Unterminated string starting at)\n"
+    assert proc.stderr == (f"warning: {path}: dropped a half-written last line (line 3: Unterminated string "
+                           "starting at)\n")
 
 
 def test_cli_sim_out_that_is_a_file(tmp_path):
