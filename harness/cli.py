@@ -142,6 +142,7 @@ def conform(target: str = typer.Argument(..., help="verl, trl, openrlhf, or modu
 def _user_errors(fn, *args):
     """Run a command; a ValueError (bad input) or an OSError (a path that cannot be read or written) becomes a
     one-line error and exit code 2; warnings print as one line each."""
+    plain = warnings.formatwarning
     warnings.formatwarning = lambda message, *_, **__: f"warning: {message}\n"
     try:
         return fn(*args)
@@ -152,6 +153,8 @@ def _user_errors(fn, *args):
         where = f"{exc.filename}: " if exc.filename else ""
         typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
         raise typer.Exit(2)
+    finally:
+        warnings.formatwarning = plain
 
 
 @app.command()

@@ -155,3 +155,14 @@ def test_cli_train_out_dir_that_is_a_file(tmp_path):
 def test_cli_verify_out_that_is_a_folder_fails_before_the_run(tmp_path):
     code, out = _cli("verify", "--out", tmp_path)
     assert code == 2 and out == f"error: out: {tmp_path} is a folder; expected a markdown file path"
+
+
+def test_cli_turns_an_os_error_into_one_line_naming_the_file(tmp_path, capsys):
+    import typer
+
+    from harness.cli import _user_errors
+    missing = tmp_path / "no" / "such.md"
+    with pytest.raises(typer.Exit) as exit_:
+        _user_errors(missing.read_text)
+    assert exit_.value.exit_code == 2
+    assert capsys.readouterr().err == f"error: {missing}: No such file or directory\n"
