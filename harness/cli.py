@@ -164,10 +164,12 @@ def demo(out: Path = typer.Option(Path("reports/demo"), help="Folder for the dem
     """The main job on the embedded defaults: verify the layers, simulate six algorithms on the toy LM, train
     SmolLM2-135M-Instruct with GRPO for a few steps on the CPU, and write a report."""
     from harness.demo import run_demo
+    from spec.records import writable_folder
+    _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
     rows, derivations = _verify_rows(seeds=1, quiet=False)
     ok = all(r["agrees"] for r in rows) and all(d["holds"] for d in derivations)
     console.print(f"verify: {'all layers agree' if ok else 'DISAGREEMENT'}")
-    index = run_demo(out, (rows, derivations), sim_steps, train_steps)
+    index = _user_errors(run_demo, out, (rows, derivations), sim_steps, train_steps)
     console.print(f"report written to {index}")
     raise typer.Exit(0 if ok else 1)
 

@@ -166,3 +166,9 @@ def test_cli_turns_an_os_error_into_one_line_naming_the_file(tmp_path, capsys):
         _user_errors(missing.read_text)
     assert exit_.value.exit_code == 2
     assert capsys.readouterr().err == f"error: {missing}: No such file or directory\n"
+
+
+def test_cli_demo_out_that_is_a_file_fails_before_the_run(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    code, out = _cli("demo", "--out", tmp_path / "afile")
+    assert code == 2 and out == f"error: out: {tmp_path / 'afile'} is a file; expected a folder"
