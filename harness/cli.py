@@ -136,6 +136,9 @@ def conform(target: str = typer.Argument(..., help="verl, trl, openrlhf, or modu
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
     and the named convention the target matches instead."""
     from harness.conform import conform_command
+    from spec.records import writable_folder
+    if out:
+        _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
     _user_errors(conform_command, target, json_out, out, seeds, adapter)
 
 

@@ -168,7 +168,8 @@ def test_cli_turns_an_os_error_into_one_line_naming_the_file(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: {missing}: No such file or directory\n"
 
 
-def test_cli_demo_out_that_is_a_file_fails_before_the_run(tmp_path):
+def test_cli_demo_and_conform_out_that_is_a_file_fail_before_the_run(tmp_path):
     (tmp_path / "afile").write_text("x")
-    code, out = _cli("demo", "--out", tmp_path / "afile")
-    assert code == 2 and out == f"error: out: {tmp_path / 'afile'} is a file; expected a folder"
+    for args in (["demo"], ["conform", "trl"]):
+        code, out = _cli(*args, "--out", tmp_path / "afile")
+        assert code == 2 and out == f"error: out: {tmp_path / 'afile'} is a file; expected a folder"
