@@ -79,12 +79,18 @@ def load_runs(dirs) -> list[dict]:
 
 
 class Groups:
-    """Runs grouped by label, with per-seed arrays [seeds, steps] of each metric (NaN where missing)."""
+    """Runs grouped by label, with per-seed arrays [seeds, steps] of each metric (NaN where missing); the seeds of
+    a label are compared over the steps they all have (with a warning when their lengths differ)."""
 
     def __init__(self, runs: list[dict]):
         self.runs: dict[str, list[dict]] = {}
         for r in runs:
             self.runs.setdefault(r["label"], []).append(r)
+        for label, rs in self.runs.items():
+            lengths = sorted(len(r["records"]) for r in rs)
+            if lengths[0] != lengths[-1]:
+                warnings.warn(f"{label}: its seeds have {lengths[0]} to {lengths[-1]} steps; they are compared over "
+                              f"the first {lengths[0]}", stacklevel=2)
 
     def labels(self):
         """Labels in registry order of their algorithm, then by name."""

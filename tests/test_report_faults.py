@@ -55,6 +55,14 @@ def test_report_counts_only_the_seeds_with_metrics_and_warns(tmp_path):
     assert cells[2] == "0.75"  # accuracy over the last 10% of steps of the one seed with data
 
 
+def test_report_warns_when_seeds_have_different_lengths(tmp_path):
+    _sim_run(tmp_path / "runs" / "grpo__seed0", "grpo", 0, [0.0])
+    _sim_run(tmp_path / "runs" / "grpo__seed1", "grpo", 1, [0.5, 1.0])
+    with pytest.warns(UserWarning, match="grpo: its seeds have 1 to 2 steps; they are compared over the first 1"):
+        text = write_report([tmp_path], tmp_path / "r.md", bandit=False).read_text()
+    assert _row(text, "grpo")[1:3] == ["2", "0.25"]
+
+
 def test_report_reads_a_run_whose_last_line_is_half_written(tmp_path):
     _sim_run(tmp_path / "runs" / "a", "grpo", 0, [0.5, 0.5])
     with (tmp_path / "runs" / "a" / "metrics.jsonl").open("a") as f:
