@@ -1,5 +1,5 @@
 """Checkpoints for exact resume: weights (safetensors), optimiser and RNG (torch.save, read with weights_only=True),
-and JSON state (step, data position, SAS history)."""
+and JSON state (step, data position, SAS history); what a resume may change in the config, and its record."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,13 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from spec.records import read_json, read_jsonl, write_text
+
 CKPT = "checkpoint"
+HISTORY = "config_history.jsonl"
+#: Fields a resume may change freely: they do not change what is trained or how.
+FREE_FIELDS = ("run.steps", "run.save_every", "run.progress", "run.resume", "run.threads", "model.cache_dir",
+               "rollout.vllm_kv_cache_mb")
 
 
 def _rng_state() -> dict:
@@ -81,7 +87,7 @@ def load(ckpt: Path, modules: dict, optimisers: dict) -> dict:
     torch.set_rng_state(blob["torch_rng"])
     if blob["cuda_rng"]:
         torch.cuda.set_rng_state_all(blob["cuda_rng"])
-    state = json.loads((ckpt / "state.json").read_text())
+    state = read_json(ckpt / "state.json")
     rng = state.pop("rng")
     random.setstate(_tuples(rng["python"]))
     npst = rng["numpy"]
@@ -91,8 +97,54 @@ def load(ckpt: Path, modules: dict, optimisers: dict) -> dict:
 
 
 def trim_metrics(path: Path, step: int) -> None:
-    """Drop metric lines written after ``step`` (by a run killed after its last checkpoint)."""
+    """Drop metric lines written after ``step`` (by a run killed after its last checkpoint), and a half-written
+    last line (with a warning); the file is rewritten atomically."""
     if not path.exists():
         return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in keep))
+    keep = [rec for rec in read_jsonl(path) if rec.get("step", 0) <= step]
+    write_text(path, "".join(json.dumps(rec) + "\n" for rec in keep))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def config_changes(old: dict, new: dict) -> dict:
+    """``{field: [old value, new value]}`` for every dotted field whose value differs, leaving out FREE_FIELDS."""
+    a, b = _flat(old), _flat(json.loads(json.dumps(new)))
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and k not in FREE_FIELDS}
+
+
+def resume_config_change(ckpt: Path, new: dict, allow: bool) -> dict | None:
+    """Compare the config ``new`` with the one the run of checkpoint ``ckpt`` was trained with (its config.json).
+    A difference is refused with the fields named unless ``allow``; then returns the record of the change for
+    :func:`record_config_change` (None when nothing changed)."""
+    path = Path(ckpt).parent / "config.json"
+    if not path.exists():
+        return None
+    old = read_json(path)
+    old.pop("resolved", None)
+    changes = config_changes(old, new)
+    if not changes:
+        return None
+    step = read_json(Path(ckpt) / "state.json")["step"]
+    if not allow:
+        text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+        raise ValueError(f"run.out_dir: {path.parent} was trained to step {step} with another config ({text}); "
+                         "pass --allow-config-change to resume under the new one (recorded in its "
+                         f"{HISTORY}), set run.resume=false to start over, or use another run.out_dir")
+    return {"from_step": step, "changes": changes, "previous": old}
+
+
+def record_config_change(run_dir: Path, change: dict) -> None:
+    """Append ``change`` to the run's config_history.jsonl (before config.json is overwritten with the new
+    config, so config.json and its history together always tell which config trained which steps)."""
+    with open(Path(run_dir) / HISTORY, "a") as f:
+        f.write(json.dumps(change) + "\n")

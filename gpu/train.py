@@ -18,6 +18,7 @@ from . import checkpoint as ckpt
 from .aggregation import agg_units
 from .batch import build_batch, completion_values, last_token_rewards, token_logprobs
 from spec.contract import resolve_hparams
+from spec.records import writable_folder, write_text
 
 from .config import Config
 from .data import PromptStream, encode_prompt, load_problems
@@ -37,10 +38,14 @@ def _mean(xs):
 
 
 class Trainer:
-    """One training run; ``engine`` may be passed in to share a running vLLM engine between runs (tests)."""
+    """One training run; ``engine`` may be passed in to share a running vLLM engine between runs (tests).
+    Resuming under a changed config is refused unless ``allow_config_change`` (then it is recorded)."""
 
-    def __init__(self, cfg: Config, engine=None):
+    def __init__(self, cfg: Config, engine=None, allow_config_change: bool = False):
         self.cfg, c = cfg, cfg
+        self.out = writable_folder(c.run.out_dir, "run.out_dir")
+        found = ckpt.find(self.out) if c.run.resume else None
+        change = ckpt.resume_config_change(found, c.to_dict(), allow_config_change) if found else None
         if c.run.threads:
             torch.set_num_threads(c.run.threads)
         random.seed(c.run.seed)
@@ -66,10 +71,7 @@ class Trainer:
         self.stream = PromptStream(load_problems(c.data.source, **data_kw), seed=c.run.seed)
         self.sas = gpu.SmoothAdvantage()
         self.reward_fn = get_reward(c.reward)
-        self.out = Path(c.run.out_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
         self.step = 0
-        found = ckpt.find(self.out) if c.run.resume else None
         if found:
             self._restore(found)
         else:
@@ -77,7 +79,9 @@ class Trainer:
         resolved = {"reward": c.reward, "advantage": c.advantage,
                     "loss": (resolve_hparams(c.algo.name, self.hp) if c.algo.name != "dpo"
                              else {"beta": c.algo.dpo_beta})}
-        (self.out / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": resolved}, indent=2))
+        if change:
+            ckpt.record_config_change(self.out, change)
+        write_text(self.out / "config.json", json.dumps({**c.to_dict(), "resolved": resolved}, indent=2))
         self.autocast = (torch.autocast(self.dev.type, dtype=getattr(torch, c.model.dtype))
                          if c.model.dtype != "float32" else contextlib.nullcontext())
         if engine is None:
@@ -382,6 +386,6 @@ def _tensorboard(out: Path):
     return SummaryWriter(str(out / "tb"))
 
 
-def train(cfg: Config, engine=None) -> Path:
+def train(cfg: Config, engine=None, allow_config_change: bool = False) -> Path:
     """Run (or resume) the training described by ``cfg``; returns the run folder with metrics.jsonl."""
-    return Trainer(cfg, engine=engine).fit()
+    return Trainer(cfg, engine=engine, allow_config_change=allow_config_change).fit()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import List, Optional
 
@@ -48,10 +49,12 @@ def verify(json_out: bool = typer.Option(False, "--json", help="Print the result
     """Hold the three layers together: exact sympy (spec) vs NumPy float64 (sim) vs torch float64 and float32
     (gpu), for every algorithm under every aggregation mode, plus DPO, the advantage estimators, GAE, the value
     loss, the KL estimators, DCPO's bounds, and the sympy derivations. Exits 1 on any disagreement."""
+    if out:
+        from harness.rundirs import output_file
+        _user_errors(output_file, out)  # a bad --out fails before the run
     rows, derivations = _verify_rows(seeds, quiet=json_out)
     ok = all(r["agrees"] for r in rows) and all(d["holds"] for d in derivations)
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("# cliplab verify\n\n" + verify_markdown(rows, derivations))
     if json_out:
         print(json.dumps({"ok": ok, "rows": rows, "derivations": derivations}, indent=1))
@@ -92,22 +95,31 @@ def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders 
                                                            "it.")):
     """A markdown report with plots. Simulator sweeps: curves per algorithm with seed bands, a summary, and the
     papers' claims with measurements and verdicts. Real-model runs (cliplab train): curves and a summary per run."""
+    typer.echo(_user_errors(_report, dirs, out))
+
+
+def _report(dirs: list[Path], out: Optional[Path]) -> Path:
+    """The real-model report if any run under ``dirs`` is a real-model run (its config has a rollout section),
+    else the simulator's."""
     from harness import real_report
     from harness import report as sim_report
-    real = any('"rollout"' in p.read_text() for d in dirs for p in Path(d).glob("**/config.json"))
-    if real:
-        typer.echo(_user_errors(real_report.write_report, dirs, out or dirs[0] / "report.md"))
-    else:
-        typer.echo(_user_errors(sim_report.write_report, dirs, out))
+    from harness.rundirs import check_dirs
+    check_dirs(dirs)
+    if any('"rollout"' in p.read_text() for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
+        return real_report.write_report(dirs, out or dirs[0] / "report.md")
+    return sim_report.write_report(dirs, out)
 
 
 @app.command()
 def train(config: Path = typer.Option(..., "--config", exists=True, dir_okay=False, help="YAML training config."),
-          set_: List[str] = typer.Option([], "--set", help="section.field=value override (repeatable).")):
+          set_: List[str] = typer.Option([], "--set", help="section.field=value override (repeatable)."),
+          allow_config_change: bool = typer.Option(False, "--allow-config-change",
+                                                   help="Resume a run under a changed config (recorded in the run's "
+                                                        "config_history.jsonl); refused otherwise.")):
     """Train (or resume) a real model from a YAML config (every field validated); writes metrics.jsonl,
     checkpoints and a progress bar; rerunning the same config resumes exactly where it stopped."""
     from harness.train_cmd import train_command
-    console.print(f"run folder: {_user_errors(train_command, config, set_)}")
+    console.print(f"run folder: {_user_errors(train_command, config, set_, allow_config_change)}")
 
 
 @app.command()
@@ -122,16 +134,28 @@ def conform(target: str = typer.Argument(..., help="verl, trl, openrlhf, or modu
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
     and the named convention the target matches instead."""
     from harness.conform import conform_command
+    from spec.records import writable_folder
+    if out:
+        _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
     _user_errors(conform_command, target, json_out, out, seeds, adapter)
 
 
 def _user_errors(fn, *args):
-    """Run a command; a ValueError (bad input) becomes a one-line error and exit code 2."""
+    """Run a command; a ValueError (bad input) or an OSError (a path that cannot be read or written) becomes a
+    one-line error and exit code 2; warnings print as one line each."""
+    plain = warnings.formatwarning
+    warnings.formatwarning = lambda message, *_, **__: f"warning: {message}\n"
     try:
         return fn(*args)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
+        raise typer.Exit(2)
+    finally:
+        warnings.formatwarning = plain
 
 
 @app.command()
@@ -141,10 +165,12 @@ def demo(out: Path = typer.Option(Path("reports/demo"), help="Folder for the dem
     """The main job on the embedded defaults: verify the layers, simulate six algorithms on the toy LM, train
     SmolLM2-135M-Instruct with GRPO for a few steps on the CPU, and write a report."""
     from harness.demo import run_demo
+    from spec.records import writable_folder
+    _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
     rows, derivations = _verify_rows(seeds=1, quiet=False)
     ok = all(r["agrees"] for r in rows) and all(d["holds"] for d in derivations)
     console.print(f"verify: {'all layers agree' if ok else 'DISAGREEMENT'}")
-    index = run_demo(out, (rows, derivations), sim_steps, train_steps)
+    index = _user_errors(run_demo, out, (rows, derivations), sim_steps, train_steps)
     console.print(f"report written to {index}")
     raise typer.Exit(0 if ok else 1)
 

@@ -27,7 +27,7 @@ def _differs(check: Check, batch: Batch, conv: Convention) -> bool:
     try:
         value, grad, used = check.run(batch)
         d = _diff((value, grad), conv.fn(used))
-    except (ValueError, RuntimeError, ZeroDivisionError, IndexError, AssertionError):
+    except Exception:  # noqa: BLE001 (the target is outside code and may raise anything)
         return False
     return max(d) > check.tolerance
 
@@ -92,7 +92,7 @@ def _run_family(check: Check, family: str, seeds: int) -> dict:
         batch = check.cases(seed, family)
         try:
             value, grad, used = check.run(batch)
-        except (ValueError, RuntimeError, ZeroDivisionError, IndexError, AssertionError) as exc:
+        except Exception as exc:  # noqa: BLE001 (the target is outside code and may raise anything)
             errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
             continue
         if batch.mask.sum() == 0:  # a batch without tokens is reported apart: it would hide every other match

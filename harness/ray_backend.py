@@ -42,33 +42,35 @@ def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict
                   progress: bool = True) -> dict:
     """``sim.sweep.run_sweep`` with the runs spread over Ray workers; returns (and writes) the same summary.
     Connects to ``address`` (a running cluster, e.g. ``auto``) or starts a local instance with ``num_cpus``."""
-    from sim.sweep import prepare, summarise, write_json
+    from sim.sweep import owned, plan, prepare, summarise, write_json
     try:
         import ray
     except ImportError:
         raise ValueError("backend: 'ray' needs Ray; install it with: pip install ray==2.60.0") from None
-    tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
-                 log_to_driver=False)
-    try:
-        remote = ray.remote(num_cpus=1)(run_remote)
-        pending = {remote.remote(t): t["id"] for t in todo}
-        bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env} (ray)", unit="run",
-                   disable=not progress)
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                store(out_path, pending.pop(ref), ray.get(ref))
-                bar.update()
-        bar.close()
-    finally:
+    plan(env, algos, seeds, steps, grid or {})  # bad settings fail before the folder is touched
+    with owned(out):
+        tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
+        started = not ray.is_initialized()
         if started:
-            ray.shutdown()
-    summary = summarise(out_path, tasks)
-    write_json(out_path / "summary.json", summary)
-    return summary
+            ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
+                     log_to_driver=False)
+        try:
+            remote = ray.remote(num_cpus=1)(run_remote)
+            pending = {remote.remote(t): t["id"] for t in todo}
+            bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env} (ray)", unit="run",
+                       disable=not progress)
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    store(out_path, pending.pop(ref), ray.get(ref))
+                    bar.update()
+            bar.close()
+        finally:
+            if started:
+                ray.shutdown()
+        summary = summarise(out_path, tasks)
+        write_json(out_path / "summary.json", summary)
+        return summary
 
 
 def run_sweep_on(backend: str, env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,

@@ -2,13 +2,14 @@
 reusing the simulator report's run loading and plotting."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from spec.records import read_json
+
 from .report import plot_curves
-from .rundirs import Groups, fmt, load_runs
+from .rundirs import Groups, check_dirs, fmt, load_runs, md, output_file
 
 PANELS = ("accuracy", "reward", "entropy", "clip_frac", "rur", "kl_ref", "resp_len", "gap_mean_abs")
 COLUMNS = (("accuracy", "first"), ("accuracy", "last"), ("reward", "first"), ("reward", "last"),
@@ -18,10 +19,19 @@ COLUMNS = (("accuracy", "first"), ("accuracy", "last"), ("reward", "first"), ("r
 
 
 def _setup(run: dict) -> str:
-    cfg = json.loads((Path(run["dir"]) / "config.json").read_text()) if (Path(run["dir"]) / "config.json").exists() \
-        else {}
+    """One line on what the run was, from its config.json (markdown-escaped)."""
+    path = Path(run["dir"]) / "config.json"
+    cfg = read_json(path) if path.exists() else {}
     if not cfg:
         return ""
+    try:
+        return md(_describe(cfg))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a config written by cliplab train (at {exc})") from None
+
+
+def _describe(cfg: dict) -> str:
+    """Model, data, rollout, optimiser and loss settings of a real-model config, in one line."""
     m, d, r, t, a = cfg["model"], cfg["data"], cfg["rollout"], cfg["train"], cfg["algo"]
     res = cfg.get("resolved", {"reward": a["reward"], "advantage": a["advantage"], "loss": a["hp"]})
     loss = ", ".join(f"{k}={v}" for k, v in res["loss"].items() if v is not None)
@@ -51,7 +61,7 @@ def summary_rows(groups: Groups) -> list[str]:
             n = max(1, c.shape[1] // 5)
             sl = {"all": slice(None), "first": slice(0, n), "last": slice(-n, None), "final": slice(-1, None)}[part]
             cells.append(fmt(float(np.nanmean(c[:, sl]))))
-        lines.append(f"| {label} | {steps} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md(label)} | {steps} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -66,14 +76,13 @@ def write_report(dirs, out_md, title: str = "cliplab real-model report", notes: 
     if not runs:
         raise ValueError(f"dirs: no runs with config.json and metrics.jsonl under {', '.join(map(str, dirs))}")
     groups = Groups(runs)
-    out_md = Path(out_md)
-    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md = output_file(out_md)
     png = out_md.with_name(out_md.stem + "_curves.png")
     plot_curves(groups, groups.labels(), png, panels=PANELS, smooth=3)
     lines = [f"# {title}", "", notes, "", "## Runs", ""]
     for label in groups.labels():
         run = groups.runs[label][0]
-        lines.append(f"- **{label}**: {_setup(run)}")
+        lines.append(f"- **{md(label)}**: {_setup(run)}")
     lines += ["", "## Summary", "",
               "first/last: mean over the first/last 20% of steps; final: last step; all: mean over steps. "
               "accuracy and reward are over every sampled response of a step (before dynamic-sampling filtering); "
@@ -88,8 +97,6 @@ def write_report(dirs, out_md, title: str = "cliplab real-model report", notes: 
 def _folders(dirs) -> list[Path]:
     """Run folders: each dir itself when it holds metrics.jsonl, else every folder below it that does."""
     out = []
-    for d in dirs:
-        if not d.is_dir():
-            raise ValueError(f"dirs: {d} is not a folder")
+    for d in check_dirs(dirs):
         out += [d] if (d / "metrics.jsonl").exists() else sorted(p.parent for p in d.glob("**/metrics.jsonl"))
     return out

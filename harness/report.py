@@ -5,7 +5,6 @@ the same files), so the same report serves both.
 """
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -16,7 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .claims import CLAIMS, bandit_entropy_check, claim_bandit  # noqa: E402
-from .rundirs import Groups, fmt, mean_se, load_runs  # noqa: E402
+from spec.records import read_json, safe_name  # noqa: E402
+
+from .rundirs import Groups, check_dirs, fmt, load_runs, md, mean_se, output_file  # noqa: E402
 
 PANELS = ("accuracy_exact", "entropy", "clip_frac", "rur", "kl_ref", "resp_len", "len_wrong_exact", "gen_per_trained")
 TABLE = ("accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac", "gen_per_trained",
@@ -39,7 +40,7 @@ def plot_curves(groups: Groups, labels: list[str], path: Path, panels=PANELS, sm
             x = np.arange(c.shape[1])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                ax.plot(x, np.nanmean(c, 0), color=colors(i % 10), lw=1.2, label=label)
+                ax.plot(x, np.nanmean(c, 0), color=colors(i % 10), lw=1.2, label=label.replace("$", r"\$"))
                 ax.fill_between(x, np.nanmin(c, 0), np.nanmax(c, 0), color=colors(i % 10), alpha=0.15, lw=0)
         ax.set_title(key, fontsize=9)
         ax.tick_params(labelsize=7)
@@ -92,7 +93,7 @@ def setup_lines(groups: Groups) -> list[str]:
     for env in sorted({r["env"] for r in sims.values()}):
         lines += [ENV_TEXT.get(env, env), ""]
     first = next(iter(sims.values()))["settings"]
-    lines += ["Settings unless a label says otherwise: " + ", ".join(f"{k}={first[k]}" for k in SETUP_KEYS
+    lines += ["Settings unless a label says otherwise: " + ", ".join(md(f"{k}={first[k]}") for k in SETUP_KEYS
                                                                      if k in first) + ".", "",
               "| algorithm | reward (correct/wrong/malformed) | advantage | dynamic sampling | overlong shaping |",
               "|---|---|---|---|---|"]
@@ -103,8 +104,9 @@ def setup_lines(groups: Groups) -> list[str]:
             seen.add(sims[lbl]["algo"])
             st = sims[lbl]["settings"]
             scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(st.get("reward"), ()))
-            lines.append(f"| {sims[lbl]['algo']} | {st.get('reward')} ({scheme}) | {st.get('adv', '-') or '-'} | "
-                         f"{st.get('dynamic_sampling')} | {st.get('overlong')} |")
+            cells = (sims[lbl]["algo"], f"{st.get('reward')} ({scheme})", st.get("adv", "-") or "-",
+                     st.get("dynamic_sampling"), st.get("overlong"))
+            lines.append("| " + " | ".join(md(c) for c in cells) + " |")
     return lines + [""]
 
 
@@ -112,7 +114,7 @@ def _command_of(d: Path) -> str | None:
     sweep = d / "sweep.json"
     if not sweep.exists():
         return None
-    s = json.loads(sweep.read_text())
+    s = read_json(sweep)
     sets = "".join(f" --set {k}={','.join(str(v) for v in vals)}" for k, vals in s.get("grid", {}).items())
     return (f"cliplab sim --env {s['env']} --algos {','.join(s['algos'])} --seeds {s['seeds']} "
             f"--steps {s['steps']}{sets} --out {d}")
@@ -120,17 +122,16 @@ def _command_of(d: Path) -> str | None:
 
 def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
     """Write ``out_md`` (default: the first dir's report.md) and PNG plots beside it; returns the markdown path."""
-    dirs = [Path(d) for d in ([dirs] if isinstance(dirs, (str, Path)) else dirs)]
+    dirs = check_dirs([dirs] if isinstance(dirs, (str, Path)) else dirs)
     if not dirs:
         raise ValueError("dirs: expected at least one runs folder")
-    out_md = Path(out_md) if out_md is not None else dirs[0] / "report.md"
-    out_md.parent.mkdir(parents=True, exist_ok=True)
     runs = load_runs(dirs)
     if not runs:
         raise ValueError(f"dirs: no complete runs (config.json + metrics.jsonl) under {', '.join(map(str, dirs))}")
+    out_md = output_file(out_md if out_md is not None else dirs[0] / "report.md")
     groups = Groups(runs)
     lines = ["# cliplab simulator report", ""]
-    cmds = [c for c in (_command_of(d) for d in dirs) if c]
+    cmds = [" ".join(c.splitlines()) for c in (_command_of(d) for d in dirs) if c]  # one line each in the fence
     if cmds:
         lines += ["Produced by:", "", "```", *cmds, f"cliplab report {' '.join(map(str, dirs))} --out {out_md}", "```",
                   ""]
@@ -138,7 +139,7 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
     lines += ["## Claims", "", "| claim | measured | verdict | why |", "|---|---|---|---|"]
     for text, fn in CLAIMS:
         meas, verdict, why = fn(groups)
-        lines.append(f"| {text} | {meas} | **{verdict}** | {why} |")
+        lines.append(f"| {text} | {md(meas)} | **{verdict}** | {why} |")
     if bandit:
         rows = bandit_entropy_check()
         meas, verdict, why = claim_bandit(rows)
@@ -156,14 +157,14 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
             base, part = (key[:-6], "final") if key.endswith("_final") else (key, "all")
             part = "last" if key in ("accuracy", "accuracy_exact") else part
             cells.append(fmt(mean_se(groups.per_seed(label, base, part))[0]))
-        lines.append(f"| {label} | {len(groups.runs[label])} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md(label)} | {len(groups.runs[label])} | " + " | ".join(cells) + " |")
     lines += ["", "## Curves", "", "Mean over seeds (10-step moving average) with the min-max band over seeds.", ""]
     for i, d in enumerate(dirs):
         labels = [lbl for lbl in groups.labels() if groups.runs[lbl][0]["dir"] == str(d)]
         if not labels:
             continue
-        png = out_md.with_name(f"{out_md.stem}_{i}_{d.name}.png")
+        png = out_md.with_name(safe_name(f"{out_md.stem}_{i}_{d.name}") + ".png")
         plot_curves(groups, labels, png)
-        lines += [f"### {d.name}", "", f"![{d.name}]({png.name})", ""]
+        lines += [f"### {md(d.name)}", "", f"![{md(d.name)}]({png.name})", ""]
     out_md.write_text("\n".join(lines) + "\n")
     return out_md

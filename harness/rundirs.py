@@ -4,11 +4,12 @@ Reads ``DIR/runs/<run>/``, ``DIR/<run>/`` or a run folder itself, each with ``co
 """
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import numpy as np
+
+from spec.records import read_json, read_jsonl, writable_folder
 
 #: Metric names of the real-model harness (gpu/train.py) mapped to the simulator's.
 ALIASES = {"tcr": "clip_frac", "len_mean": "resp_len", "reward_mean": "reward", "accuracy_trained": "accuracy",
@@ -28,30 +29,48 @@ def _identity(cfg: dict) -> tuple[str, dict, object]:
     """(algo, grid params, seed) of a simulator config or a real-model config (algo = {name, hp})."""
     algo = cfg.get("algo")
     if isinstance(algo, dict):
-        return algo["name"], dict(algo.get("hp") or {}), cfg.get("seed")
+        return algo.get("name"), dict(algo.get("hp") or {}), cfg.get("seed")
     return algo, dict(cfg.get("params") or {}), cfg.get("seed")
 
 
-def load_runs(dirs) -> list[dict]:
-    """Every complete run (config.json and metrics.jsonl present) found under ``dirs``."""
-    runs = []
+def check_dirs(dirs) -> list[Path]:
+    """``dirs`` as paths, each an existing folder; a ValueError naming the first that is not."""
+    dirs = [Path(d) for d in dirs]
     for d in dirs:
-        root = Path(d)
-        if not root.is_dir():
-            raise ValueError(f"dirs: {root} is not a folder")
+        if not d.is_dir():
+            raise ValueError(f"dirs: {d} is {'a file' if d.exists() else 'missing'}; expected a runs folder")
+    return dirs
+
+
+def output_file(path, name: str = "out") -> Path:
+    """A markdown file to write (its folder created): a ValueError naming ``name`` when it is a folder or its
+    folder cannot be made or written."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{name}: {path} is a folder; expected a markdown file path")
+    writable_folder(path.parent, name)
+    return path
+
+
+def load_runs(dirs) -> list[dict]:
+    """Every run with config.json and metrics.jsonl found under ``dirs``. A run with no metrics yet is left out
+    with a warning; so is a half-written last metrics line (see ``spec.records.read_jsonl``)."""
+    runs = []
+    for root in check_dirs(dirs):
         for folder in _run_folders(root):
             cfg_path = folder / "config.json"
             if not cfg_path.exists():
                 continue
-            cfg = json.loads(cfg_path.read_text())
+            cfg = read_json(cfg_path)
             algo, params, seed = _identity(cfg)
             if algo is None:
                 continue
-            records = []
-            for line in (folder / "metrics.jsonl").read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    records.append({**{ALIASES[k]: v for k, v in rec.items() if k in ALIASES}, **rec})
+            records = [{**{ALIASES[k]: v for k, v in rec.items() if k in ALIASES}, **rec}
+                       for rec in read_jsonl(folder / "metrics.jsonl")]
+            if not records:
+                warnings.warn(f"{folder / 'metrics.jsonl'}: no metrics; this run is left out of the report",
+                              stacklevel=2)
+                continue
             label = cfg.get("label") or (algo + ("[" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + "]"
                                                  if params else ""))
             runs.append({"dir": str(root), "label": label, "algo": algo, "params": params, "seed": seed,
@@ -60,12 +79,18 @@ def load_runs(dirs) -> list[dict]:
 
 
 class Groups:
-    """Runs grouped by label, with per-seed arrays [seeds, steps] of each metric (NaN where missing)."""
+    """Runs grouped by label, with per-seed arrays [seeds, steps] of each metric (NaN where missing); the seeds of
+    a label are compared over the steps they all have (with a warning when their lengths differ)."""
 
     def __init__(self, runs: list[dict]):
         self.runs: dict[str, list[dict]] = {}
         for r in runs:
             self.runs.setdefault(r["label"], []).append(r)
+        for label, rs in self.runs.items():
+            lengths = sorted(len(r["records"]) for r in rs)
+            if lengths[0] != lengths[-1]:
+                warnings.warn(f"{label}: its seeds have {lengths[0]} to {lengths[-1]} steps; they are compared over "
+                              f"the first {lengths[0]}", stacklevel=2)
 
     def labels(self):
         """Labels in registry order of their algorithm, then by name."""
@@ -112,6 +137,15 @@ def mean_se(x: np.ndarray) -> tuple[float, float]:
     if not x.size:
         return float("nan"), float("nan")
     return float(x.mean()), float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else 0.0
+
+
+def md(text) -> str:
+    """``text`` safe inside markdown and a table cell: markup characters (| ` * [ ] < > & backslash) escaped,
+    line breaks as spaces."""
+    out = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for ch in "\\`|*[]":
+        out = out.replace(ch, "\\" + ch)
+    return " ".join(out.splitlines())
 
 
 def fmt(m, se=None, pct=False):

@@ -4,12 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def train_command(config_path, sets: list[str] | None = None) -> Path:
-    """Load and validate the YAML config with its overrides, train, and return the run folder (metrics.jsonl)."""
+def train_command(config_path, sets: list[str] | None = None, allow_config_change: bool = False) -> Path:
+    """Load and validate the YAML config with its overrides, train, and return the run folder (metrics.jsonl).
+    Resuming a run under a changed config needs ``allow_config_change`` (the change is recorded)."""
     from gpu.config import load_config
     from gpu.train import train
     cfg = load_config(config_path, list(sets or []))
-    return train(cfg)
+    return train(cfg, allow_config_change=allow_config_change)
 
 
 def demo_train(out_dir, steps: int = 6) -> Path:

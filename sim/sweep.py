@@ -11,32 +11,91 @@ Layout (shared with the real-model harness, which the report also reads)::
 A run writes its steps to ``metrics.jsonl.part`` as it goes; on completion the part file is renamed and
 ``done.json`` is written atomically (temp file, then ``os.replace``). A resumed sweep skips done runs and restarts
 unfinished ones from scratch, so no run is lost or counted twice.
+
+One live sweep owns a folder at a time (``DIR/sweep.lock``, see :func:`owned`), and worker processes die with the
+sweep's process, so a resumed sweep never races the leftovers of a killed one.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
 import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from spec.records import read_json, safe_name, writable_folder, write_json
+
 from .config import check_env, grid_points, resolve
 from .loop import run
 from .metrics import DEFINITIONS, SUMMARY_DEFINITIONS, SUMMARY_KEYS, summarise_run
 
+LOCK = "sweep.lock"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
-def write_json(path: Path, obj) -> None:
-    """Write JSON atomically: a temp file in the same folder, then os.replace."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+
+@contextlib.contextmanager
+def owned(out, wait: float = 10.0):
+    """Own the sweep folder ``out`` for the block: an exclusive ``flock`` on ``out/sweep.lock``, which holds the
+    owner's pid. The kernel drops the lock when the last process holding it ends, so a killed sweep leaves no stale
+    lock; forked workers share it, so a killed sweep's leftover workers keep the folder until they are gone. A live
+    owner is refused at once, naming its pid; the leftovers of a dead one (dying with it) are waited for up to
+    ``wait`` seconds."""
+    out = writable_folder(out, "out")
+    try:
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ValueError(f"out: cannot write {out / LOCK} ({exc.strerror})") from None
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                live = owner.isdigit() and _alive(int(owner))
+                if live or time.monotonic() > deadline:
+                    raise ValueError(f"out: {out} is in use by the sweep with pid {owner or '?'}"
+                                     + ("" if live else " (ended; its worker processes are still running)")
+                                     + "; wait for it to finish, or use another --out") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield out
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pool initializer: on Linux the worker gets SIGKILL when the sweep's process dies, so no orphan keeps
+    writing into the folder; a worker whose parent is already gone exits."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def label_of(algo: str, params: dict) -> str:
@@ -48,8 +107,7 @@ def label_of(algo: str, params: dict) -> str:
 
 def run_id(algo: str, params: dict, seed: int) -> str:
     """A file-system-safe, unique name of one run."""
-    safe = "".join(c if c.isalnum() or c in "._-=" else "_" for c in label_of(algo, params))
-    return f"{safe}__seed{seed}"
+    return f"{safe_name(label_of(algo, params))}__seed{seed}"
 
 
 def plan(env: str, algos: list[str], seeds: int, steps: int, grid: dict) -> list[dict]:
@@ -74,7 +132,7 @@ def run_task(task: dict, out: str) -> dict:
     """Run one task into ``out/runs/<id>/``; returns its summary."""
     folder = Path(out) / "runs" / task["id"]
     if (folder / "done.json").exists():
-        return json.loads((folder / "done.json").read_text())
+        return read_json(folder / "done.json")
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -103,8 +161,8 @@ def prepare(env: str, algos: list[str], seeds: int, steps: int, grid: dict | Non
     returns (tasks, out path, tasks to run)."""
     grid = grid or {}
     tasks = plan(env, algos, seeds, steps, grid)
-    out_path = Path(out)
-    (out_path / "runs").mkdir(parents=True, exist_ok=True)
+    out_path = writable_folder(out, "out")
+    writable_folder(out_path / "runs", "out")
     _check_resumable(out_path, env, steps)
     write_json(out_path / "sweep.json", {"env": env, "steps": steps, "seeds": seeds, "algos": list(algos),
                                          "grid": grid})
@@ -117,27 +175,29 @@ def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | N
     """Run (or resume) a sweep into ``out`` and return its summary (also written to ``out/summary.json``)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: expected a positive integer, got {workers!r}")
-    tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
-    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
-               disable=not progress)
-    if workers == 1 or len(todo) <= 1:
-        for t in todo:
-            run_task(t, str(out_path))
-            bar.update()
-    else:
-        with mp.get_context("fork").Pool(min(workers, len(todo))) as pool:
-            for _ in pool.imap_unordered(_worker, [(t, str(out_path)) for t in todo]):
+    plan(env, algos, seeds, steps, grid or {})  # bad settings fail before the folder is touched
+    with owned(out):
+        tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
+        bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
+                   disable=not progress)
+        if workers == 1 or len(todo) <= 1:
+            for t in todo:
+                run_task(t, str(out_path))
                 bar.update()
-    bar.close()
-    summary = summarise(out_path, tasks)
-    write_json(out_path / "summary.json", summary)
+        else:
+            with mp.get_context("fork").Pool(min(workers, len(todo)), _die_with_parent, (os.getpid(),)) as pool:
+                for _ in pool.imap_unordered(_worker, [(t, str(out_path)) for t in todo]):
+                    bar.update()
+        bar.close()
+        summary = summarise(out_path, tasks)
+        write_json(out_path / "summary.json", summary)
     return summary
 
 
 def _check_resumable(out: Path, env: str, steps: int) -> None:
     old = out / "sweep.json"
     if old.exists():
-        prev = json.loads(old.read_text())
+        prev = read_json(old)
         if prev.get("env") != env or prev.get("steps") != steps:
             raise ValueError(f"out: {out} holds a sweep with env={prev.get('env')!r}, steps={prev.get('steps')}; "
                              f"expected env={env!r}, steps={steps} to resume it (use another --out)")
@@ -147,7 +207,7 @@ def summarise(out: Path, tasks: list[dict]) -> dict:
     """Per label, the mean over seeds of each run's summary metrics."""
     by_label: dict[str, list[dict]] = {}
     for t in tasks:
-        done = json.loads((Path(out) / "runs" / t["id"] / "done.json").read_text())
+        done = read_json(Path(out) / "runs" / t["id"] / "done.json")
         by_label.setdefault(t["label"], []).append(done)
     table = {}
     for label, runs in by_label.items():

@@ -109,6 +109,50 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_path):
     assert ha and ha.keys() == hb.keys() and all(ha[k] == pytest.approx(hb[k]) for k in ha)
 
 
+def test_resume_under_a_changed_config_is_refused_unless_allowed_and_then_recorded(tmp_path, tiny_path):
+    raw = tiny_config(tmp_path / "run", "grpo", steps=1, run={"resume": True})
+    Trainer(from_dict(raw)).fit()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with metrics.open("a") as f:  # a kill while the next step's line was being written
+        f.write('{"step": 2, "reward": 0.')
+    changed = {**raw, "run": {**raw["run"], "steps": 2}, "algo": {**raw["algo"], "name": "dapo"},
+               "train": {"lr": 2e-3}}
+    with pytest.raises(ValueError, match=r"^run.out_dir: .* step 1 .*algo.name: 'grpo' -> 'dapo'; "
+                                         r"train.lr: 0.001 -> 0.002\); pass --allow-config-change"):
+        Trainer(from_dict(changed))
+    assert not (tmp_path / "run" / "config_history.jsonl").exists()
+    with pytest.warns(UserWarning, match=r"run/metrics.jsonl: dropped a half-written last line"):
+        tr = Trainer(from_dict(changed), allow_config_change=True)
+    tr.fit()
+    assert [m["step"] for m in _metrics(tmp_path / "run")] == [1, 2]
+    history = [json.loads(x) for x in (tmp_path / "run" / "config_history.jsonl").read_text().splitlines()]
+    assert len(history) == 1 and history[0]["from_step"] == 1
+    assert history[0]["changes"] == {"algo.name": ["grpo", "dapo"], "train.lr": [1e-3, 2e-3]}
+    assert history[0]["previous"]["algo"]["name"] == "grpo"
+    now = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert now["algo"]["name"] == "dapo" and now["train"]["lr"] == 2e-3
+    longer = {**changed, "run": {**changed["run"], "steps": 3}}  # more steps is no change of what is trained
+    Trainer(from_dict(longer)).fit()
+    assert [m["step"] for m in _metrics(tmp_path / "run")] == [1, 2, 3]
+    assert len((tmp_path / "run" / "config_history.jsonl").read_text().splitlines()) == 1
+
+
+def test_config_changes_name_nested_fields_and_leave_out_what_does_not_change_training():
+    from gpu.checkpoint import config_changes
+    old = from_dict({"algo": {"name": "grpo"}}).to_dict()
+    new = from_dict({"algo": {"name": "grpo", "hp": {"eps_high": 0.28}}, "run": {"steps": 99, "threads": 1}})
+    assert config_changes(old, new.to_dict()) == {"algo.hp.eps_high": [None, 0.28]}
+    assert config_changes(old, from_dict({}).to_dict()) == {}
+
+
+def test_an_out_dir_that_is_a_file_is_named_before_the_model_loads(tmp_path):
+    (tmp_path / "f").write_text("x")
+    for out in (tmp_path / "f", tmp_path / "f" / "run"):
+        with pytest.raises(ValueError, match=f"^run.out_dir: {tmp_path / 'f'} is a file"):
+            Trainer(from_dict(tiny_config(out, "grpo", model={"name": str(tmp_path / "no_such_model")})))
+
+
+
 @pytest.mark.parametrize("algo,agg", [("dapo", "token_mean"), ("grpo", None), ("dcpo", None)])
 def test_gradient_accumulation_gives_the_whole_batch_gradient(algo, agg, tmp_path, tiny_path):
     """Micro-batches of one group each, weighted by their share of the aggregation's units, accumulate the

@@ -1,0 +1,85 @@
+"""The files that runs write and read back (config.json, metrics.jsonl, summaries), shared by sim, gpu and harness:
+atomic writes, and reads whose failures are a ``ValueError`` naming the file. A writer killed mid-line leaves a
+half-written last line in a JSONL file; readers drop it with a warning instead of failing."""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+
+def write_text(path, text: str) -> None:
+    """Write ``text`` atomically: a temp file in the same folder, flushed to disk, then os.replace."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path, obj) -> None:
+    """Write ``obj`` as indented, key-sorted JSON, atomically."""
+    write_text(path, json.dumps(obj, indent=1, sort_keys=True))
+
+
+def read_json(path) -> dict:
+    """A JSON object from ``path``; a ValueError naming the file if it is unreadable, truncated or not an object."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror if isinstance(exc, OSError) else exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); truncated?") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def read_jsonl(path) -> list[dict]:
+    """One JSON object per line of ``path``. A last line that does not parse (a writer killed mid-line) is dropped
+    with a warning naming the file; a bad line elsewhere is a ValueError naming the file and the line."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror if isinstance(exc, OSError) else exc})") from None
+    numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+    records = []
+    for k, (lineno, line) in enumerate(numbered):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if k == len(numbered) - 1:
+                warnings.warn(f"{path}: dropped a half-written last line (line {lineno}: {exc.msg})", stacklevel=2)
+                break
+            raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}: line {lineno}: expected a JSON object, got {type(rec).__name__}")
+        records.append(rec)
+    return records
+
+
+def safe_name(text) -> str:
+    """``text`` as a file-name part: letters, digits and ``._-=`` kept, anything else ``_``."""
+    return "".join(c if c.isalnum() or c in "._-=" else "_" for c in str(text))
+
+
+def writable_folder(path, name: str) -> Path:
+    """Create the folder ``path`` (the setting ``name``) if needed and check that it can be written; a ValueError
+    naming ``name`` otherwise (a file in the way, no permission)."""
+    path = Path(path)
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = "" if blocker == path else f" (on the way to {path})"
+        raise ValueError(f"{name}: {blocker} is a file; expected a folder{where}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot create the folder {path} ({exc.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: the folder {path} is not writable")
+    return path
