@@ -56,6 +56,8 @@ def load(folder) -> dict:
     _sourced(r.get("settings", []), path, "settings")
     for name, run in r["runs"].items():
         get_algorithm(run["algorithm"])
+        _need(run.get("extends", name) in r["runs"] and run.get("extends") != name, path,
+              f"runs.{name}.extends: expected another run of this recipe, got {run.get('extends')!r}")
         _sourced(run.get("settings", []), path, f"runs.{name}.settings")
         if "trl" in run:
             _need("trl" in r, path, f"runs.{name}.trl: the recipe has no trl section")
@@ -75,10 +77,16 @@ def _run(r: dict, run: str) -> dict:
     return r["runs"][run]
 
 
+def _settings(r: dict, run: str) -> list:
+    """A run's own settings after those of the run it extends (a ladder adds one change per rung)."""
+    spec = _run(r, run)
+    return (_settings(r, spec["extends"]) if "extends" in spec else []) + spec.get("settings", [])
+
+
 def overrides(r: dict, run: str, paths: dict | None = None) -> list[str]:
     """The hydra overrides of ``run`` (recipe-wide settings, then the run's), with <model>, <train>, <val> replaced
     by ``paths`` where given."""
-    items = [str(s[0]) for s in r.get("settings", []) + _run(r, run).get("settings", [])]
+    items = [str(s[0]) for s in r.get("settings", []) + _settings(r, run)]
     for key, value in (paths or {}).items():
         items = [item.replace(f"<{key}>", str(value)) for item in items]
     return items
@@ -106,6 +114,9 @@ def _sidecar(r: dict, run: str, framework: str, out: Path) -> Path:
 
 def launch_verl(r: dict, run: str, paths: dict, out: Path, extra: list[str], dry_run: bool = False) -> list[str]:
     """Run verl's trainer with the recipe's overrides, its file and console loggers writing into OUT/recipe/run."""
+    if "unavailable" in _run(r, run):
+        raise ValueError(f"run: {run!r} of {r['folder'] / 'recipe.yaml'} cannot run in verl: "
+                         f"{_run(r, run)['unavailable']}")
     check_paths(r, paths)
     folder = _sidecar(r, run, "verl", out)
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(r, run, paths),
@@ -163,9 +174,17 @@ def trl_trainer(r: dict, run: str, paths: dict, out: Path, **args):
 
 
 # ---- the cost table --------------------------------------------------------------------------------------------
-def run_cost(r: dict, run: str, gpu: str) -> dict:
-    """GPU-hours and memory of one run of a recipe on ``gpu``."""
-    b, s = r["budget"], r["sharding"]
+def trl_sharding(r: dict) -> dict:
+    """The TRL variant's sharding: ZeRO-3 over ``trl.gpus``, one micro-batch of whole sequences per GPU, and the
+    colocated vLLM engine's share."""
+    a = {k: v for k, v, _ in r["trl"]["args"]}
+    return {"gpus": r["trl"]["gpus"], "rollout_share": a["vllm_gpu_memory_utilization"],
+            "tokens_per_gpu": a["per_device_train_batch_size"] * (a["max_prompt_length"] + a["max_completion_length"])}
+
+
+def run_cost(r: dict, run: str, gpu: str, sharding: dict | None = None) -> dict:
+    """GPU-hours and memory of one run of a recipe on ``gpu`` (under the recipe's verl sharding unless given)."""
+    b, s = r["budget"], sharding or r["sharding"]
     ref = any(o == "actor_rollout_ref.actor.use_kl_loss=True" for o in overrides(r, run))
     budget = recipe_cost.Budget(b["prompts"], b["group"], b["prompt_len"], b["response_len"], b["steps"],
                                 b.get("epochs", 1), ref)
@@ -176,13 +195,15 @@ def run_cost(r: dict, run: str, gpu: str) -> dict:
 
 def cost_table(recipes=None) -> str:
     """The markdown cost table: one row per recipe run, H100 and H200."""
-    lines = ["| recipe | run | GPUs | tokens/step | H100 GPU-h | H200 GPU-h | of which generation (H200) | "
+    lines = ["| recipe | run | framework, GPUs | tokens/step | H100 GPU-h | H200 GPU-h | of which generation (H200) | "
              "memory/GPU training (states + activations) | H100 fits | H200 fits |", "|---" * 10 + "|"]
     for r in recipes or all_recipes():
-        for run in r["runs"]:
-            h100, h200 = run_cost(r, run, "H100"), run_cost(r, run, "H200")
+        rows = [(run, "verl", r["sharding"]) for run in r["runs"]]
+        rows += [(run, "TRL", trl_sharding(r)) for run, spec in r["runs"].items() if "trl" in spec]
+        for run, framework, shard in rows:
+            h100, h200 = run_cost(r, run, "H100", shard), run_cost(r, run, "H200", shard)
             lines.append(
-                f"| {r['name']} | {run} | {r['sharding']['gpus']} | {h200['tokens_per_step']:.3g} | "
+                f"| {r['name']} | {run} | {framework}, {shard['gpus']} | {h200['tokens_per_step']:.3g} | "
                 f"{h100['gpu_hours']:,.0f} | {h200['gpu_hours']:,.0f} | {h200['generate_h']:,.0f} | "
                 f"{h200['mem_train'] / 1e9:.1f} GB ({h200['mem_states'] / 1e9:.1f} + "
                 f"{h200['mem_activations'] / 1e9:.1f}) | {'yes' if h100['mem_fits'] else 'no'} | "

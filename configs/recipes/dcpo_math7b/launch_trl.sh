@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The TRL + accelerate variant of one run (one node, 8 GPUs, ZeRO-3; runs: grpo, dcpo):
+#   launch_trl.sh RUN --model MODEL_DIR --train TRAIN.jsonl|parquet [--out runs/cluster]
+# Writes OUT/<recipe>/<run>/run.json and TRL's checkpoints and trainer_state.json; rerunning resumes.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cd "$here/../../.."
+exec accelerate launch --config_file "$here/accelerate_zero3.yaml" -m harness.recipes trl "$here" "$@"
