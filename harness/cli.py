@@ -89,13 +89,17 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit or toy_lm.")
 
 
 @app.command()
-def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders or real-model run folders."),
+def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders, real-model run folders, or verl / "
+                                                      "TRL logs (files or folders) from configs/recipes runs."),
            out: Optional[Path] = typer.Option(None, help="Markdown file (default DIRS[0]/report.md); PNGs beside "
                                                            "it.")):
     """A markdown report with plots. Simulator sweeps: curves per algorithm with seed bands, a summary, and the
     papers' claims with measurements and verdicts. Real-model runs (cliplab train): curves and a summary per run."""
-    from harness import real_report
+    from harness import cluster_logs, real_report
     from harness import report as sim_report
+    if cluster_logs.handles(dirs):  # verl / TRL logs from a cluster (configs/recipes)
+        typer.echo(_user_errors(cluster_logs.write_report, dirs, out))
+        return
     real = any('"rollout"' in p.read_text() for d in dirs for p in Path(d).glob("**/config.json"))
     if real:
         typer.echo(_user_errors(real_report.write_report, dirs, out or dirs[0] / "report.md"))

@@ -18,7 +18,7 @@ Memory per GPU when the model states are fully sharded over n GPUs (FSDP / ZeRO-
 master weights, fp32 gradients and Adam's two moments: 16 bytes per parameter), with gradient checkpointing:
 16 * N_total / n + T * hidden * layers * 2 (the checkpointed layer inputs, bf16, T tokens per micro-batch per GPU)
 + T * vocab * 4 (one micro-batch's fp32 logits). The rollout engine, colocated, takes its ``gpu_memory_utilization``
-share of the GPU while it generates (verl frees it for training).
+share of the GPU while it generates; verl frees it for training, TRL's colocated vLLM keeps it.
 """
 from __future__ import annotations
 
@@ -118,8 +118,10 @@ def gpu_hours(model: str, gpu: str, budget: Budget, mfu: float = MFU, decode_bat
             "gpu_hours": per_step * budget.steps / 3600}
 
 
-def memory_per_gpu(model: str, gpu: str, n_gpus: int, tokens_per_gpu: int, rollout_share: float) -> dict:
-    """Bytes per GPU while training (sharded states + activations + logits) and while generating (engine share)."""
+def memory_per_gpu(model: str, gpu: str, n_gpus: int, tokens_per_gpu: int, rollout_share: float,
+                   engine_resident: bool = False) -> dict:
+    """Bytes per GPU while training (sharded states + activations + logits) and while generating (engine share);
+    it fits when training fits, beside the engine's share if the engine stays resident (TRL's colocated vLLM)."""
     m, g = _check(model, gpu, Budget(1, 1, 1, 1, 1))
     if n_gpus < 1 or tokens_per_gpu < 1 or not 0 < rollout_share <= 1:
         raise ValueError(f"sharding: expected n_gpus >= 1, tokens_per_gpu >= 1 and 0 < rollout_share <= 1, got "
@@ -128,4 +130,4 @@ def memory_per_gpu(model: str, gpu: str, n_gpus: int, tokens_per_gpu: int, rollo
     activations = tokens_per_gpu * m.hidden * m.layers * 2 + tokens_per_gpu * m.vocab * 4
     train = states + activations
     return {"states": states, "activations": activations, "train": train, "rollout": rollout_share * g.memory,
-            "fits": train <= g.memory}
+            "fits": train + (rollout_share * g.memory if engine_resident else 0.0) <= g.memory}

@@ -178,7 +178,7 @@ def trl_sharding(r: dict) -> dict:
     """The TRL variant's sharding: ZeRO-3 over ``trl.gpus``, one micro-batch of whole sequences per GPU, and the
     colocated vLLM engine's share."""
     a = {k: v for k, v, _ in r["trl"]["args"]}
-    return {"gpus": r["trl"]["gpus"], "rollout_share": a["vllm_gpu_memory_utilization"],
+    return {"gpus": r["trl"]["gpus"], "rollout_share": a["vllm_gpu_memory_utilization"], "engine_resident": True,
             "tokens_per_gpu": a["per_device_train_batch_size"] * (a["max_prompt_length"] + a["max_completion_length"])}
 
 
@@ -189,7 +189,8 @@ def run_cost(r: dict, run: str, gpu: str, sharding: dict | None = None) -> dict:
     budget = recipe_cost.Budget(b["prompts"], b["group"], b["prompt_len"], b["response_len"], b["steps"],
                                 b.get("epochs", 1), ref)
     cost = recipe_cost.gpu_hours(r["model"]["name"], gpu, budget)
-    mem = recipe_cost.memory_per_gpu(r["model"]["name"], gpu, s["gpus"], s["tokens_per_gpu"], s["rollout_share"])
+    mem = recipe_cost.memory_per_gpu(r["model"]["name"], gpu, s["gpus"], s["tokens_per_gpu"], s["rollout_share"],
+                                     s.get("engine_resident", False))
     return {**cost, **{f"mem_{k}": v for k, v in mem.items()}}
 
 

@@ -50,6 +50,9 @@ class CliplabGRPOTrainer(GRPOTrainer):
                                   **self.cliplab_hparams)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["clip_ratio/region_mean"].append(stats["clip_frac"])
+        rows = mask.sum(1) > 0  # RUR: share of (non-empty) completions with a non-zero advantage (DCPO Table 2)
+        self._metrics[mode]["cliplab/rur"].append(float((inputs["advantages"][rows] != 0).float().mean())
+                                                  if rows.any() else 0.0)
         if "kl_mean" in stats:
             self._metrics[mode]["kl"].append(stats["kl_mean"])
         return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)

@@ -1,0 +1,168 @@
+"""cliplab report on a cluster's logs: verl's file-logger JSONL and console lines and TRL's trainer_state.json,
+written here in each framework's format (by verl's own logger classes where importable), mapped onto cliplab's
+metrics, with claims, published numbers, absent metrics and cut-short logs; and on the committed CPU runs."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import cluster_logs
+from harness.cli import app
+from harness.published import PUBLISHED
+from harness.recipes import all_recipes
+
+CPU_RUNS = Path(__file__).resolve().parent.parent / "reports" / "real" / "runs"
+
+
+def verl_metrics(step, algo):
+    """A step's metrics under verl's names; the clip fraction differs by algorithm as the papers say."""
+    clip = {"dcpo": 0.001, "grpo": 0.02, "dapo": 0.03, "gspo": 0.15}[algo]
+    return {"actor/pg_clipfrac": clip, "actor/entropy": 1.0 - 0.01 * step, "critic/score/mean": 0.1 * step,
+            "response_length/mean": 100.0 + step, "actor/cliplab_rur": 0.7 if algo == "dcpo" else 0.4,
+            "timing_s/step": 3.0}
+
+
+def write_verl_jsonl(path: Path, algo: str, steps: int, val_every: int = 2):
+    """verl's FileLogger (verl.utils.tracking) writing the log, as a verl run with logger=[file] does."""
+    tracking = pytest.importorskip("verl.utils.tracking")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    import os
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(path)
+    try:
+        logger = tracking.FileLogger("p", algo)
+        for s in range(1, steps + 1):
+            data = verl_metrics(s, algo)
+            if s % val_every == 0:
+                data["val-core/aime24/acc/mean@32"] = 0.01 * s
+            logger.log(data, s)
+        logger.finish()
+    finally:
+        del os.environ["VERL_FILE_LOGGER_PATH"]
+
+
+def comparison_row(md: str, label: str) -> str:
+    """The label's row in the report's comparison table (the second table that lists it)."""
+    return [line for line in md.splitlines() if line.startswith(f"| {label} |")][1]
+
+
+def write_run_json(folder: Path, recipe, run, algorithm, steps, params=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run.json").write_text(json.dumps({"recipe": recipe, "run": run, "framework": "verl",
+                                                 "algorithm": algorithm, "params": params or {}, "steps": steps}))
+
+
+def test_verl_file_logger_runs_map_onto_cliplabs_metrics_with_published_numbers(tmp_path):
+    for algo in ("grpo", "dapo", "gspo", "dcpo"):
+        write_run_json(tmp_path / "dcpo_math7b" / algo, "dcpo_math7b", algo, algo, 10)
+        write_verl_jsonl(tmp_path / "dcpo_math7b" / algo / "verl.jsonl", algo, 10)
+    runs, notes = cluster_logs.load([tmp_path])
+    assert not notes and len(runs) == 4
+    dcpo = next(r for r in runs if r["label"] == "dcpo")
+    assert [r["step"] for r in dcpo["records"]] == list(range(1, 11))
+    rec = dcpo["records"][3]  # step 4: every mapped metric under cliplab's name, values unchanged
+    assert rec["clip_frac"] == 0.001 and rec["entropy"] == pytest.approx(0.96) and rec["reward"] == pytest.approx(0.4)
+    assert rec["resp_len"] == 104.0 and rec["rur"] == 0.7 and rec["accuracy"] == pytest.approx(0.04)
+    assert "accuracy" not in dcpo["records"][2]  # no validation at step 3: absent, not carried over
+    md = cluster_logs.write_report([tmp_path], tmp_path / "report.md").read_text()
+    row = comparison_row(md, "dcpo")
+    assert "10%" in row  # accuracy last logged: step 10's 0.1
+    assert "38.8%" in row and "71.8%" in row  # DCPO's published AIME24 Avg@32 and RUR beside
+    tcr = next(line for line in md.splitlines() if "DCPO's TCR" in line)
+    assert "**reproduced**" in tcr  # 0.1% vs 2%/3%: a factor of 20
+    rur = next(line for line in md.splitlines() if "DCPO's RUR" in line)
+    assert "**absent**" not in rur
+    assert "kl_ref (final) | zero_grad_frac" in md and "| absent |" in row  # no KL, no zero-std share in verl logs
+    sapo = next(line for line in md.splitlines() if "SAPO with tau_neg" in line)
+    assert "n/a" in sapo or "absent" in sapo
+
+
+def test_verl_console_lines_parse_as_verl_prints_them(tmp_path):
+    agg = pytest.importorskip("verl.utils.logger.aggregate_logger")
+    lines = ["(TaskRunner pid=1) starting", *(agg.concat_dict_to_str(verl_metrics(s, "grpo"), step=s)
+                                              for s in range(1, 4))]
+    log = tmp_path / "console.log"
+    log.write_text("\n".join(lines) + "\n")
+    records, framework, note = cluster_logs.read_log(log)
+    assert framework == "verl" and note == "" and [r["step"] for r in records] == [1, 2, 3]
+    assert records[1]["clip_frac"] == 0.02 and records[1]["resp_len"] == 102.0
+
+
+def trl_state(steps, max_steps, algo_clip=0.01, beta=False):
+    """trainer_state.json as transformers' Trainer writes it for a GRPOTrainer run (logging_steps=1)."""
+    hist = []
+    for s in range(1, steps + 1):
+        e = {"loss": 0.01, "grad_norm": 0.5, "learning_rate": 1e-6, "num_tokens": 1000.0 * s,
+             "completions/mean_length": 50.0 + s, "completions/clipped_ratio": 0.0, "reward": 0.1 * s,
+             "reward_std": 0.3, "frac_reward_zero_std": 0.25, "clip_ratio/region_mean": algo_clip,
+             "cliplab/rur": 0.75, "epoch": s / 10, "step": s}
+        if beta:
+            e["kl"] = 0.001 * s
+        hist.append(e)
+    if steps == max_steps:
+        hist.append({"train_runtime": 12.0, "train_loss": 0.01, "epoch": 1.0, "step": steps})
+    return {"global_step": steps, "max_steps": max_steps, "log_history": hist, "epoch": steps / 10}
+
+
+def test_trl_trainer_state_maps_and_a_cut_short_run_is_reported_to_its_last_step(tmp_path, capsys):
+    for run, algo, steps in (("grpo", "grpo", 6), ("dcpo", "dcpo", 4)):
+        folder = tmp_path / "dcpo_math7b" / run
+        write_run_json(folder, "dcpo_math7b", run, algo, 6)
+        ck = folder / "checkpoint-4"  # a run killed after its checkpoint at step 4 has no final state
+        ck.mkdir(parents=True)
+        (ck / "trainer_state.json").write_text(json.dumps(trl_state(4, 6, beta=algo == "grpo")))
+        if steps == 6:
+            (folder / "trainer_state.json").write_text(json.dumps(trl_state(6, 6, 0.02, beta=True)))
+    runs, notes = cluster_logs.load([tmp_path])
+    by = {r["label"]: r for r in runs}
+    assert [r["step"] for r in by["dcpo"]["records"]] == [1, 2, 3, 4] and len(by["grpo"]["records"]) == 6
+    assert notes == [f"{tmp_path / 'dcpo_math7b' / 'dcpo' / 'checkpoint-4' / 'trainer_state.json'}: cut short at "
+                     "step 4 of 6"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "checkpoint-4/trainer_state.json" in err[0] and "reported up to step 4" in err[0]
+    rec = by["grpo"]["records"][2]
+    assert rec["clip_frac"] == 0.02 and rec["zero_grad_frac"] == 0.25 and rec["kl_ref"] == pytest.approx(0.003)
+    assert rec["rur"] == 0.75 and rec["resp_len"] == 53.0 and "entropy" not in rec
+    md = cluster_logs.write_report([tmp_path], tmp_path / "r.md").read_text()
+    assert "## Cut short" in md
+    row = comparison_row(md, "dcpo")
+    assert row.count("absent") >= 2  # no entropy and no validation accuracy in TRL's log
+
+
+def test_the_cpu_runs_and_a_cluster_log_in_one_report(tmp_path):
+    write_run_json(tmp_path / "c" / "gspo", "gspo_vs_grpo", "gspo", "gspo", 5)
+    write_verl_jsonl(tmp_path / "c" / "gspo" / "verl.jsonl", "gspo", 5)
+    runs, _ = cluster_logs.load([CPU_RUNS, tmp_path])
+    labels = {r["label"] for r in runs}
+    assert {"gspo (gspo_vs_grpo)", "grpo", "dcpo"} <= labels or {"gspo", "grpo", "dcpo"} <= labels
+    cpu = next(r for r in runs if r["algo"] == "dcpo")
+    assert np.isfinite([rec.get("rur", np.nan) for rec in cpu["records"]]).any()  # cliplab's own RUR is read
+    md = cluster_logs.write_report([CPU_RUNS, tmp_path], tmp_path / "both.md").read_text()
+    assert "DCPO's RUR" in md and (tmp_path / "both_curves.png").exists()
+
+
+def test_bad_logs_are_one_line_errors_naming_the_file(tmp_path):
+    from typer.testing import CliRunner
+    runner = CliRunner()
+    odd = tmp_path / "odd.log"
+    odd.write_text("hello\n")
+    for path, expected in ((odd, f"{odd}: unknown log format"),
+                           (tmp_path / "missing.jsonl", f"{tmp_path / 'missing.jsonl'}: no such file")):
+        res = runner.invoke(app, ["report", str(path), "--out", str(tmp_path / "r.md")])
+        assert res.exit_code == 2 and res.output.strip().splitlines() == [f"error: {expected}" + res.output.strip()
+                                                                          .split(expected, 1)[1]]
+    cut = tmp_path / "x" / "verl.jsonl"
+    write_verl_jsonl(cut, "grpo", 3)
+    cut.write_bytes(cut.read_bytes() + b'{"step": 4, "data": {"actor/pg_clip')  # killed mid-write
+    records, _, note = cluster_logs.read_log(cut)
+    assert [r["step"] for r in records] == [1, 2, 3] and "cut short" in note
+
+
+def test_published_numbers_name_real_recipe_runs_and_match_the_reference_values():
+    runs = {(r["name"], run) for r in all_recipes() for run in r["runs"]}
+    assert set(PUBLISHED) <= runs
+    dapo = [PUBLISHED[("dapo_ladder_32b", run)]["accuracy"][0] for run in
+            ("naive_grpo", "overlong_filter", "clip_higher", "soft_overlong", "token_level", "dynamic_sampling")]
+    assert dapo == sorted(dapo) and dapo[0] == 0.30 and dapo[-1] == 0.50  # each rung adds, as DAPO Table 1
+    assert all(src.startswith(("DCPO 2509.02333", "DAPO 2503.14476")) for v in PUBLISHED.values()
+               for _, src in v.values())
