@@ -96,10 +96,10 @@ def check_paths(r: dict, paths: dict) -> None:
     """Each path the recipe is asked to use exists (one line naming the missing one)."""
     for key in PLACEHOLDERS:
         for p in str(paths.get(key) or "").split(","):
+            what = f"{r['model']['name']} model folder" if key == "model" else f"{key} data file"
             if not p or not Path(p).exists():
                 raise ValueError(f"--{key}: {p or '(none given)'} does not exist (recipe "
-                                 f"{r['folder'] / 'recipe.yaml'} needs its {r['model']['name'] if key == 'model' else key} "
-                                 f"{'model folder' if key == 'model' else 'data file'})")
+                                 f"{r['folder'] / 'recipe.yaml'} needs its {what})")
 
 
 def _sidecar(r: dict, run: str, framework: str, out: Path) -> Path:
@@ -178,8 +178,9 @@ def trl_sharding(r: dict) -> dict:
     """The TRL variant's sharding: ZeRO-3 over ``trl.gpus``, one micro-batch of whole sequences per GPU, and the
     colocated vLLM engine's share."""
     a = {k: v for k, v, _ in r["trl"]["args"]}
+    tokens = a["per_device_train_batch_size"] * (r["budget"]["prompt_len"] + a["max_completion_length"])
     return {"gpus": r["trl"]["gpus"], "rollout_share": a["vllm_gpu_memory_utilization"], "engine_resident": True,
-            "tokens_per_gpu": a["per_device_train_batch_size"] * (a["max_prompt_length"] + a["max_completion_length"])}
+            "tokens_per_gpu": tokens}
 
 
 def run_cost(r: dict, run: str, gpu: str, sharding: dict | None = None) -> dict:
