@@ -102,13 +102,14 @@ def check_paths(r: dict, paths: dict) -> None:
                                  f"{r['folder'] / 'recipe.yaml'} needs its {what})")
 
 
-def _sidecar(r: dict, run: str, framework: str, out: Path) -> Path:
+def _sidecar(r: dict, run: str, framework: str, out: Path, steps: int) -> Path:
+    """OUT/<recipe>/<run>/run.json: what the run is and how many steps it plans (to tell a cut-short log)."""
     folder = out / r["name"] / run
     folder.mkdir(parents=True, exist_ok=True)
     spec = _run(r, run)
     (folder / "run.json").write_text(json.dumps({
         "recipe": r["name"], "run": run, "framework": framework, "algorithm": spec["algorithm"],
-        "params": spec.get("params", {}), "steps": r["budget"]["steps"], "paper": r.get("paper")}, indent=1))
+        "params": spec.get("params", {}), "steps": steps, "paper": r.get("paper")}, indent=1))
     return folder
 
 
@@ -118,7 +119,9 @@ def launch_verl(r: dict, run: str, paths: dict, out: Path, extra: list[str], dry
         raise ValueError(f"run: {run!r} of {r['folder'] / 'recipe.yaml'} cannot run in verl: "
                          f"{_run(r, run)['unavailable']}")
     check_paths(r, paths)
-    folder = _sidecar(r, run, "verl", out)
+    key = "trainer.total_training_steps="
+    steps = [int(o[len(key):]) for o in overrides(r, run) + extra if o.startswith(key)]
+    folder = _sidecar(r, run, "verl", out, steps[-1] if steps else r["budget"]["steps"])
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(r, run, paths),
            "trainer.logger=[console,file]", f"trainer.project_name={r['name']}", f"trainer.experiment_name={run}",
            f"trainer.default_local_dir={folder / 'checkpoints'}", *extra]
@@ -164,10 +167,10 @@ def trl_trainer(r: dict, run: str, paths: dict, out: Path, **args):
     from harness.targets.trl import _import_trl
     trl = _import_trl()
     from gpu.integrations.trl_plugin import CliplabGRPOTrainer
-    folder = _sidecar(r, run, "trl", out)
     config = {k: v for k, v, _ in r["trl"]["args"]}
     config.update({k: v for k, v, _ in spec["trl"].get("args", [])})
-    config.update(output_dir=str(folder), **args)
+    config.update(args)
+    config["output_dir"] = str(_sidecar(r, run, "trl", out, config["max_steps"]))
     return CliplabGRPOTrainer(model=str(paths["model"]), reward_funcs=_trl_reward(r["trl"]["reward"]),
                               args=trl.GRPOConfig(**config), train_dataset=_dataset(paths["train"]),
                               algorithm=spec["algorithm"], hparams=dict(spec["trl"].get("hparams") or {}))

@@ -11,6 +11,7 @@ from harness import cluster_logs
 from harness.cli import app
 from harness.published import PUBLISHED
 from harness.recipes import all_recipes
+from gpu_helpers import tiny_path  # noqa: F401  (fixture)
 
 CPU_RUNS = Path(__file__).resolve().parent.parent / "reports" / "real" / "runs"
 
@@ -139,6 +140,10 @@ def test_the_cpu_runs_and_a_cluster_log_in_one_report(tmp_path):
     assert np.isfinite([rec.get("rur", np.nan) for rec in cpu["records"]]).any()  # cliplab's own RUR is read
     md = cluster_logs.write_report([CPU_RUNS, tmp_path], tmp_path / "both.md").read_text()
     assert "DCPO's RUR" in md and (tmp_path / "both_curves.png").exists()
+    clips = [rec.get("clip_frac") for r in runs if r.get("framework") is None for rec in r["records"]]
+    if not any(clips):  # one epoch on-policy: every ratio is 1, no run clipped: the TCR claim has nothing to compare
+        tcr = next(line for line in md.splitlines() if "DCPO's TCR" in line)
+        assert "**not reproduced**" in tcr and "nothing to compare" in tcr
 
 
 def test_bad_logs_are_one_line_errors_naming_the_file(tmp_path):
@@ -166,3 +171,29 @@ def test_published_numbers_name_real_recipe_runs_and_match_the_reference_values(
     assert dapo == sorted(dapo) and dapo[0] == 0.30 and dapo[-1] == 0.50  # each rung adds, as DAPO Table 1
     assert all(src.startswith(("DCPO 2509.02333", "DAPO 2503.14476")) for v in PUBLISHED.values()
                for _, src in v.values())
+
+
+def test_a_trl_recipe_run_on_a_tiny_model_reports_from_its_own_trainer_state(tmp_path, tiny_path):
+    """The TRL variant trains two steps, writes trainer_state.json as TRL does, and the report reads it."""
+    pytest.importorskip("trl")
+    from harness import recipes
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(f'{{"problem": "{a} + {b} = ?", "answer": "{a + b}"}}\n'
+                            for a in range(3) for b in range(2)))
+    r = next(x for x in all_recipes() if x["name"] == "dcpo_math7b")
+    out = tmp_path / "runs"
+    trainer = recipes.trl_trainer(r, "dcpo", {"model": tiny_path, "train": data}, out, use_vllm=False, bf16=False,
+                                  use_cpu=True, gradient_checkpointing=False, num_generations=2,
+                                  per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                                  max_completion_length=6, max_steps=2, learning_rate=1e-3, save_steps=100)
+    trainer.train()
+    trainer.save_state()
+    runs, notes = cluster_logs.load([out])
+    (run,) = runs
+    assert run["framework"] == "trl" and run["algo"] == "dcpo" and [x["step"] for x in run["records"]] == [1, 2]
+    assert notes == []  # all of its max_steps done
+    assert json.loads((out / "dcpo_math7b" / "dcpo" / "run.json").read_text())["steps"] == 2
+    for rec in run["records"]:
+        assert 0.0 <= rec["clip_frac"] <= 1.0 and 0.0 <= rec["rur"] <= 1.0 and rec["resp_len"] > 0
+    md = cluster_logs.write_report([out], tmp_path / "trl.md").read_text()
+    assert "38.8%" in comparison_row(md, "dcpo")
