@@ -2,9 +2,10 @@
 advantage names resolve to cliplab's functions through verl's registry, and one actor loss call equals
 gpu.policy_loss; the TRL variant builds its trainer on a tiny model; the cost model equals a hand computation; bad
 paths are one-line errors naming the file."""
+import json
 import os
+import zlib
 
-import numpy as np
 import pytest
 import torch
 
@@ -60,11 +61,12 @@ def test_each_verl_run_composes_and_its_names_resolve_to_cliplab(recipe, run):
 
     # one actor loss call, on CPU tensors, with the ActorConfig verl builds from the composed config
     actor = omega_conf_to_dataclass(actor_cfg)
-    g = torch.Generator().manual_seed(hash((recipe, run)) % 2**31)
+    g = torch.Generator().manual_seed(zlib.crc32(f"{recipe}/{run}".encode()))
     rows, width = 2 * actor.rollout_n, 5
     old = -torch.rand(rows, width, generator=g, dtype=torch.float64) * 3
     logp = (old + 0.3 * torch.randn(rows, width, generator=g, dtype=torch.float64)).requires_grad_(True)
     adv = torch.randn(rows, 1, generator=g, dtype=torch.float64).expand(rows, width).contiguous()
+    adv[actor.rollout_n:] = 0.0  # the second group is all-equal: its responses carry no gradient
     mask = torch.rand(rows, width, generator=g) < 0.8
     mask[:, 0] = True
     loss, metrics = fn(old, logp, adv, mask, "token-mean", actor)
@@ -77,6 +79,7 @@ def test_each_verl_run_composes_and_its_names_resolve_to_cliplab(recipe, run):
     want, stats = gpu.policy_loss(algorithm, logp, old, adv, mask.double(), group_size=actor.rollout_n, **hp)
     assert loss.item() == pytest.approx(want.item(), rel=1e-12, abs=1e-15)
     assert metrics["actor/pg_clipfrac"] == pytest.approx(stats["clip_frac"])
+    assert metrics["actor/cliplab_rur"] == 0.5  # RUR: half the responses have a non-zero advantage
 
 
 def test_recipe_settings_are_the_papers():
@@ -114,7 +117,12 @@ def test_missing_paths_and_unavailable_runs_are_one_line_errors(tmp_path, capsys
     cmd = recipes.launch_verl(r, "dcpo", {"model": tmp_path / "m", "train": tmp_path, "val": tmp_path}, tmp_path,
                               ["trainer.total_training_steps=2"], dry_run=True)
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and cmd[-1] == "trainer.total_training_steps=2"
-    assert (tmp_path / "dcpo_math7b" / "dcpo" / "run.json").exists()
+    assert json.loads((tmp_path / "dcpo_math7b" / "dcpo" / "run.json").read_text())["steps"] == 2
+    import verl  # the launched command line is valid for verl's config too
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                               version_base=None):
+        cfg = compose("ppo_trainer", overrides=cmd[3:])
+    assert list(cfg.trainer.logger) == ["console", "file"] and cfg.trainer.total_training_steps == 2
 
 
 def test_gpu_hours_and_memory_equal_a_hand_computation():
