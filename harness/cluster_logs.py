@@ -87,25 +87,35 @@ def read_verl_jsonl(path: Path) -> tuple[list[dict], str]:
     return _merge(records), note
 
 
-_CONSOLE_ITEM = re.compile(r"^(?P<key>[^:]+):(?P<value>.+)$")
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)")
+_CONSOLE_STEP = re.compile(r"(?:^|\s)step:(?P<step>\d+) - (?P<rest>.*)$")
+_WRAPPED = re.compile(r"^[\w.]+\((?P<inner>[^()]*)\)$")  # np.float64(0.5), tensor(0.5): pprint of numpy/torch
+
+
+def _console_value(text: str) -> float | None:
+    text = text.strip()
+    m = _WRAPPED.match(text)
+    try:
+        return float((m.group("inner") if m else text).split(",")[0])
+    except ValueError:
+        return None
 
 
 def read_verl_console(path: Path) -> tuple[list[dict], str]:
+    """Lines ``step:N - key:value - ...`` as verl's console logger prints them, anywhere in a line (Ray prefixes
+    its workers' output with ``(TaskRunner pid=...)``)."""
     lines, complete = _lines(path)
     records = []
     for line in lines:
-        if not line.startswith("step:"):
+        m = _CONSOLE_STEP.search(line)
+        if not m:
             continue  # other console output
-        parts = line.split(" - ")
-        step = int(parts[0][5:])
         data = {}
-        for part in parts[1:]:
-            m = _CONSOLE_ITEM.match(part.strip())
-            num = _NUMBER.search(m.group("value")) if m else None
-            if num:
-                data[m.group("key")] = float(num.group())
-        records.append(_mapped(step, data, VERL))
+        for part in m.group("rest").split(" - "):
+            key, sep, value = part.partition(":")
+            number = _console_value(value) if sep else None
+            if number is not None:
+                data[key.strip()] = number
+        records.append(_mapped(int(m.group("step")), data, VERL))
     if not records:
         raise ValueError(f"{path}: no 'step:N - key:value' lines; expected {FORMATS}")
     return _merge(records), "" if complete else "cut short (its last line is incomplete)"
@@ -148,7 +158,7 @@ def read_log(path) -> tuple[list[dict], str, str]:
             reader = read_verl_jsonl
         elif head.startswith("{") and '"log_history"' in head:
             reader = read_trl_state
-        elif re.search(r"^step:\d+ - ", head, re.M):
+        elif any(_CONSOLE_STEP.search(line) for line in head.splitlines()):
             reader = read_verl_console
         else:
             raise ValueError(f"{path}: unknown log format; expected {FORMATS}")
@@ -194,8 +204,8 @@ def load(paths) -> tuple[list[dict], list[str]]:
                 if log is None:
                     raise ValueError(f"{f / 'run.json'}: no log beside it (expected one of {', '.join(LOG_NAMES)})")
                 logs.append(log)
-            runs += [r for r in load_runs([p]) if not any(Path(r["dir"]) == f for f in folders)] \
-                if any(p.glob("**/metrics.jsonl")) else []
+            if any(p.glob("**/metrics.jsonl")):  # cliplab's own run folders (cliplab train / sim)
+                runs += [{**r, "framework": "cliplab"} for r in load_runs([p])]
         for log in logs:
             run = _run_of(log)
             if run["note"]:
@@ -229,7 +239,7 @@ def _unique_labels(runs: list[dict]) -> None:
         seen[r["label"]] = seen.get(r["label"], 0) + 1
     for r in runs:
         if seen[r["label"]] > 1:
-            r["label"] = f"{r['label']} ({r.get('recipe') or r.get('framework') or Path(r['dir']).name})"
+            r["label"] = f"{r['label']} ({r.get('recipe') or r['framework']})"
 
 
 # ---- the report ------------------------------------------------------------------------------------------------
@@ -279,7 +289,7 @@ def write_report(paths, out_md=None) -> Path:
              "| label | framework | algorithm | params | steps | log | note |", "|---|---|---|---|---|---|---|"]
     for label in groups.labels():
         r = groups.runs[label][0]
-        lines.append(f"| {label} | {r.get('framework', 'cliplab')} | {r['algo']} | "
+        lines.append(f"| {label} | {r['framework']} | {r['algo']} | "
                      f"{', '.join(f'{k}={v}' for k, v in r['params'].items()) or '-'} | {len(r['records'])} | "
                      f"{r.get('log', r['dir'])} | {r.get('note') or '-'} |")
     lines += ["", "## Comparison", "",

@@ -80,13 +80,17 @@ def test_verl_file_logger_runs_map_onto_cliplabs_metrics_with_published_numbers(
 
 def test_verl_console_lines_parse_as_verl_prints_them(tmp_path):
     agg = pytest.importorskip("verl.utils.logger.aggregate_logger")
-    lines = ["(TaskRunner pid=1) starting", *(agg.concat_dict_to_str(verl_metrics(s, "grpo"), step=s)
-                                              for s in range(1, 4))]
-    log = tmp_path / "console.log"
+    def metrics(s):  # verl's values are often numpy scalars, which pprint writes as np.float64(...)
+        return {k: np.float64(v) if k.startswith("actor/") else v for k, v in verl_metrics(s, "grpo").items()}
+    lines = ["(TaskRunner pid=1) starting", agg.concat_dict_to_str(metrics(1), step=1),
+             *(f"(TaskRunner pid=7) {agg.concat_dict_to_str(metrics(s), step=s)}" for s in (2, 3))]  # Ray's prefix
+    log = tmp_path / "run.txt"
     log.write_text("\n".join(lines) + "\n")
     records, framework, note = cluster_logs.read_log(log)
     assert framework == "verl" and note == "" and [r["step"] for r in records] == [1, 2, 3]
-    assert records[1]["clip_frac"] == 0.02 and records[1]["resp_len"] == 102.0
+    for rec in records:
+        assert rec["clip_frac"] == 0.02 and rec["resp_len"] == 100.0 + rec["step"]
+        assert rec["entropy"] == pytest.approx(1.0 - 0.01 * rec["step"])
 
 
 def trl_state(steps, max_steps, algo_clip=0.01, beta=False):
@@ -134,13 +138,14 @@ def test_the_cpu_runs_and_a_cluster_log_in_one_report(tmp_path):
     write_run_json(tmp_path / "c" / "gspo", "gspo_vs_grpo", "gspo", "gspo", 5)
     write_verl_jsonl(tmp_path / "c" / "gspo" / "verl.jsonl", "gspo", 5)
     runs, _ = cluster_logs.load([CPU_RUNS, tmp_path])
-    labels = {r["label"] for r in runs}
-    assert {"gspo (gspo_vs_grpo)", "grpo", "dcpo"} <= labels or {"gspo", "grpo", "dcpo"} <= labels
+    labels = {r["label"]: r["framework"] for r in runs}
+    assert labels["gspo (gspo_vs_grpo)"] == "verl" and labels["gspo (cliplab)"] == "cliplab"
+    assert labels["grpo"] == labels["dcpo"] == "cliplab"
     cpu = next(r for r in runs if r["algo"] == "dcpo")
     assert np.isfinite([rec.get("rur", np.nan) for rec in cpu["records"]]).any()  # cliplab's own RUR is read
     md = cluster_logs.write_report([CPU_RUNS, tmp_path], tmp_path / "both.md").read_text()
     assert "DCPO's RUR" in md and (tmp_path / "both_curves.png").exists()
-    clips = [rec.get("clip_frac") for r in runs if r.get("framework") is None for rec in r["records"]]
+    clips = [rec.get("clip_frac") for r in runs if r["framework"] == "cliplab" for rec in r["records"]]
     if not any(clips):  # one epoch on-policy: every ratio is 1, no run clipped: the TCR claim has nothing to compare
         tcr = next(line for line in md.splitlines() if "DCPO's TCR" in line)
         assert "**not reproduced**" in tcr and "nothing to compare" in tcr
