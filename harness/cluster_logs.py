@@ -176,12 +176,33 @@ def _log_of(folder: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def _run_folders(root: Path) -> list[Path]:
+    """Folders under ``root`` holding run.json or a log under its usual name (a checkpoint's state counts for the
+    folder above it)."""
+    found = set()
+    for name in (*LOG_NAMES, "run.json"):
+        for q in root.glob(f"**/{name}"):
+            found.add(q.parent.parent if q.parent.name.startswith("checkpoint-") else q.parent)
+    return sorted(found)
+
+
+def _named_verl_logs(root: Path, folders: list[Path]) -> list[Path]:
+    """verl file-logger files at verl's default place, <project>/<experiment>.jsonl, outside the run folders."""
+    out = []
+    for q in sorted(root.glob("**/*.jsonl")):
+        if q.name not in ("metrics.jsonl", "verl.jsonl") and q.parent not in folders:
+            with q.open(errors="replace") as f:
+                if f.read(16).replace(" ", "").startswith('{"step":'):
+                    out.append(q)
+    return out
+
+
 def handles(paths) -> bool:
     """Whether ``paths`` hold a cluster log (so that ``cliplab report`` uses this module)."""
     for p in map(Path, paths):
         if not p.is_dir():  # a log file, or a path that does not exist (reported as such)
             return True
-        if p.is_dir() and any(any(p.glob(f"**/{n}")) for n in (*LOG_NAMES, "run.json")):
+        if _run_folders(p) or _named_verl_logs(p, []):
             return True
     return False
 
@@ -196,9 +217,8 @@ def load(paths) -> tuple[list[dict], list[str]]:
         if p.is_file():
             logs = [p]
         else:
-            folders = sorted({q.parent for n in (*LOG_NAMES, "run.json") for q in p.glob(f"**/{n}")
-                              if "checkpoint-" not in q.parent.name})
-            logs = []
+            folders = _run_folders(p)
+            logs = _named_verl_logs(p, folders)
             for f in folders:
                 log = _log_of(f)
                 if log is None:

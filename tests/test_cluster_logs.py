@@ -78,6 +78,15 @@ def test_verl_file_logger_runs_map_onto_cliplabs_metrics_with_published_numbers(
     assert "n/a" in sapo or "absent" in sapo
 
 
+def test_verl_file_logs_at_verls_default_place_are_found(tmp_path):
+    """Without cliplab's launcher verl writes <project>/<experiment>.jsonl; the experiment names the run."""
+    write_verl_jsonl(tmp_path / "DCPO" / "dcpo.jsonl", "dcpo", 3)
+    write_verl_jsonl(tmp_path / "DCPO" / "grpo-baseline.jsonl", "grpo", 3)
+    assert cluster_logs.handles([tmp_path])
+    runs, _ = cluster_logs.load([tmp_path])
+    assert {r["label"]: r["algo"] for r in runs} == {"dcpo": "dcpo", "grpo-baseline": None}  # names, not guesses
+
+
 def test_verl_console_lines_parse_as_verl_prints_them(tmp_path):
     agg = pytest.importorskip("verl.utils.logger.aggregate_logger")
     def metrics(s):  # verl's values are often numpy scalars, which pprint writes as np.float64(...)
