@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from spec.registry import get_algorithm
+from spec.registry import ALGORITHMS
 
 from . import recipe_cost
 
@@ -50,14 +50,15 @@ def load(folder) -> dict:
     path = folder / "recipe.yaml"
     _need(path.is_file(), path, "no such recipe file")
     r = yaml.safe_load(path.read_text())
-    _need(isinstance(r, dict) and set(r) <= KEYS and {"title", "model", "budget", "runs"} <= set(r), path,
-          f"expected the keys {sorted(KEYS)}")
+    _need(isinstance(r, dict) and set(r) <= KEYS and KEYS - {"trl", "settings"} <= set(r), path,
+          f"expected the keys {sorted(KEYS)} (trl and settings optional)")
     _need(r["model"].get("name") in recipe_cost.MODELS, path, f"model.name: expected one of {list(recipe_cost.MODELS)}")
     _sourced(r.get("settings", []), path, "settings")
     for name, run in r["runs"].items():
-        get_algorithm(run["algorithm"])
-        _need(run.get("extends", name) in r["runs"] and run.get("extends") != name, path,
-              f"runs.{name}.extends: expected another run of this recipe, got {run.get('extends')!r}")
+        _need(run.get("algorithm") in ALGORITHMS, path, f"runs.{name}.algorithm: expected one of {list(ALGORITHMS)}")
+        if "extends" in run:
+            _need(run["extends"] in r["runs"] and run["extends"] != name, path,
+                  f"runs.{name}.extends: expected another run of this recipe, got {run['extends']!r}")
         _sourced(run.get("settings", []), path, f"runs.{name}.settings")
         if "trl" in run:
             _need("trl" in r, path, f"runs.{name}.trl: the recipe has no trl section")

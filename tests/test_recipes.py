@@ -125,6 +125,17 @@ def test_missing_paths_and_unavailable_runs_are_one_line_errors(tmp_path, capsys
     assert list(cfg.trainer.logger) == ["console", "file"] and cfg.trainer.total_training_steps == 2
 
 
+def test_a_recipe_without_a_source_or_with_an_unknown_algorithm_is_refused(tmp_path):
+    good = (RECIPES["gspo_vs_grpo"]["folder"] / "recipe.yaml").read_text()
+    unsourced = good.replace(', "GSPO Sec. 5.1 (3e-4 / 4e-4)"]', "]", 1)
+    for broken, expected in ((unsourced, "every setting needs its source"),
+                             (good.replace("algorithm: gspo", "algorithm: gspox"), "runs.gspo.algorithm: expected"),
+                             (good.replace("not_reproduced:", "skipped:"), "expected the keys")):
+        (tmp_path / "recipe.yaml").write_text(broken)
+        with pytest.raises(ValueError, match=f"^{tmp_path / 'recipe.yaml'}: .*{expected}"):
+            recipes.load(tmp_path)
+
+
 def test_gpu_hours_and_memory_equal_a_hand_computation():
     b = recipe_cost.Budget(prompts=512, group=16, prompt_len=1024, response_len=3072, steps=400, ref=True)
     got = recipe_cost.gpu_hours("Qwen2.5-Math-7B", "H100", b)
