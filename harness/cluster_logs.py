@@ -41,7 +41,7 @@ NEEDS = {claim_dcpo_tcr: (("clip_frac",), ("dcpo", "grpo", "dapo")),
          claim_sapo: (("accuracy_exact", "entropy"), ("sapo",)),
          claim_dynamic_sampling: (("gen_per_trained", "zero_grad_frac"), ("dapo",)),
          claim_dcpo_accuracy: (("accuracy",), ("dcpo", "gspo", "grpo", "dapo"))}
-COLUMNS = (("reward", "first"), ("reward", "last"), ("accuracy", "last logged"), ("clip_frac", "mean"),
+COLUMNS = (("reward", "first"), ("reward", "last"), ("accuracy", "final"), ("clip_frac", "mean"),
            ("rur", "mean"), ("entropy", "final"), ("resp_len", "mean"), ("kl_ref", "final"),
            ("zero_grad_frac", "mean"))
 
@@ -264,13 +264,13 @@ def _unique_labels(runs: list[dict]) -> None:
 
 # ---- the report ------------------------------------------------------------------------------------------------
 def _value(groups: Groups, label: str, key: str, part: str) -> float:
-    c = groups.curve(label, key)[0] if groups.runs[label][0]["records"] else np.array([])
-    c = c[np.isfinite(c)] if part in ("last logged", "mean") else c
-    if not np.isfinite(c).any():
+    """``key`` over the steps that log it: the mean of the first or last 20% of them, their mean, or the last."""
+    c = groups.curve(label, key)[0]
+    c = c[np.isfinite(c)]
+    if not c.size:
         return float("nan")
-    n = max(1, len(c) // 5)
-    return float({"first": np.nanmean(c[:n]), "last": np.nanmean(c[-n:]), "last logged": c[-1],
-                  "final": c[np.isfinite(c)][-1], "mean": np.mean(c)}[part])
+    n = max(1, c.size // 5)
+    return float({"first": c[:n].mean(), "last": c[-n:].mean(), "final": c[-1], "mean": c.mean()}[part])
 
 
 def _cell(v: float, key: str) -> str:
@@ -315,8 +315,8 @@ def write_report(paths, out_md=None) -> Path:
     lines += ["", "## Comparison", "",
               "Measured from each framework's own metric names mapped onto cliplab's (verl: "
               + ", ".join(f"`{k}` -> {v}" for k, v in VERL.items()) + ", `val-core/<source>/acc/mean@N` -> accuracy; "
-              "TRL: " + ", ".join(f"`{k}` -> {v}" for k, v in TRL.items()) + "). first/last: mean over the first/last "
-              "20% of steps; final / last logged: the last value; mean: over the steps that log it. A metric the "
+              "TRL: " + ", ".join(f"`{k}` -> {v}" for k, v in TRL.items()) + "). Over the steps that log a metric: "
+              "first/last: the mean of the first/last 20% of them; final: the last value; mean: all. A metric the "
               "log does not have is **absent**, never estimated. published: the paper's number for this recipe "
               "run.", "",
               "| label | " + " | ".join(f"{k} ({p})" for k, p in COLUMNS) + " | published |",

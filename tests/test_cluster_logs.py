@@ -67,7 +67,7 @@ def test_verl_file_logger_runs_map_onto_cliplabs_metrics_with_published_numbers(
     assert "accuracy" not in dcpo["records"][2]  # no validation at step 3: absent, not carried over
     md = cluster_logs.write_report([tmp_path], tmp_path / "report.md").read_text()
     row = comparison_row(md, "dcpo")
-    assert "10%" in row  # accuracy last logged: step 10's 0.1
+    assert "| 10% |" in row  # accuracy (final): step 10's validation 0.1
     assert "38.8%" in row and "71.8%" in row  # DCPO's published AIME24 Avg@32 and RUR beside
     tcr = next(line for line in md.splitlines() if "DCPO's TCR" in line)
     assert "**reproduced**" in tcr  # 0.1% vs 2%/3%: a factor of 20
@@ -211,3 +211,19 @@ def test_a_trl_recipe_run_on_a_tiny_model_reports_from_its_own_trainer_state(tmp
         assert 0.0 <= rec["clip_frac"] <= 1.0 and 0.0 <= rec["rur"] <= 1.0 and rec["resp_len"] > 0
     md = cluster_logs.write_report([out], tmp_path / "trl.md").read_text()
     assert "38.8%" in comparison_row(md, "dcpo")
+
+
+def test_the_dapo_ladder_logs_give_the_clip_higher_claim_and_the_ladders_published_numbers(tmp_path):
+    """run.json carries each rung's params, so the clip-higher pair (eps_high 0.2 vs 0.28, nothing else) is found."""
+    ladder = next(r for r in all_recipes() if r["name"] == "dapo_ladder_32b")
+    for run, entropy_drop in (("naive_grpo", 0.05), ("clip_higher", 0.01)):
+        spec = ladder["runs"][run]
+        write_run_json(tmp_path / run, "dapo_ladder_32b", run, spec["algorithm"], 6, spec["params"])
+        path = tmp_path / run / "verl.jsonl"
+        path.write_text("".join(json.dumps({"step": s, "data": {"actor/entropy": 1.0 - entropy_drop * s,
+                                                                 "actor/pg_clipfrac": 0.01}}) + "\n"
+                                for s in range(1, 7)))
+    md = cluster_logs.write_report([tmp_path], tmp_path / "r.md").read_text()
+    row = next(line for line in md.splitlines() if "Clip-higher slows entropy collapse" in line)
+    assert "**reproduced**" in row and "0.7 vs 0.28 0.94" in row.replace("eps_high=0.2 ", "").replace(" ± 0", "")
+    assert "30%" in comparison_row(md, "naive_grpo") and "38%" in comparison_row(md, "clip_higher")
