@@ -209,6 +209,7 @@ def test_a_trl_recipe_run_on_a_tiny_model_reports_from_its_own_trainer_state(tmp
     assert json.loads((out / "dcpo_math7b" / "dcpo" / "run.json").read_text())["steps"] == 2
     for rec in run["records"]:
         assert 0.0 <= rec["clip_frac"] <= 1.0 and 0.0 <= rec["rur"] <= 1.0 and rec["resp_len"] > 0
+        assert 0.0 < rec["entropy"] <= np.log(trainer.model.config.vocab_size)  # nats, at most log |V|
     md = cluster_logs.write_report([out], tmp_path / "trl.md").read_text()
     assert "38.8%" in comparison_row(md, "dcpo")
 

@@ -7,7 +7,8 @@ Load it in every verl process through verl's plugin entry point (group ``verl.pl
 ``VERL_USE_EXTERNAL_MODULES=gpu.integrations.verl_plugin``. Clip widths come from verl's ``clip_ratio_low`` /
 ``clip_ratio_high`` and SAPO's temperatures from ``tau_pos`` / ``tau_neg``; G from ``rollout_n``; Dr.GRPO's L from
 ``loss_scale_factor`` (else the padded response width); the aggregation is the paper's, or the one named:
-``cliplab_dapo_token_mean``, ``cliplab_dcpo_seq_mean_token_sum``, ..."""
+``cliplab_dapo_token_mean``, ``cliplab_dcpo_seq_mean_token_sum``, ... Besides verl's ``actor/pg_clipfrac`` (cliplab's
+clip_frac) each loss logs ``actor/cliplab_rur``, the share of responses with a non-zero advantage."""
 from __future__ import annotations
 
 import torch
