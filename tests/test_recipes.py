@@ -169,6 +169,8 @@ def test_the_trl_variant_builds_its_trainer_on_a_tiny_model(tmp_path, tiny_path)
     for run in ("dcpo", "grpo"):
         trainer = recipes.trl_trainer(r, run, {"model": tiny_path, "train": data}, tmp_path, **small)
         assert trainer.cliplab_algorithm == run and trainer.args.temperature == 1.0
-        assert trainer.args.learning_rate == 1e-6 and trainer.beta == (0.001 if run == "grpo" else 0.0)
+        beta = 0.001 if run == "grpo" else 0.0  # GRPO's k3 term (cliplab's, inside the token sum) needs TRL's ref
+        assert trainer.args.learning_rate == 1e-6 and trainer.beta == beta
+        assert trainer.cliplab_hparams.get("beta", 0.0) == beta
     with pytest.raises(ValueError, match="has no TRL variant"):
         recipes.trl_trainer(r, "gspo", {"model": tiny_path, "train": data}, tmp_path)
