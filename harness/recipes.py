@@ -120,14 +120,15 @@ def launch_verl(r: dict, run: str, paths: dict, out: Path, extra: list[str], dry
         raise ValueError(f"run: {run!r} of {r['folder'] / 'recipe.yaml'} cannot run in verl: "
                          f"{_run(r, run)['unavailable']}")
     check_paths(r, paths)
-    key = "trainer.total_training_steps="
-    steps = [int(o[len(key):]) for o in overrides(r, run) + extra if o.startswith(key)]
-    folder = _sidecar(r, run, "verl", out, steps[-1] if steps else r["budget"]["steps"])
+    folder = out / r["name"] / run
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(r, run, paths),
            "trainer.logger=[console,file]", f"trainer.project_name={r['name']}", f"trainer.experiment_name={run}",
            f"trainer.default_local_dir={folder / 'checkpoints'}", *extra]
     if dry_run:
         return cmd
+    key = "trainer.total_training_steps="
+    steps = [int(o[len(key):]) for o in cmd if o.startswith(key)]
+    _sidecar(r, run, "verl", out, steps[-1] if steps else r["budget"]["steps"])
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(folder / "verl.jsonl"),
            "VERL_USE_EXTERNAL_MODULES": "gpu.integrations.verl_plugin"}
     with (folder / "console.log").open("a") as log, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,

@@ -2,7 +2,6 @@
 advantage names resolve to cliplab's functions through verl's registry, and one actor loss call equals
 gpu.policy_loss; the TRL variant builds its trainer on a tiny model; the cost model equals a hand computation; bad
 paths are one-line errors naming the file."""
-import json
 import os
 import zlib
 
@@ -117,12 +116,40 @@ def test_missing_paths_and_unavailable_runs_are_one_line_errors(tmp_path, capsys
     cmd = recipes.launch_verl(r, "dcpo", {"model": tmp_path / "m", "train": tmp_path, "val": tmp_path}, tmp_path,
                               ["trainer.total_training_steps=2"], dry_run=True)
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and cmd[-1] == "trainer.total_training_steps=2"
-    assert json.loads((tmp_path / "dcpo_math7b" / "dcpo" / "run.json").read_text())["steps"] == 2
+    assert not (tmp_path / "dcpo_math7b").exists()  # a dry run writes nothing
     import verl  # the launched command line is valid for verl's config too
     with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
                                version_base=None):
         cfg = compose("ppo_trainer", overrides=cmd[3:])
     assert list(cfg.trainer.logger) == ["console", "file"] and cfg.trainer.total_training_steps == 2
+
+
+def test_a_launch_runs_verls_trainer_with_cliplabs_plugin_and_keeps_its_logs(tmp_path, monkeypatch):
+    """verl's trainer replaced by a process that prints as verl's console logger does: the launcher tees it into
+    console.log, points verl's file logger into the run folder and loads cliplab's plug-in in every process."""
+    import json
+    seen = {}
+
+    class FakeVerl:
+        def __init__(self, cmd, env, stdout, stderr, text):
+            seen.update(cmd=cmd, env=env)
+            self.stdout, self.returncode = iter(["step:1 - actor/pg_clipfrac:0.01\n"]), 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(recipes.subprocess, "Popen", FakeVerl)
+    (tmp_path / "m").mkdir()
+    paths = {"model": tmp_path / "m", "train": tmp_path, "val": tmp_path}
+    recipes.launch_verl(RECIPES["dcpo_math7b"], "dcpo", paths, tmp_path, ["trainer.total_training_steps=7"])
+    folder = tmp_path / "dcpo_math7b" / "dcpo"
+    assert seen["env"]["VERL_FILE_LOGGER_PATH"] == str(folder / "verl.jsonl")
+    assert seen["env"]["VERL_USE_EXTERNAL_MODULES"] == "gpu.integrations.verl_plugin"
+    assert (folder / "console.log").read_text() == "step:1 - actor/pg_clipfrac:0.01\n"
+    meta = json.loads((folder / "run.json").read_text())
+    assert (meta["algorithm"], meta["steps"], meta["framework"]) == ("dcpo", 7, "verl")
 
 
 def test_a_recipe_without_a_source_or_with_an_unknown_algorithm_is_refused(tmp_path):
