@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .claims import (CLAIMS, claim_clip_higher, claim_dcpo_accuracy, claim_dcpo_rur, claim_dcpo_tcr,
-                     claim_drgrpo_length, claim_dynamic_sampling, claim_gspo_clips, claim_sapo)
+from .claims import CLAIMS
 from .published import published
 from .rundirs import Groups, fmt, load_runs
 
@@ -32,15 +31,15 @@ TRL = {"clip_ratio/region_mean": "clip_frac", "entropy": "entropy", "reward": "r
 LOG_NAMES = ("verl.jsonl", "console.log", "trainer_state.json")
 FORMATS = "verl's file-logger JSONL, verl's console log (step:N - key:value lines) or TRL's trainer_state.json"
 
-#: The metrics (and algorithms whose runs must have them) each claim reads.
-NEEDS = {claim_dcpo_tcr: (("clip_frac",), ("dcpo", "grpo", "dapo")),
-         claim_dcpo_rur: (("rur",), ("dcpo", "grpo")),
-         claim_clip_higher: (("entropy", "clip_frac"), ("grpo", "dapo", "ppo", "dr_grpo")),
-         claim_gspo_clips: (("clip_frac",), ("gspo", "grpo")),
-         claim_drgrpo_length: (("len_wrong",), ("grpo", "dr_grpo")),
-         claim_sapo: (("accuracy_exact", "entropy"), ("sapo",)),
-         claim_dynamic_sampling: (("gen_per_trained", "zero_grad_frac"), ("dapo",)),
-         claim_dcpo_accuracy: (("accuracy",), ("dcpo", "gspo", "grpo", "dapo"))}
+#: The metrics (and algorithms whose runs must have them) each claim of ``harness.claims`` reads, by its name.
+NEEDS = {"claim_dcpo_tcr": (("clip_frac",), ("dcpo", "grpo", "dapo")),
+         "claim_dcpo_rur": (("rur",), ("dcpo", "grpo")),
+         "claim_clip_higher": (("entropy", "clip_frac"), ("grpo", "dapo", "ppo", "dr_grpo")),
+         "claim_gspo_clips": (("clip_frac",), ("gspo", "grpo")),
+         "claim_drgrpo_length": (("len_wrong",), ("grpo", "dr_grpo")),
+         "claim_sapo": (("accuracy_exact", "entropy"), ("sapo",)),
+         "claim_dynamic_sampling": (("gen_per_trained", "zero_grad_frac"), ("dapo",)),
+         "claim_dcpo_accuracy": (("accuracy",), ("dcpo", "gspo", "grpo", "dapo"))}
 COLUMNS = (("reward", "first"), ("reward", "last"), ("accuracy", "final"), ("clip_frac", "mean"),
            ("rur", "mean"), ("entropy", "final"), ("resp_len", "mean"), ("kl_ref", "final"),
            ("zero_grad_frac", "mean"))
@@ -280,7 +279,7 @@ def _cell(v: float, key: str) -> str:
 def claim_rows(groups: Groups) -> list[str]:
     rows = []
     for text, fn in CLAIMS:
-        keys, algos = NEEDS[fn]
+        keys, algos = NEEDS[fn.__name__]
         used = [lbl for lbl in groups.labels() if groups.runs[lbl][0]["algo"] in algos]
         lacking = sorted({k for lbl in used for k in keys if not np.isfinite(groups.curve(lbl, k)).any()})
         if used and lacking:

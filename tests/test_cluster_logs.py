@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_helpers import tiny_path  # noqa: F401  (fixture)
 
 from harness import cluster_logs
 from harness.cli import app
 from harness.published import PUBLISHED
 from harness.recipes import all_recipes
-from gpu_helpers import tiny_path  # noqa: F401  (fixture)
 
 CPU_RUNS = Path(__file__).resolve().parent.parent / "reports" / "real" / "runs"
 

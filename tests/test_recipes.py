@@ -9,12 +9,12 @@ import pytest
 import torch
 
 pytest.importorskip("verl.trainer.ppo.core_algos")
+from gpu_helpers import tiny_path  # noqa: E402,F401  (fixture)
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 import gpu  # noqa: E402
 from gpu.integrations import verl_plugin  # noqa: E402
-from gpu_helpers import tiny_path  # noqa: E402,F401  (fixture)
 from harness import recipe_cost, recipes  # noqa: E402
 from spec.registry import get_algorithm  # noqa: E402
 
