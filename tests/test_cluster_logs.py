@@ -228,3 +228,8 @@ def test_the_dapo_ladder_logs_give_the_clip_higher_claim_and_the_ladders_publish
     row = next(line for line in md.splitlines() if "Clip-higher slows entropy collapse" in line)
     assert "**reproduced**" in row and "0.7 vs 0.28 0.94" in row.replace("eps_high=0.2 ", "").replace(" ± 0", "")
     assert "30%" in comparison_row(md, "naive_grpo") and "38%" in comparison_row(md, "clip_higher")
+
+
+def test_every_claim_says_which_metrics_it_reads():
+    from harness.claims import CLAIMS
+    assert {fn.__name__ for _, fn in CLAIMS} == set(cluster_logs.NEEDS)
