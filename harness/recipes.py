@@ -93,9 +93,9 @@ def overrides(r: dict, run: str, paths: dict | None = None) -> list[str]:
     return items
 
 
-def check_paths(r: dict, paths: dict) -> None:
+def check_paths(r: dict, paths: dict, keys=PLACEHOLDERS) -> None:
     """Each path the recipe is asked to use exists (one line naming the missing one)."""
-    for key in PLACEHOLDERS:
+    for key in keys:
         for p in str(paths.get(key) or "").split(","):
             what = f"{r['model']['name']} model folder" if key == "model" else f"{key} data file"
             if not p or not Path(p).exists():
@@ -108,9 +108,11 @@ def _sidecar(r: dict, run: str, framework: str, out: Path, steps: int) -> Path:
     folder = out / r["name"] / run
     folder.mkdir(parents=True, exist_ok=True)
     spec = _run(r, run)
-    (folder / "run.json").write_text(json.dumps({
+    tmp = folder / f".run.json.{os.getpid()}"  # every process of a distributed launch writes it: atomically
+    tmp.write_text(json.dumps({
         "recipe": r["name"], "run": run, "framework": framework, "algorithm": spec["algorithm"],
         "params": spec.get("params", {}), "steps": steps, "paper": r.get("paper")}, indent=1))
+    os.replace(tmp, folder / "run.json")
     return folder
 
 
@@ -143,9 +145,19 @@ def launch_verl(r: dict, run: str, paths: dict, out: Path, extra: list[str], dry
 
 # ---- TRL + accelerate ------------------------------------------------------------------------------------------
 def _dataset(path):
+    """Prompts and gold answers for TRL: verl's RL parquet (``prompt`` messages, ``reward_model.ground_truth``), so
+    both frameworks train on one file, or a GSM8K / MATH layout file (gpu.data.load_local)."""
     from datasets import Dataset
 
     from gpu.data import load_local
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pandas as pd
+        rows = pd.read_parquet(path)
+        if "reward_model" in rows.columns:
+            prompts = [p if isinstance(p, str) else [dict(m) for m in p] for p in rows["prompt"]]
+            answers = [str(rm["ground_truth"]) for rm in rows["reward_model"]]
+            return Dataset.from_dict({"prompt": prompts, "answer": answers})
     problems = load_local(path)
     return Dataset.from_dict({"prompt": [p.question for p in problems], "answer": [p.answer for p in problems]})
 
@@ -165,7 +177,7 @@ def trl_trainer(r: dict, run: str, paths: dict, out: Path, **args):
     spec = _run(r, run)
     if "trl" not in spec:
         raise ValueError(f"run: {run!r} of {r['folder'] / 'recipe.yaml'} has no TRL variant (see its not_reproduced)")
-    check_paths(r, {**paths, "val": paths.get("val") or paths["train"]})
+    check_paths(r, paths, keys=("model", "train"))
     from harness.targets.trl import _import_trl
     trl = _import_trl()
     from gpu.integrations.trl_plugin import CliplabGRPOTrainer

@@ -199,5 +199,11 @@ def test_the_trl_variant_builds_its_trainer_on_a_tiny_model(tmp_path, tiny_path)
         beta = 0.001 if run == "grpo" else 0.0  # GRPO's k3 term (cliplab's, inside the token sum) needs TRL's ref
         assert trainer.args.learning_rate == 1e-6 and trainer.beta == beta
         assert trainer.cliplab_hparams.get("beta", 0.0) == beta
+    import pandas as pd  # verl's RL parquet layout trains the TRL variant too (one data file for both frameworks)
+    verl_layout = tmp_path / "train.parquet"
+    pd.DataFrame({"data_source": ["math"], "prompt": [[{"role": "user", "content": "1 + 1 = ?"}]],
+                  "reward_model": [{"ground_truth": "2", "style": "rule"}]}).to_parquet(verl_layout)
+    trainer = recipes.trl_trainer(r, "dcpo", {"model": tiny_path, "train": verl_layout}, tmp_path, **small)
+    assert trainer.train_dataset[0] == {"prompt": [{"role": "user", "content": "1 + 1 = ?"}], "answer": "2"}
     with pytest.raises(ValueError, match="has no TRL variant"):
         recipes.trl_trainer(r, "gspo", {"model": tiny_path, "train": data}, tmp_path)
