@@ -53,8 +53,7 @@ def warn(path, text: str) -> None:
 def _lines(path: Path) -> tuple[list[str], bool]:
     """The file's lines and whether the last one is complete (ends with a newline)."""
     text = path.read_text(errors="replace")
-    lines = text.split("\n")
-    return (lines[:-1], True) if text.endswith("\n") or not text else (lines[:-1], False)
+    return text.split("\n")[:-1], text.endswith("\n") or not text
 
 
 def _mapped(step: int, data: dict, names: dict) -> dict:
