@@ -193,10 +193,10 @@ def test_the_trl_variant_builds_its_trainer_on_a_tiny_model(tmp_path, tiny_path)
     r = RECIPES["dcpo_math7b"]
     small = dict(use_vllm=False, bf16=False, use_cpu=True, gradient_checkpointing=False, num_generations=2,
                  per_device_train_batch_size=2, gradient_accumulation_steps=1, max_completion_length=4, max_steps=1)
-    for run in ("dcpo", "grpo"):
+    for run in ("dcpo", "grpo", "gspo"):
         trainer = recipes.trl_trainer(r, run, {"model": tiny_path, "train": data}, tmp_path, **small)
         assert trainer.cliplab_algorithm == run and trainer.args.temperature == 1.0
-        beta = 0.001 if run == "grpo" else 0.0  # GRPO's k3 term (cliplab's, inside the token sum) needs TRL's ref
+        beta = 0.0 if run == "dcpo" else 0.001  # the k3 term (cliplab's, inside the token sum) needs TRL's ref
         assert trainer.args.learning_rate == 1e-6 and trainer.beta == beta
         assert trainer.cliplab_hparams.get("beta", 0.0) == beta
     import pandas as pd  # verl's RL parquet layout trains the TRL variant too (one data file for both frameworks)
@@ -206,4 +206,4 @@ def test_the_trl_variant_builds_its_trainer_on_a_tiny_model(tmp_path, tiny_path)
     trainer = recipes.trl_trainer(r, "dcpo", {"model": tiny_path, "train": verl_layout}, tmp_path, **small)
     assert trainer.train_dataset[0] == {"prompt": [{"role": "user", "content": "1 + 1 = ?"}], "answer": "2"}
     with pytest.raises(ValueError, match="has no TRL variant"):
-        recipes.trl_trainer(r, "gspo", {"model": tiny_path, "train": data}, tmp_path)
+        recipes.trl_trainer(r, "dapo", {"model": tiny_path, "train": data}, tmp_path)
