@@ -18,6 +18,8 @@ def claim_dcpo_tcr(g: Groups):
     lo = min(vals["grpo"][0], vals["dapo"][0])
     ratio = lo / vals["dcpo"][0] if vals["dcpo"][0] > 0 else float("inf")
     meas += f"; min(GRPO, DAPO) / DCPO = {ratio:.3g}x" if np.isfinite(ratio) else "; DCPO clipped no token"
+    if not lo > 0:
+        return meas, "not reproduced", "GRPO or DAPO clipped no token either: nothing to compare"
     if ratio >= 10:
         why = "consistent with DCPO's bound widening as the sampling probability q falls (q = 0.1: [0.5, 2.0])"
         if vals["dcpo"][0] == 0:
@@ -104,6 +106,8 @@ def claim_gspo_clips(g: Groups):
     (ms_, ss), (mg, sg) = mean_se(g.per_seed(gs, "clip_frac")), mean_se(g.per_seed(gr, "clip_frac"))
     ratio = ms_ / mg if mg > 0 else float("inf")
     meas = f"GSPO {fmt(ms_, ss, True)} vs GRPO {fmt(mg, sg, True)}: {ratio:.3g}x (paper: about 100x)"
+    if not ms_ > 0:
+        return meas, "not reproduced", "GSPO clipped no token"
     if ratio >= 100:
         return meas, "reproduced", "GSPO's sequence-level bound of 3e-4/4e-4 is tiny, and clips whole sequences"
     if ratio >= 10:

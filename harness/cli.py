@@ -90,7 +90,8 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit or toy_lm.")
 
 
 @app.command()
-def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders or real-model run folders."),
+def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders, real-model run folders, or verl / "
+                                                      "TRL logs (files or folders) from configs/recipes runs."),
            out: Optional[Path] = typer.Option(None, help="Markdown file (default DIRS[0]/report.md); PNGs beside "
                                                            "it.")):
     """A markdown report with plots. Simulator sweeps: curves per algorithm with seed bands, a summary, and the
@@ -99,11 +100,13 @@ def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders 
 
 
 def _report(dirs: list[Path], out: Optional[Path]) -> Path:
-    """The real-model report if any run under ``dirs`` is a real-model run (its config has a rollout section),
-    else the simulator's."""
-    from harness import real_report
+    """Cluster logs (verl, TRL: configs/recipes) get the cluster report; else the real-model report if any run
+    under ``dirs`` is a real-model run (its config has a rollout section), else the simulator's."""
+    from harness import cluster_logs, real_report
     from harness import report as sim_report
     from harness.rundirs import check_dirs
+    if cluster_logs.handles(dirs):
+        return cluster_logs.write_report(dirs, out)
     check_dirs(dirs)
     if any('"rollout"' in p.read_text() for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
         return real_report.write_report(dirs, out or dirs[0] / "report.md")

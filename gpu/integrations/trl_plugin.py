@@ -5,7 +5,8 @@
 
 Generation, rewards and TRL's advantages are TRL's; the loss is cliplab's. G is ``num_generations`` (each
 micro-batch must hold whole groups for the group aggregations); Dr.GRPO's L is ``max_completion_length``; a KL
-term is added only when ``hparams`` sets ``beta`` (cliplab's k-estimators, inside the token sum)."""
+term is added only when ``hparams`` sets ``beta`` (cliplab's k-estimators, inside the token sum). Logged per step:
+``clip_ratio/region_mean`` (cliplab's clip_frac), ``entropy``, ``cliplab/rur`` and ``kl``."""
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,8 @@ class CliplabGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         ids = (inputs["prompt_ids"], inputs["completion_ids"])
         masks = (inputs["prompt_mask"], inputs["completion_mask"])
-        logps, _, _ = self._get_per_token_logps_and_entropies(
-            model, torch.cat(ids, dim=1), torch.cat(masks, dim=1), ids[1].size(1))
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, torch.cat(ids, dim=1), torch.cat(masks, dim=1), ids[1].size(1), compute_entropy=True)
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs[
             "tool_mask"]
         old = inputs.get("old_per_token_logps")
@@ -50,6 +51,10 @@ class CliplabGRPOTrainer(GRPOTrainer):
                                   **self.cliplab_hparams)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["clip_ratio/region_mean"].append(stats["clip_frac"])
+        self._metrics[mode]["entropy"].append(float((entropies.detach() * mask).sum() / mask.sum().clamp(min=1)))
+        rows = mask.sum(1) > 0  # RUR: share of (non-empty) completions with a non-zero advantage (DCPO Table 2)
+        self._metrics[mode]["cliplab/rur"].append(float((inputs["advantages"][rows] != 0).float().mean())
+                                                  if rows.any() else 0.0)
         if "kl_mean" in stats:
             self._metrics[mode]["kl"].append(stats["kl_mean"])
         return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)

@@ -7,7 +7,8 @@ Load it in every verl process through verl's plugin entry point (group ``verl.pl
 ``VERL_USE_EXTERNAL_MODULES=gpu.integrations.verl_plugin``. Clip widths come from verl's ``clip_ratio_low`` /
 ``clip_ratio_high`` and SAPO's temperatures from ``tau_pos`` / ``tau_neg``; G from ``rollout_n``; Dr.GRPO's L from
 ``loss_scale_factor`` (else the padded response width); the aggregation is the paper's, or the one named:
-``cliplab_dapo_token_mean``, ``cliplab_dcpo_seq_mean_token_sum``, ..."""
+``cliplab_dapo_token_mean``, ``cliplab_dcpo_seq_mean_token_sum``, ... Besides verl's ``actor/pg_clipfrac`` (cliplab's
+clip_frac) each loss logs ``actor/cliplab_rur``, the share of responses with a non-zero advantage."""
 from __future__ import annotations
 
 import torch
@@ -83,8 +84,10 @@ def make_policy_loss(name: str, agg: str | None = None):
         loss = loss * _global_scale(mask, hp["agg"], group_size, dict(config.get("global_batch_info") or {}))
         on = mask > 0
         ppo_kl = float((old_log_prob - log_prob).detach()[on].mean()) if on.any() else 0.0
+        rows = on.any(-1)  # RUR: share of (non-empty) responses with a non-zero advantage (DCPO Table 2)
+        rur = float(((advantages != 0) & on).any(-1)[rows].float().mean()) if rows.any() else 0.0
         return loss, {"actor/pg_clipfrac": stats["clip_frac"], "actor/ppo_kl": ppo_kl,
-                      "actor/pg_clipfrac_lower": 0.0}
+                      "actor/pg_clipfrac_lower": 0.0, "actor/cliplab_rur": rur}
     loss_fn.__name__ = f"cliplab_{name}" + (f"_{agg}" if agg else "")
     loss_fn.__doc__ = f"cliplab {name} ({get_algorithm(name).source}), aggregation {agg or 'as in the paper'}."
     return loss_fn
