@@ -22,7 +22,7 @@ def _kl_value(logp, ref_logp, kind, log_ratio=None):
         return -d
     if kind == "k2":
         return 0.5 * d * d
-    k3 = torch.exp(d) - d - 1.0
+    k3 = torch.expm1(d) - d  # (e^d - 1) - d without losing e^d - 1 to rounding near d = 0
     return torch.exp(log_ratio) * k3 if kind == "k3_unbiased" else k3
 
 

@@ -21,11 +21,11 @@ def _kl_terms(logp, ref_logp, kind, log_ratio=None):
         return -d, np.ones_like(d)
     if kind == "k2":
         return 0.5 * d * d, -d
-    ed = np.exp(d)
+    em1 = np.expm1(d)  # k3 = (e^d - 1) - d without losing e^d - 1 to rounding near d = 0
     if kind == "k3_unbiased":  # d/dlogp [r k3] = r k3 + r (1 - e^d) = -r d
         r = np.exp(log_ratio)
-        return r * (ed - d - 1.0), -r * d
-    return ed - d - 1.0, 1.0 - ed
+        return r * (em1 - d), -r * d
+    return em1 - d, -em1
 
 
 def kl(logp, ref_logp, kind="k3", old_logp=None):

@@ -121,7 +121,7 @@ def test_cli_report_errors_name_the_path(sweep, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
     code, out = _cli("report", afile)
-    assert code == 2 and out == f"error: dirs: {afile} is a file; expected a runs folder"
+    assert code == 2 and out.startswith(f"error: {afile}: unknown log format; expected verl's") and "\n" not in out
     for bad, named in ((afile / "r.md", afile), (sweep, sweep)):  # a file in its folder's way; a folder as file
         code, out = _cli("report", sweep, "--out", bad)
         assert code == 2 and out.startswith(f"error: out: {named} is a f") and "\n" not in out
