@@ -32,30 +32,23 @@ def _verify_rows(seeds: int, quiet: bool):
     return rows, verify.derivations()
 
 
-def verify_markdown(rows, derivations) -> str:
-    """The verify table and the derivations as markdown."""
-    from harness.verify import COLUMNS, cells
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
-    lines += ["", "| derivation (sympy) | holds | what it checks |", "|---|---|---|"]
-    lines += [f"| {d['derivation']} | {'yes' if d['holds'] else 'NO'} | {d['source']} |" for d in derivations]
-    return "\n".join(lines) + "\n"
-
-
 @app.command()
 def verify(json_out: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
            seeds: int = typer.Option(2, min=1, help="Fixed seeds per (algorithm, aggregation mode)."),
            out: Path = typer.Option(None, help="Also write the table as markdown to this file.")):
     """Hold the three layers together: exact sympy (spec) vs NumPy float64 (sim) vs torch float64 and float32
-    (gpu), for every algorithm under every aggregation mode, plus DPO, the advantage estimators, GAE, the value
-    loss, the KL estimators, DCPO's bounds, and the sympy derivations. Exits 1 on any disagreement."""
+    (gpu), for every policy algorithm under every option of harness.verify.OPTIONS (aggregation modes, dual clip,
+    KL kinds, delta, CISPO's cap, the Cov selections, rollout corrections), plus DPO, the advantage estimators
+    (GRPO, Dr.GRPO, RLOO, GPG, REINFORCE++, SAS), GAE, the value loss, the KL estimators, DCPO's bounds, DAPO's
+    shaping and filter, and the sympy derivations. Exits 1 on any disagreement."""
     if out:
         from harness.rundirs import output_file
         _user_errors(output_file, out)  # a bad --out fails before the run
     rows, derivations = _verify_rows(seeds, quiet=json_out)
     ok = all(r["agrees"] for r in rows) and all(d["holds"] for d in derivations)
     if out:
-        out.write_text("# cliplab verify\n\n" + verify_markdown(rows, derivations))
+        from harness.verify import markdown
+        out.write_text("# cliplab verify\n\n" + markdown(rows, derivations))
     if json_out:
         print(json.dumps({"ok": ok, "rows": rows, "derivations": derivations}, indent=1))
     else:

@@ -8,7 +8,7 @@ DEMO_ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo"]
 
 def run_demo(out: Path, verify_rows, sim_steps: int = 150, train_steps: int = 4) -> Path:
     """Write ``out/README.md`` linking the three parts' reports; ``verify_rows`` is (rows, derivations)."""
-    from harness.cli import verify_markdown
+    from harness.verify import markdown as verify_markdown
     from harness.report import write_report
     from harness.train_cmd import demo_train
     from sim.sweep import run_sweep

@@ -343,6 +343,15 @@ def cells(row: dict) -> list[str]:
             f"{tol['rtol']:.0e} / {tol['atol']:.0e}", row["worst"], "agrees" if row["agrees"] else "DIFFERS"]
 
 
+def markdown(rows, derivations) -> str:
+    """The verify table and the derivations as markdown."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    lines += ["", "| derivation (sympy) | holds | what it checks |", "|---|---|---|"]
+    lines += [f"| {d['derivation']} | {'yes' if d['holds'] else 'NO'} | {d['source']} |" for d in derivations]
+    return "\n".join(lines) + "\n"
+
+
 def derivations() -> list[dict]:
     """The sympy derivations, each with its verdict."""
     from spec.derivations import CHECKS
