@@ -245,5 +245,5 @@ def overlong_penalty(lengths, max_len=PARTS["overlong"]["max_len"], cache_len=PA
 
 
 def dynamic_sampling_filter(rewards, group_size):
-    """DAPO Eq. 11: keep a group only if its rewards are not all equal."""
+    """Keep a group (True) iff its values are not all equal: given 0/1 correctness, DAPO Eq. 11's 0 < #correct < G."""
     return np.array([max(g) > min(g) for g in _grouped(rewards, group_size)], dtype=bool)
