@@ -40,18 +40,18 @@ class RunCfg:
     save_every: int = setting(10, Rule(int, ge=1, le=BIG))
     resume: bool = setting(True, Rule(bool))
     progress: bool = setting(True, Rule(bool))
-    threads: Optional[int] = setting(None, Rule(int, ge=1, le=4096, optional=True))  # torch CPU threads (None =
-    # torch's default); 1 is faster on a busy CPU
+    # torch CPU threads (None = torch's default); 1 is faster on a busy CPU
+    threads: Optional[int] = setting(None, Rule(int, ge=1, le=4096, optional=True))
 
 
 @dataclass
 class ModelCfg:
     name: str = setting("smollm2", Rule(str))  # 'smollm2', 'tiny' or a local checkpoint folder
     tiny: dict = setting({}, Rule(dict))  # tiny-model sizes (gpu.models.TINY_DEFAULTS)
-    train_top_layers: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))  # train only the top N
-    # transformer blocks and the final norm
-    lora: Optional[dict] = setting(None, Rule(dict, optional=True))  # peft LoraConfig fields, e.g. {r: 8,
-    # lora_alpha: 16, target_modules: [q_proj]}
+    # train only the top N transformer blocks and the final norm
+    train_top_layers: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
+    # peft LoraConfig fields, e.g. {r: 8, lora_alpha: 16, target_modules: [q_proj]} (gpu.models.check_lora)
+    lora: Optional[dict] = setting(None, Rule(dict, optional=True))
     dtype: str = setting("float32", Rule(str, choices=("float32", "bfloat16", "float16")))  # bf16 on GPU
     device: str = setting("cpu", Rule(str))  # a torch device: cpu, cuda, cuda:N
     cache_dir: Optional[str] = setting(None, Rule(str, optional=True))
@@ -76,8 +76,8 @@ class RolloutCfg:
     group_size: int = setting(8, Rule(int, ge=2, le=2 ** 16))  # >= 2: group advantages
     max_new_tokens: int = setting(48, Rule(int, ge=1, le=2 ** 20))
     temperature: float = setting(1.0, Rule(float, ge=1e-3, le=1e3))  # logits / T stay finite
-    tis_cap: Optional[float] = setting(None, Rule(float, gt=0, optional=True))  # truncated importance-sampling
-    # correction (None = off)
+    # truncated importance-sampling correction (None = off)
+    tis_cap: Optional[float] = setting(None, Rule(float, gt=0, optional=True))
     vllm_kv_cache_mb: int = setting(64, Rule(int, ge=1, le=2 ** 24))
     max_rounds: int = setting(3, Rule(int, ge=1, le=10 ** 4))  # generation rounds per step for DAPO dynamic sampling
 
@@ -90,14 +90,14 @@ class AlgoCfg:
     unbiased_std: bool = setting(True, Rule(bool))
     reward: str = setting("auto", Rule(str))  # accuracy, dapo, dcpo or 'module:function'; auto picks the paper's
     dynamic_sampling: bool = setting(False, Rule(bool))
-    overlong_max_len: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))  # DAPO soft overlong
-    # punishment (Eq. 13), in tokens
+    # DAPO soft overlong punishment (Eq. 13), in tokens
+    overlong_max_len: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
     overlong_cache_len: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
     overlong_filter: bool = setting(False, Rule(bool))
     gamma: float = setting(1.0, Rule(float, ge=0, le=1))
     lam: float = setting(0.95, Rule(float, ge=0, le=1))
-    kl_reward_coef: float = setting(0.0, Rule(float, ge=0, le=1e3))  # PPO: k1 KL to the reference subtracted from
-    # the token reward
+    # PPO: k1 KL to the reference subtracted from the token reward
+    kl_reward_coef: float = setting(0.0, Rule(float, ge=0, le=1e3))
     value_clip: float = setting(0.2, Rule(float, gt=0, le=1e3))
     dpo_beta: float = setting(0.1, Rule(float, gt=0, le=1e3))
 
@@ -111,8 +111,8 @@ class TrainCfg:
     minibatch_size: int = setting(0, Rule(int, ge=0, le=BIG))  # sequences per optimiser step; 0 = the whole batch
     grad_accum: int = setting(1, Rule(int, ge=1, le=BIG))
     max_grad_norm: float = setting(1.0, Rule(float, gt=0))
-    logprob_chunk: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))  # tokens per output-layer
-    # chunk (None: about 2**26 logits per chunk)
+    # tokens per output-layer chunk (None: about 2**26 logits per chunk)
+    logprob_chunk: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
 
 
 @dataclass
