@@ -65,13 +65,11 @@ class Verifier:
     Start-up is not counted. ``checker`` is a 'module:function' (pred, gold) -> bool run in the worker (default:
     math-verify). Not thread-safe: one Verifier per thread."""
 
-    def __init__(self, timeout: float = 5.0, checker: str | Callable | None = None, wall_timeout: float | None = None,
+    def __init__(self, timeout: float = 5.0, checker: str | None = None, wall_timeout: float | None = None,
                  start_timeout: float = 300.0):
         for name, v in (("timeout", timeout), ("wall_timeout", wall_timeout), ("start_timeout", start_timeout)):
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}: expected a finite number of seconds > 0, got {v!r}")
-        if callable(checker):
-            checker = f"{checker.__module__}:{checker.__qualname__}"
         self.timeout, self.checker, self.start_timeout = timeout, checker, start_timeout
         self.wall_timeout = 3 * timeout if wall_timeout is None else wall_timeout
         self.timeouts = 0  # answers cut off at the time limit

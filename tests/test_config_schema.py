@@ -128,7 +128,7 @@ def test_gpu_values_outside_a_rule_are_refused_naming_the_field(data):
     assert str(e.value).startswith(f"{key}:") and ONE_LINE.match(str(e.value)), str(e.value)
 
 
-@settings(max_examples=400, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_gpu_values_inside_a_rule_are_kept_or_refused_by_a_named_cross_check(data):
     key = data.draw(st.sampled_from(sorted(GPU)))
@@ -233,9 +233,9 @@ def test_cli_prints_one_error_line_and_exits_2(tmp_path):
 
 def test_in_range_extremes_train_without_nan(tmp_path, tiny_path):
     from gpu.train import Trainer
-    raw = tiny_config(tmp_path / "extreme", "grpo", steps=3, rollout={"temperature": 1e-3},
+    raw = tiny_config(tmp_path / "extreme", "grpo", steps=2, rollout={"temperature": 1e-3},
                       train={"lr": 1.0, "weight_decay": 1.0, "max_grad_norm": 1e300})
     tr = Trainer(gcfg.from_dict(raw))
     tr.fit()
     ms = [json.loads(x) for x in (tr.out / "metrics.jsonl").read_text().splitlines()]
-    assert len(ms) == 3 and all(math.isfinite(v) for m in ms for v in m.values())
+    assert len(ms) == 2 and all(math.isfinite(v) for m in ms for v in m.values())
