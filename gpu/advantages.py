@@ -135,6 +135,6 @@ def reinforce_pp_advantages(rewards, mask, *, logp=None, ref_logp=None, beta=0.0
 
 
 def dynamic_sampling_filter(rewards, group_size):
-    """DAPO Eq. 11 constraint 0 < #correct < G: keep a group (True) only if its rewards are not all equal."""
+    """Keep a group (True) iff its values are not all equal: given 0/1 correctness, DAPO Eq. 11's 0 < #correct < G."""
     groups = _grouped(rewards, group_size)
     return groups.amax(1) > groups.amin(1)

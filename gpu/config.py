@@ -1,95 +1,118 @@
-"""Training configuration: YAML sections as dataclasses, every field checked with an error that names it."""
+"""Training configuration: YAML sections as dataclasses whose fields carry their Rule (type, range, finiteness), so
+every field is checked in one place at load time, with a one-line error that names it."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, Optional, get_type_hints
 
 import yaml
 
 from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
+from spec.schema import Rule
+
+from . import models
+from .data import SOURCES, check_data_path, check_ops
+from .rewards import get_reward
 
 ADVANTAGES = ("auto", "grpo", "dr_grpo", "sas", "gae")
 AUTO_ADVANTAGE = {"dr_grpo": "dr_grpo", "dcpo": "sas", "ppo": "gae"}  # others: grpo's standardisation
 AUTO_REWARD = {"dapo": "dapo", "dcpo": "dcpo"}  # others: accuracy (1/0)
 
 
+def setting(default, rule: Rule):
+    """A config field and its Rule (type, range, finiteness): the schema lives on the dataclasses, one line a field."""
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata={"rule": rule})
+    return field(default=default, metadata={"rule": rule})
+
+
+BIG = 2 ** 31 - 1  # sizes beyond this are surely typos (and overflow int32 indexing)
+
+
 @dataclass
 class RunCfg:
-    out_dir: str = "runs/run"
-    seed: int = 0
-    steps: int = 20
-    save_every: int = 10
-    resume: bool = True
-    progress: bool = True
-    threads: Optional[int] = None  # torch CPU threads (None = torch's default); 1 is faster on a busy CPU
+    out_dir: str = setting("runs/run", Rule(str))
+    seed: int = setting(0, Rule(int, ge=0, le=2 ** 32 - 1))  # numpy's seed range
+    steps: int = setting(20, Rule(int, ge=1, le=BIG))
+    save_every: int = setting(10, Rule(int, ge=1, le=BIG))
+    resume: bool = setting(True, Rule(bool))
+    progress: bool = setting(True, Rule(bool))
+    # torch CPU threads (None = torch's default); 1 is faster on a busy CPU
+    threads: Optional[int] = setting(None, Rule(int, ge=1, le=4096, optional=True))
 
 
 @dataclass
 class ModelCfg:
-    name: str = "smollm2"  # 'smollm2', 'tiny' or a local checkpoint folder
-    tiny: dict = field(default_factory=dict)
-    train_top_layers: Optional[int] = None  # train only the top N transformer blocks and the final norm
-    lora: Optional[dict] = None  # peft LoraConfig fields, e.g. {r: 8, lora_alpha: 16, target_modules: [q_proj]}
-    dtype: str = "float32"  # float32 or bfloat16 (bf16 on GPU)
-    device: str = "cpu"
-    cache_dir: Optional[str] = None
+    name: str = setting("smollm2", Rule(str))  # 'smollm2', 'tiny' or a local checkpoint folder
+    tiny: dict = setting({}, Rule(dict))  # tiny-model sizes (gpu.models.TINY_DEFAULTS)
+    # train only the top N transformer blocks and the final norm
+    train_top_layers: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
+    # peft LoraConfig fields, e.g. {r: 8, lora_alpha: 16, target_modules: [q_proj]} (gpu.models.check_lora)
+    lora: Optional[dict] = setting(None, Rule(dict, optional=True))
+    dtype: str = setting("float32", Rule(str, choices=("float32", "bfloat16", "float16")))  # bf16 on GPU
+    device: str = setting("cpu", Rule(str))  # a torch device: cpu, cuda, cuda:N
+    cache_dir: Optional[str] = setting(None, Rule(str, optional=True))
 
 
 @dataclass
 class DataCfg:
-    source: str = "arithmetic"  # arithmetic, gsm8k, math, champ
-    n: int = 256
-    digits: int = 1
-    terms: int = 2
-    ops: str = "+"
-    path: Optional[str] = None
-    limit: Optional[int] = None
-    system: Optional[str] = None
+    source: str = setting("arithmetic", Rule(str, choices=SOURCES))
+    n: int = setting(256, Rule(int, ge=1, le=10 ** 7))
+    digits: int = setting(1, Rule(int, ge=1, le=18))
+    terms: int = setting(2, Rule(int, ge=2, le=32))
+    ops: str = setting("+", Rule(str))  # a mix of '+' and '-', or '*' alone
+    path: Optional[str] = setting(None, Rule(str, optional=True))
+    limit: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
+    system: Optional[str] = setting(None, Rule(str, optional=True))
 
 
 @dataclass
 class RolloutCfg:
-    engine: str = "hf"  # hf or vllm
-    prompts_per_step: int = 4
-    group_size: int = 8
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    tis_cap: Optional[float] = None  # truncated importance-sampling correction (None = off)
-    vllm_kv_cache_mb: int = 64
-    max_rounds: int = 3  # generation rounds per step for DAPO dynamic sampling
+    engine: str = setting("hf", Rule(str, choices=("hf", "vllm")))
+    prompts_per_step: int = setting(4, Rule(int, ge=1, le=2 ** 20))
+    group_size: int = setting(8, Rule(int, ge=2, le=2 ** 16))  # >= 2: group advantages
+    max_new_tokens: int = setting(48, Rule(int, ge=1, le=2 ** 20))
+    temperature: float = setting(1.0, Rule(float, ge=1e-3, le=1e3))  # logits / T stay finite
+    # truncated importance-sampling correction (None = off)
+    tis_cap: Optional[float] = setting(None, Rule(float, gt=0, optional=True))
+    vllm_kv_cache_mb: int = setting(64, Rule(int, ge=1, le=2 ** 24))
+    max_rounds: int = setting(3, Rule(int, ge=1, le=10 ** 4))  # generation rounds per step for DAPO dynamic sampling
 
 
 @dataclass
 class AlgoCfg:
-    name: str = "grpo"
-    hp: dict = field(default_factory=dict)  # policy_loss hyper-parameters over the registry defaults
-    advantage: str = "auto"
-    unbiased_std: bool = True
-    reward: str = "auto"  # accuracy, dapo, dcpo or 'module:function'; auto picks the paper's
-    dynamic_sampling: bool = False
-    overlong_max_len: Optional[int] = None  # DAPO soft overlong punishment (Eq. 13), in tokens
-    overlong_cache_len: Optional[int] = None
-    overlong_filter: bool = False
-    gamma: float = 1.0
-    lam: float = 0.95
-    kl_reward_coef: float = 0.0  # PPO: k1 KL to the reference subtracted from the token reward
-    value_clip: float = 0.2
-    dpo_beta: float = 0.1
+    name: str = setting("grpo", Rule(str, choices=tuple(ALGORITHMS)))
+    hp: dict = setting({}, Rule(dict))  # policy_loss hyper-parameters over the registry defaults
+    advantage: str = setting("auto", Rule(str, choices=ADVANTAGES))
+    unbiased_std: bool = setting(True, Rule(bool))
+    reward: str = setting("auto", Rule(str))  # accuracy, dapo, dcpo or 'module:function'; auto picks the paper's
+    dynamic_sampling: bool = setting(False, Rule(bool))
+    # DAPO soft overlong punishment (Eq. 13), in tokens
+    overlong_max_len: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
+    overlong_cache_len: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
+    overlong_filter: bool = setting(False, Rule(bool))
+    gamma: float = setting(1.0, Rule(float, ge=0, le=1))
+    lam: float = setting(0.95, Rule(float, ge=0, le=1))
+    # PPO: k1 KL to the reference subtracted from the token reward
+    kl_reward_coef: float = setting(0.0, Rule(float, ge=0, le=1e3))
+    value_clip: float = setting(0.2, Rule(float, gt=0, le=1e3))
+    dpo_beta: float = setting(0.1, Rule(float, gt=0, le=1e3))
 
 
 @dataclass
 class TrainCfg:
-    lr: float = 1e-5
-    value_lr: float = 1e-4
-    weight_decay: float = 0.0
-    epochs: int = 1
-    minibatch_size: int = 0  # sequences per optimiser step; 0 = the whole batch
-    grad_accum: int = 1
-    max_grad_norm: float = 1.0
-    logprob_chunk: Optional[int] = None  # tokens per output-layer chunk (None: about 2**26 logits per chunk)
+    lr: float = setting(1e-5, Rule(float, gt=0, le=1))
+    value_lr: float = setting(1e-4, Rule(float, ge=0, le=1))
+    weight_decay: float = setting(0.0, Rule(float, ge=0, le=1))  # AdamW shrinks weights by lr * weight_decay
+    epochs: int = setting(1, Rule(int, ge=1, le=10 ** 4))
+    minibatch_size: int = setting(0, Rule(int, ge=0, le=BIG))  # sequences per optimiser step; 0 = the whole batch
+    grad_accum: int = setting(1, Rule(int, ge=1, le=BIG))
+    max_grad_norm: float = setting(1.0, Rule(float, gt=0))
+    # tokens per output-layer chunk (None: about 2**26 logits per chunk)
+    logprob_chunk: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
 
 
 @dataclass
@@ -125,32 +148,12 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def _check_type(name: str, value, tp):
-    origin = get_origin(tp)
-    if origin is Union:
-        opts = [t for t in get_args(tp) if t is not type(None)]
-        if value is None:
-            return None
-        return _check_type(name, value, opts[0])
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):
-        try:
-            return float(value)  # YAML 1.1 reads '1e-5' as a string
-        except ValueError:
-            pass
-    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
-    if not ok:
-        raise ValueError(f"{name}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
-    return value
-
-
 def _known(raw, cls, what: str, prefix: str = "") -> dict:
     """The type hints of ``cls``, once ``raw`` is a mapping that names only those (``what``: fields, sections)."""
     if not isinstance(raw, dict):
         raise ValueError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of {what}s, got {type(raw).__name__}")
     hints = get_type_hints(cls)
-    unknown = sorted(set(raw) - set(hints))
+    unknown = sorted(set(raw) - set(hints), key=str)
     if unknown:
         raise ValueError(f"{prefix}{unknown[0]}: unknown {what}; expected one of {', '.join(hints)}")
     return hints
@@ -158,49 +161,42 @@ def _known(raw, cls, what: str, prefix: str = "") -> dict:
 
 def _section(name: str, cls, raw) -> Any:
     raw = {} if raw is None else raw
-    hints = _known(raw, cls, "field", f"{name}.")
-    return cls(**{k: _check_type(f"{name}.{k}", v, hints[k]) for k, v in raw.items()})
+    _known(raw, cls, "field", f"{name}.")
+    return cls(**raw)
 
 
-def _positive(name, value, allow_zero=False):
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name}: expected a number {'>=' if allow_zero else '>'} 0, got {value!r}")
+def schema() -> dict:
+    """Every field's Rule: {"section.field": Rule}."""
+    return {f"{sec.name}.{f.name}": f.metadata["rule"] for sec in dataclasses.fields(Config)
+            for f in dataclasses.fields(sec.default_factory)}
+
+
+def _check_fields(cfg: Config) -> None:
+    """Each field against its Rule (type, range, finiteness); ints are widened to float where a float is due."""
+    for sec in dataclasses.fields(cfg):
+        part = getattr(cfg, sec.name)
+        for f in dataclasses.fields(part):
+            setattr(part, f.name, f.metadata["rule"].check(f"{sec.name}.{f.name}", getattr(part, f.name)))
 
 
 def validate(cfg: Config) -> Config:
-    """Check values and their combinations; raise ValueError naming the field."""
+    """Check every field (its Rule), then the values that depend on each other; raise ValueError naming the field."""
+    _check_fields(cfg)
     r, a, t, d, m = cfg.rollout, cfg.algo, cfg.train, cfg.data, cfg.model
-    if a.name not in ALGORITHMS:
-        raise ValueError(f"algo.name: expected one of {', '.join(ALGORITHMS)}, got {a.name!r}")
-    if r.engine not in ("hf", "vllm"):
-        raise ValueError(f"rollout.engine: expected 'hf' or 'vllm', got {r.engine!r}")
-    if m.dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"model.dtype: expected float32, bfloat16 or float16, got {m.dtype!r}")
-    if d.source not in ("arithmetic", "gsm8k", "math", "champ"):
-        raise ValueError(f"data.source: expected arithmetic, gsm8k, math or champ, got {d.source!r}")
-    if d.source in ("gsm8k", "math") and not d.path:
-        raise ValueError(f"data.path: source {d.source!r} needs a local .jsonl or .parquet file")
-    for name, v in (("run.steps", cfg.run.steps), ("run.save_every", cfg.run.save_every),
-                    ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.max_new_tokens", r.max_new_tokens),
-                    ("rollout.max_rounds", r.max_rounds), ("rollout.vllm_kv_cache_mb", r.vllm_kv_cache_mb),
-                    ("train.epochs", t.epochs), ("train.grad_accum", t.grad_accum),
-                    ("data.n", d.n), ("train.lr", t.lr),
-                    ("rollout.temperature", r.temperature), ("train.max_grad_norm", t.max_grad_norm)):
-        _positive(name, v)
-    for name, v in (("train.weight_decay", t.weight_decay), ("algo.kl_reward_coef", a.kl_reward_coef),
-                    ("train.minibatch_size", t.minibatch_size), ("train.value_lr", t.value_lr)):
-        _positive(name, v, allow_zero=True)
-    if r.group_size < 2:
-        raise ValueError(f"rollout.group_size: expected an int >= 2 (group advantages), got {r.group_size}")
-    if a.advantage not in ADVANTAGES:
-        raise ValueError(f"algo.advantage: expected one of {', '.join(ADVANTAGES)}, got {a.advantage!r}")
+    models.check_model_name(m.name)
+    models.check_device(m.device)
+    models.check_tiny(m.tiny)
+    if m.lora is not None:
+        models.check_lora(m.lora)
+    check_ops(d.ops, "data.ops")
+    if d.source in ("gsm8k", "math"):
+        if not d.path:
+            raise ValueError(f"data.path: source {d.source!r} needs a local .jsonl or .parquet file")
+        check_data_path(d.path)
     if cfg.advantage == "gae" and a.name != "ppo":
         raise ValueError("algo.advantage: 'gae' needs a value model, which only algo.name 'ppo' trains")
-    for name, v in (("algo.gamma", a.gamma), ("algo.lam", a.lam)):
-        if not 0 <= v <= 1:
-            raise ValueError(f"{name}: expected a number in [0, 1], got {v!r}")
     if a.name in POLICY_ALGORITHMS:
-        bad = sorted(set(a.hp) - set(HPARAMS))
+        bad = sorted(set(a.hp) - set(HPARAMS), key=str)
         if bad:
             raise ValueError(f"algo.hp.{bad[0]}: unknown hyper-parameter; expected among {', '.join(HPARAMS)}")
         try:
@@ -209,19 +205,11 @@ def validate(cfg: Config) -> Config:
             raise ValueError(f"algo.hp.{e}") from None
     elif a.hp:
         raise ValueError("algo.hp: dpo takes algo.dpo_beta, not policy-loss hyper-parameters")
-    _positive("algo.dpo_beta", a.dpo_beta)
-    _positive("algo.value_clip", a.value_clip)
     if (a.overlong_max_len is None) != (a.overlong_cache_len is None):
         raise ValueError("algo.overlong_cache_len: set both overlong_max_len and overlong_cache_len, or neither")
-    if a.overlong_max_len is not None and not 0 < a.overlong_cache_len <= a.overlong_max_len:
+    if a.overlong_max_len is not None and not a.overlong_cache_len <= a.overlong_max_len:
         raise ValueError(f"algo.overlong_cache_len: expected 0 < cache_len <= overlong_max_len "
                          f"({a.overlong_max_len}), got {a.overlong_cache_len}")
-    for name, v in (("run.threads", cfg.run.threads), ("model.train_top_layers", m.train_top_layers),
-                    ("train.logprob_chunk", t.logprob_chunk)):
-        if v is not None:
-            _positive(name, v)
-    if r.tis_cap is not None:
-        _positive("rollout.tis_cap", r.tis_cap)
     if t.minibatch_size and t.minibatch_size % r.group_size:
         raise ValueError(f"train.minibatch_size: expected a multiple of rollout.group_size ({r.group_size}) so "
                          f"minibatches hold whole groups, got {t.minibatch_size}")
@@ -231,7 +219,6 @@ def validate(cfg: Config) -> Config:
     if not t.minibatch_size and r.prompts_per_step % t.grad_accum:
         raise ValueError(f"train.grad_accum: expected to divide rollout.prompts_per_step ({r.prompts_per_step}), "
                          f"got {t.grad_accum}")
-    from .rewards import get_reward
     try:
         get_reward(cfg.reward)
     except ValueError as e:
@@ -239,18 +226,32 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def _yaml(text: str, where: str):
+    """``yaml.safe_load`` of ``text``; a syntax error or an unsafe tag becomes a one-line ValueError."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ValueError(f"{where}: not valid YAML{at}: {what}") from None
+
+
 def apply_set(raw: dict, item: str) -> None:
     """Apply one ``--set section.field=value`` (value parsed as YAML) to the raw mapping."""
     key, sep, value = item.partition("=")
-    if not sep or "." not in key:
+    key = key.strip()
+    if not sep or "." not in key or not all(key.split(".")):
         raise ValueError(f"--set: expected section.field=value, got {item!r}")
-    parts = key.strip().split(".")
+    parts = key.split(".")
     node = raw
     for p in parts[:-1]:
-        node = node.setdefault(p, {})
+        if node.get(p) is None:
+            node[p] = {}
+        node = node[p]
         if not isinstance(node, dict):
             raise ValueError(f"--set: {key} goes through a non-mapping field")
-    node[parts[-1]] = yaml.safe_load(value)
+    node[parts[-1]] = _yaml(value, f"--set {key}")
 
 
 def from_dict(raw: dict) -> Config:
@@ -260,11 +261,20 @@ def from_dict(raw: dict) -> Config:
 
 
 def load_config(path, sets: list[str] | tuple = ()) -> Config:
-    """Read a YAML config (yaml.safe_load), apply ``--set`` overrides, validate."""
+    """Read a YAML config (yaml.safe_load), apply ``--set`` overrides, validate. An empty file is refused."""
     p = Path(path)
-    if not p.exists():
-        raise ValueError(f"config: no such file {str(p)!r}")
-    raw = yaml.safe_load(p.read_text()) or {}
+    if not p.is_file():
+        raise ValueError(f"config: no such file {str(p)!r}" if not p.exists() else f"config: {str(p)!r} is not a file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"config: cannot read {str(p)!r}: {e}") from None
+    raw = _yaml(text, f"config: {p}")
+    if not raw:
+        raise ValueError(f"config: {str(p)!r} holds no settings (an empty file is not a request for the defaults; "
+                         "write at least one section, e.g. 'run: {out_dir: runs/x}')")
+    if not isinstance(raw, dict):
+        raise ValueError(f"config: {str(p)!r} must be a mapping of sections, got {type(raw).__name__}")
     for item in sets:
         apply_set(raw, item)
     return from_dict(raw)

@@ -28,8 +28,7 @@ def arithmetic(n: int = 256, digits: int = 1, terms: int = 2, ops: str = "+", se
     (left to right, no precedence surprises: '*' only when it is the only operator)."""
     if n < 1 or digits < 1 or terms < 2:
         raise ValueError(f"arithmetic: expected n >= 1, digits >= 1, terms >= 2; got {n}, {digits}, {terms}")
-    if not ops or set(ops) - set("+-*") or ("*" in ops and len(set(ops)) > 1):
-        raise ValueError(f"ops: expected a non-empty mix of '+' and '-', or '*' alone; got {ops!r}")
+    check_ops(ops)
     rng = random.Random(seed)
     out = []
     for k in range(n):
@@ -43,6 +42,22 @@ def arithmetic(n: int = 256, digits: int = 1, terms: int = 2, ops: str = "+", se
     return out
 
 
+def check_ops(ops, name: str = "ops") -> None:
+    """Arithmetic operators: a non-empty mix of '+' and '-', or '*' alone."""
+    if not isinstance(ops, str) or not ops or set(ops) - set("+-*") or ("*" in ops and len(set(ops)) > 1):
+        raise ValueError(f"{name}: expected a non-empty mix of '+' and '-', or '*' alone; got {ops!r}")
+
+
+def check_data_path(path) -> Path:
+    """A local GSM8K/MATH file: it exists and is .jsonl, .json or .parquet."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"data.path: no such file {str(path)!r}")
+    if path.suffix not in (".jsonl", ".json", ".parquet"):
+        raise ValueError(f"data.path: expected a .jsonl or .parquet file, got {str(path)!r}")
+    return path
+
+
 def _gsm8k_answer(solution: str) -> str:
     return solution.rsplit("####", 1)[-1].strip().replace(",", "")
 
@@ -50,30 +65,39 @@ def _gsm8k_answer(solution: str) -> str:
 def _rows(path: Path) -> list[dict]:
     if path.suffix == ".parquet":
         import pandas as pd
-        return pd.read_parquet(path).to_dict("records")
-    if path.suffix in (".jsonl", ".json"):
+        try:
+            return pd.read_parquet(path).to_dict("records")
+        except Exception as e:  # pyarrow raises several kinds for a damaged file
+            raise ValueError(f"data.path: cannot read {str(path)!r} as parquet: {str(e).splitlines()[0]}") from None
+    rows, i = [], 0
+    try:
         with path.open(encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    raise ValueError(f"data.path: expected a .jsonl or .parquet file, got {str(path)!r}")
+            for i, line in enumerate(f, 1):
+                if line.strip():
+                    rows.append(json.loads(line))
+                    if not isinstance(rows[-1], dict):
+                        raise ValueError(f"expected a JSON object, got {type(rows[-1]).__name__}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"data.path: {str(path)!r} line {i}: {e}") from None
+    return rows
 
 
 def load_local(path, layout: str = "auto", limit: int | None = None) -> list[Problem]:
     """GSM8K layout (question, answer ending '#### N') or MATH layout (problem, solution with \\boxed{} or answer)."""
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"data.path: no such file {str(path)!r}")
+    path = check_data_path(path)
     out = []
     for i, row in enumerate(_rows(path)[:limit]):
         kind = layout if layout != "auto" else "gsm8k" if "question" in row else "math" if "problem" in row else None
         if kind == "gsm8k":
-            q, a = row["question"], _gsm8k_answer(str(row["answer"]))
+            q, a = row.get("question"), row.get("answer")
+            a = None if a is None else _gsm8k_answer(str(a))
         elif kind == "math":
-            q, a = row["problem"], row.get("answer") or last_boxed(row.get("solution", ""))
+            q, a = row.get("problem"), row.get("answer") or last_boxed(str(row.get("solution", "")))
         else:
             raise ValueError(f"data.layout: row {i} of {path.name} has neither 'question' (GSM8K) nor 'problem' "
                              f"(MATH) fields: {sorted(row)}")
-        if a is None:
-            raise ValueError(f"data.path: row {i} of {path.name} has no answer")
+        if q is None or a is None:
+            raise ValueError(f"data.path: row {i} of {path.name} has no {'question' if q is None else 'answer'}")
         out.append(Problem(f"{path.stem}-{i}", f"{q} {INSTRUCTION}", str(a)))
     return out
 

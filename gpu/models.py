@@ -3,6 +3,7 @@ and value models."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -13,11 +14,20 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from spec.schema import Rule
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TINY_DEFAULTS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 256, "vocab": 512,
                  "max_positions": 512, "seed": 0}
+TINY_RULES = {"hidden": Rule(int, ge=16, le=8192), "layers": Rule(int, ge=1, le=128), "heads": Rule(int, ge=1, le=256),
+              "kv_heads": Rule(int, ge=1, le=256), "intermediate": Rule(int, ge=1, le=65536),
+              "vocab": Rule(int, ge=260, le=65536),  # the byte alphabet and the special tokens fit
+              "max_positions": Rule(int, ge=16, le=65536), "seed": Rule(int, ge=0, le=2 ** 32 - 1)}
+LORA_RULES = {"r": Rule(int, ge=1, le=65536), "lora_alpha": Rule(float, gt=0), "lora_dropout": Rule(float, ge=0, lt=1),
+              "bias": Rule(str, choices=("none", "all", "lora_only"))}
+DEVICES = ("cpu", "cuda", "mps")
 
 
 def cache_dir(path: str | os.PathLike | None = None) -> Path:
@@ -63,15 +73,76 @@ def _train_tokenizer(vocab: int, out: Path):
     return fast
 
 
+def check_tiny(overrides: dict) -> dict:
+    """The tiny model's sizes: ``overrides`` over TINY_DEFAULTS, each checked (errors name model.tiny.<field>)."""
+    unknown = sorted(set(overrides) - set(TINY_DEFAULTS), key=str)
+    if unknown:
+        raise ValueError(f"model.tiny.{unknown[0]}: unknown field; expected among {', '.join(TINY_DEFAULTS)}")
+    spec = {**TINY_DEFAULTS, **{k: TINY_RULES[k].check(f"model.tiny.{k}", v) for k, v in overrides.items()}}
+    if spec["hidden"] % spec["heads"] or (spec["hidden"] // spec["heads"]) % 16:
+        raise ValueError(f"model.tiny.hidden: hidden/heads must be a multiple of 16 (vLLM CPU head sizes), got "
+                         f"{spec['hidden']}/{spec['heads']}")
+    if spec["heads"] % spec["kv_heads"]:
+        raise ValueError(f"model.tiny.kv_heads: expected a divisor of heads ({spec['heads']}), got {spec['kv_heads']}")
+    return spec
+
+
+def check_lora(lora: dict) -> None:
+    """LoRA settings: known peft LoraConfig fields (task_type is set here), r/alpha/dropout/bias in range."""
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise ValueError("model.lora: needs the peft package (pip install peft==0.21.2)") from None
+    known = [f.name for f in dataclasses.fields(LoraConfig) if f.init and f.name not in ("task_type", "peft_type")]
+    unknown = sorted(set(lora) - set(known), key=str)
+    if unknown:
+        raise ValueError(f"model.lora.{unknown[0]}: unknown LoRA setting; expected a peft LoraConfig field such as "
+                         f"r, lora_alpha, lora_dropout, target_modules, bias")
+    for k, rule in LORA_RULES.items():
+        if k in lora:
+            rule.check(f"model.lora.{k}", lora[k])
+    try:
+        LoraConfig(task_type="CAUSAL_LM", **lora)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"model.lora: {_first_line(e)}") from None
+
+
+def check_device(device: str) -> None:
+    """A torch device this machine has: cpu, cuda, cuda:N or mps."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in DEVICES:
+        raise ValueError(f"model.device: expected cpu, cuda, cuda:N or mps, got {device!r}")
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"model.device: {device!r}, but torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("model.device: 'mps', but torch sees no MPS device")
+
+
+def check_model_name(name: str) -> None:
+    """'smollm2', 'tiny', a checkpoint folder (with config.json) or, when online, a hub id 'org/name'."""
+    if name in ("smollm2", "tiny"):
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model.name: folder {name!r} has no config.json (not a transformers checkpoint)")
+        return
+    hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~")) and not path.exists()
+    if not hub_id or os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ValueError(f"model.name: no checkpoint folder {name!r}; expected 'smollm2', 'tiny', a folder with "
+                         "config.json, or (online) a hub id 'org/name'")
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def tiny_model(cache: str | os.PathLike | None = None, **overrides) -> Path:
     """Build (once, then cached) a random Qwen2 model and its offline tokenizer; returns the folder."""
-    unknown = set(overrides) - set(TINY_DEFAULTS)
-    if unknown:
-        raise ValueError(f"tiny model: unknown field(s) {sorted(unknown)}; expected among {sorted(TINY_DEFAULTS)}")
-    spec = {**TINY_DEFAULTS, **overrides}
-    if spec["hidden"] % spec["heads"] or (spec["hidden"] // spec["heads"]) % 16:
-        raise ValueError(f"hidden: hidden/heads must be a multiple of 16 (vLLM CPU head sizes), got "
-                         f"{spec['hidden']}/{spec['heads']}")
+    spec = check_tiny(overrides)
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     out = cache_dir(cache) / f"tiny-qwen2-{key}"
     if (out / "model.safetensors").exists():
@@ -140,8 +211,7 @@ def resolve_model(name: str, cache: str | os.PathLike | None = None, tiny: dict 
         return smollm2_path(cache)
     if name == "tiny":
         return tiny_model(cache, **(tiny or {}))
-    if not Path(name).exists() and os.environ.get("HF_HUB_OFFLINE") == "1" and "/" not in name:
-        raise ValueError(f"model: {name!r} is neither 'smollm2', 'tiny', nor an existing folder")
+    check_model_name(name)
     return name
 
 
@@ -171,7 +241,10 @@ def load_policy(path, dtype: torch.dtype = torch.float32, device: str = "cpu", l
         body.norm.requires_grad_(True)
     if lora:
         from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+        try:
+            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+        except ValueError as e:  # e.g. target_modules the model does not have
+            raise ValueError(f"model.lora: {_first_line(e)}") from None
     model.config.use_cache = False
     return model
 

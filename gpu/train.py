@@ -23,7 +23,7 @@ from spec.records import writable_folder, write_text
 from .config import Config
 from .data import PromptStream, encode_prompt, load_problems
 from .models import ValueModel, load_policy, load_reference, load_tokenizer, resolve_model
-from .rewards import get_reward, is_correct, overlong_filter_mask
+from .rewards import VERIFIER, overlong_filter_mask, score
 from .rollout import Rollouts, logprob_gap, make_engine, tis_weights
 
 
@@ -70,7 +70,7 @@ class Trainer:
                    {"limit": c.data.limit})
         self.stream = PromptStream(load_problems(c.data.source, **data_kw), seed=c.run.seed)
         self.sas = gpu.SmoothAdvantage()
-        self.reward_fn = get_reward(c.reward)
+        self.verifier = VERIFIER  # one long-lived answer checker per process
         self.step = 0
         if found:
             self._restore(found)
@@ -117,8 +117,7 @@ class Trainer:
         G = self.cfg.rollout.group_size
         texts = self.tok.batch_decode(ro.completion_ids, skip_special_tokens=True)
         golds = [p.answer for p in probs for _ in range(G)]
-        rewards = torch.tensor([float(self.reward_fn(t, g)) for t, g in zip(texts, golds)])
-        correct = is_correct(texts, golds)
+        rewards, correct = score(texts, golds, self.cfg.reward, self.verifier)  # each completion verified once
         a = self.cfg.algo
         if a.overlong_max_len is not None:
             lengths = torch.tensor([len(c) for c in ro.completion_ids], dtype=torch.float32)
@@ -126,11 +125,11 @@ class Trainer:
         return rewards, correct
 
     def _rollout(self):
-        """Sample groups; with dynamic sampling keep refilling until enough groups have mixed rewards."""
+        """Sample groups; with dynamic sampling keep refilling until enough groups have 0 < #correct < G."""
         c = self.cfg
         P, G = c.rollout.prompts_per_step, c.rollout.group_size
         kept, probs_kept, rewards, correct = Rollouts([], [], [], []), [], [], []
-        generated, all_correct, all_rewards = 0, [], []
+        generated, all_correct, all_rewards, timeouts0 = 0, [], [], self.verifier.timeouts
         rounds = c.rollout.max_rounds if c.algo.dynamic_sampling else 1
         for rnd in range(rounds):
             need = P - len(probs_kept)
@@ -142,7 +141,8 @@ class Trainer:
             generated += len(ro)
             all_correct.append(ok)
             all_rewards.append(r)
-            keep = gpu.dynamic_sampling_filter(r, G) if c.algo.dynamic_sampling else torch.ones(len(probs), dtype=bool)
+            # DAPO Eq. 11 keeps a group iff 0 < #correct < G: filter on correctness, not the overlong-shaped reward
+            keep = gpu.dynamic_sampling_filter(ok, G) if c.algo.dynamic_sampling else torch.ones(len(probs), dtype=bool)
             for g in torch.nonzero(keep).squeeze(1).tolist():
                 kept.extend(ro.select(range(g * G, (g + 1) * G)))
                 probs_kept.append(probs[g])
@@ -151,7 +151,8 @@ class Trainer:
             if len(probs_kept) >= P:
                 break
         info = {"generated": generated, "sampled_accuracy": float(torch.cat(all_correct).mean()),
-                "sampled_reward": float(torch.cat(all_rewards).mean())}
+                "sampled_reward": float(torch.cat(all_rewards).mean()),
+                "verify_timeouts": self.verifier.timeouts - timeouts0}
         if not probs_kept:
             return kept, probs_kept, torch.zeros(0), torch.zeros(0), info
         return kept, probs_kept, torch.cat(rewards), torch.cat(correct), info
@@ -205,7 +206,7 @@ class Trainer:
         ro, probs, rewards, correct, info = self._rollout()
         t_roll = time.perf_counter() - t0
         m = {"step": self.step + 1, "reward": info["sampled_reward"], "accuracy": info["sampled_accuracy"],
-             "generated": info["generated"], "trained": len(ro)}
+             "generated": info["generated"], "trained": len(ro), "verify_timeouts": info["verify_timeouts"]}
         gen_tokens = sum(map(len, ro.completion_ids))
         if probs:
             m.update(self._update(ro, probs, rewards, correct))

@@ -6,6 +6,7 @@ import json
 
 from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
+from spec.schema import Rule
 
 ENVS = ("bandit", "toy_lm")
 REWARD_SCHEMES = {  # reward of (CORRECT, WRONG, MALFORMED)
@@ -16,39 +17,43 @@ REWARD_SCHEMES = {  # reward of (CORRECT, WRONG, MALFORMED)
 ADVANTAGES = ("grpo", "dr_grpo", "sas", "gae")
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "sas")
 
-#: Settings every run has, with their meaning (shown in errors). None = chosen per algorithm or environment.
+#: Settings every run has: (default, meaning shown in errors, Rule: type, range, finiteness). Default None = chosen
+#: per algorithm or environment. Adding a setting is one line here (or in ENV_SETTINGS).
 SETTINGS = {
-    "n_prompts": (128, "prompts in the pool"),
-    "batch_prompts": (16, "prompts per step (P)"),
-    "group_size": (8, "responses per prompt (G)"),
-    "difficulty_low": (None, "initial logit of the hardest prompt's correct answer"),
-    "difficulty_high": (None, "initial logit of the easiest prompt's correct answer"),
-    "env_seed": (0, "seed of the environment (answers, difficulties, initial policy)"),
-    "optimizer": ("adam", "adam or sgd"),
-    "lr": (0.03, "learning rate of the policy logits"),
-    "momentum": (0.0, "SGD momentum"),
-    "critic_lr": (0.1, "learning rate of PPO's tabular critic (Adam)"),
-    "epochs": (2, "passes over each rollout"),
-    "minibatches": (2, "minibatches per pass (split by whole groups)"),
-    "reward": (None, "reward scheme: " + ", ".join(REWARD_SCHEMES)),
-    "adv": (None, "advantage estimator: " + ", ".join(ADVANTAGES)),
-    "adv_eps": (1e-6, "eps in GRPO's (R - mean) / (std + eps)"),
-    "adv_unbiased": (True, "unbiased group std in GRPO's advantage"),
-    "dynamic_sampling": (None, "DAPO dynamic sampling: keep groups with 0 < #correct < G and refill"),
-    "ds_max_rounds": (8, "generation rounds per step allowed to fill the batch"),
-    "ds_oversample": (1.0, "prompts drawn per generation round, as a multiple of batch_prompts"),
-    "overlong": (None, "DAPO soft overlong punishment (Eq. 13) added to the reward"),
-    "overlong_cache": (4, "DAPO L_cache, in tokens"),
-    "overlong_filter": (False, "mask truncated responses out of the loss"),
-    "gamma": (1.0, "GAE discount"),
-    "lam": (0.95, "GAE lambda"),
-    "vf_clip": (0.2, "PPO value clip"),
-    "reward_kl": (0.0, "PPO: coefficient of the k1 KL penalty folded into the per-token reward"),
+    "n_prompts": (128, "prompts in the pool", Rule(int, ge=1, le=10 ** 5)),
+    "batch_prompts": (16, "prompts per step (P)", Rule(int, ge=1, le=10 ** 5)),
+    "group_size": (8, "responses per prompt (G)", Rule(int, ge=1, le=4096)),
+    "difficulty_low": (None, "initial logit of the hardest prompt's correct answer", Rule(float, ge=-100, le=100)),
+    "difficulty_high": (None, "initial logit of the easiest prompt's correct answer", Rule(float, ge=-100, le=100)),
+    "env_seed": (0, "seed of the environment (answers, difficulties, initial policy)", Rule(int, ge=0, le=2 ** 32 - 1)),
+    "optimizer": ("adam", "adam or sgd", Rule(str, choices=("adam", "sgd"))),
+    "lr": (0.03, "learning rate of the policy logits", Rule(float, gt=0, le=10)),
+    "momentum": (0.0, "SGD momentum", Rule(float, ge=0, lt=1)),
+    "critic_lr": (0.1, "learning rate of PPO's tabular critic (Adam)", Rule(float, gt=0, le=10)),
+    "epochs": (2, "passes over each rollout", Rule(int, ge=1, le=1000)),
+    "minibatches": (2, "minibatches per pass (split by whole groups)", Rule(int, ge=1, le=10 ** 5)),
+    "reward": (None, "reward scheme: " + ", ".join(REWARD_SCHEMES), Rule(str, choices=tuple(REWARD_SCHEMES))),
+    "adv": (None, "advantage estimator: " + ", ".join(ADVANTAGES), Rule(str, choices=ADVANTAGES, optional=True)),
+    "adv_eps": (1e-6, "eps in GRPO's (R - mean) / (std + eps)", Rule(float, gt=0, le=1)),
+    "adv_unbiased": (True, "unbiased group std in GRPO's advantage", Rule(bool)),
+    "dynamic_sampling": (None, "DAPO dynamic sampling: keep groups with 0 < #correct < G and refill", Rule(bool)),
+    "ds_max_rounds": (8, "generation rounds per step allowed to fill the batch", Rule(int, ge=1, le=1000)),
+    "ds_oversample": (1.0, "prompts drawn per generation round, as a multiple of batch_prompts",
+                      Rule(float, ge=1, le=100)),
+    "overlong": (None, "DAPO soft overlong punishment (Eq. 13) added to the reward", Rule(bool)),
+    "overlong_cache": (4, "DAPO L_cache, in tokens", Rule(int, ge=1, le=4096)),
+    "overlong_filter": (False, "mask truncated responses out of the loss", Rule(bool)),
+    "gamma": (1.0, "GAE discount", Rule(float, ge=0, le=1)),
+    "lam": (0.95, "GAE lambda", Rule(float, ge=0, le=1)),
+    "vf_clip": (0.2, "PPO value clip", Rule(float, gt=0, le=1e3)),
+    "reward_kl": (0.0, "PPO: coefficient of the k1 KL penalty folded into the per-token reward",
+                  Rule(float, ge=0, le=1e3)),
 }
 ENV_SETTINGS = {
-    "bandit": {"n_arms": (8, "arms per prompt")},
-    "toy_lm": {"max_len": (16, "generation budget T (also Dr.GRPO's constant L)"),
-               "n_think": (2, "filler tokens"), "n_answers": (4, "answer tokens")},
+    "bandit": {"n_arms": (8, "arms per prompt", Rule(int, ge=2, le=4096))},
+    "toy_lm": {"max_len": (16, "generation budget T (also Dr.GRPO's constant L)", Rule(int, ge=3, le=1024)),
+               "n_think": (2, "filler tokens", Rule(int, ge=1, le=256)),
+               "n_answers": (4, "answer tokens", Rule(int, ge=1, le=256))},
 }
 ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0)}
 ALGO_SETTINGS = {
@@ -63,6 +68,7 @@ ALGO_SETTINGS = {
     "dpo": {"reward": "binary"},
 }
 LOSS_KEYS = tuple(k for k in HPARAMS if k != "max_len")
+DPO_BETA = Rule(float, gt=0, le=1e3)
 
 
 def known_keys(env: str) -> list[str]:
@@ -90,8 +96,8 @@ def resolve(env: str, algo: str, overrides: dict | None = None) -> dict:
     if unknown:
         raise ValueError(f"set: unknown key(s) {', '.join(unknown)} for env {env!r}; expected among "
                          f"{', '.join(known_keys(env))}")
-    cfg = {k: v for k, (v, _) in SETTINGS.items()}
-    cfg.update({k: v for k, (v, _) in ENV_SETTINGS[env].items()})
+    cfg = {k: v for k, (v, _, _) in SETTINGS.items()}
+    cfg.update({k: v for k, (v, _, _) in ENV_SETTINGS[env].items()})
     cfg["difficulty_low"], cfg["difficulty_high"] = ENV_DIFFICULTY[env]
     cfg["dynamic_sampling"], cfg["overlong"] = False, False
     cfg.update(ALGO_SETTINGS[algo])
@@ -106,51 +112,35 @@ def resolve(env: str, algo: str, overrides: dict | None = None) -> dict:
         extra = sorted(set(loss_over) - {"beta"})
         if extra:
             raise ValueError(f"set: dpo takes only beta among the loss settings, got {', '.join(extra)}")
-        loss = {"beta": loss_over.get("beta", ALGORITHMS["dpo"].defaults["beta"])}
-        if not (isinstance(loss["beta"], (int, float)) and loss["beta"] > 0):
-            raise ValueError(f"beta: expected a number > 0, got {loss['beta']!r}")
+        loss = {"beta": DPO_BETA.check("beta", loss_over.get("beta", ALGORITHMS["dpo"].defaults["beta"]))}
     cfg["loss"] = loss
     return cfg
 
 
+def schema(env: str) -> dict:
+    """Every setting's Rule for ``env``: {key: Rule}."""
+    return {k: rule for k, (_, _, rule) in {**SETTINGS, **ENV_SETTINGS[env]}.items()}
+
+
 def _check(env, algo, cfg):
-    for key in ("n_prompts", "batch_prompts", "group_size", "epochs", "minibatches", "ds_max_rounds", "max_len",
-                "overlong_cache", *ENV_SETTINGS[env]):
-        v = cfg[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{key}: expected a positive integer, got {v!r}")
+    """Each setting against its Rule (ints widened to float where a float is due), then the ones that depend on
+    each other."""
+    for key, rule in schema(env).items():
+        cfg[key] = rule.check(key, cfg[key])
     if cfg["batch_prompts"] > cfg["n_prompts"]:
         raise ValueError(f"batch_prompts: expected at most n_prompts ({cfg['n_prompts']}), got {cfg['batch_prompts']}")
     if cfg["minibatches"] > cfg["batch_prompts"]:
         raise ValueError(f"minibatches: expected at most batch_prompts ({cfg['batch_prompts']}) since a minibatch "
                          f"holds whole groups, got {cfg['minibatches']}")
-    if cfg["reward"] not in REWARD_SCHEMES:
-        raise ValueError(f"reward: expected one of {', '.join(REWARD_SCHEMES)}, got {cfg['reward']!r}")
-    if algo != "dpo" and cfg["adv"] not in ADVANTAGES:
-        raise ValueError(f"adv: expected one of {', '.join(ADVANTAGES)}, got {cfg['adv']!r}")
+    if algo != "dpo" and cfg["adv"] is None:
+        raise ValueError(f"adv: expected one of {', '.join(ADVANTAGES)}, got None")
     needs_group = (algo == "dpo" and "preference pairs") or (cfg["adv"] in GROUP_ADVANTAGES and
                                                               f"the {cfg['adv']} advantage")
     if needs_group and cfg["group_size"] < 2:
         raise ValueError(f"group_size: {algo} ({needs_group}) needs G >= 2 responses per prompt, "
                          f"got {cfg['group_size']}")
-    for key in ("dynamic_sampling", "overlong", "overlong_filter", "adv_unbiased"):
-        if not isinstance(cfg[key], bool):
-            raise ValueError(f"{key}: expected true or false, got {cfg[key]!r}")
     if cfg["overlong"] and cfg["overlong_cache"] > cfg["max_len"]:
         raise ValueError(f"overlong_cache: expected at most max_len ({cfg['max_len']}), got {cfg['overlong_cache']}")
-    if isinstance(cfg["ds_oversample"], bool) or not isinstance(cfg["ds_oversample"], (int, float)) \
-            or not cfg["ds_oversample"] >= 1:
-        raise ValueError(f"ds_oversample: expected a number >= 1, got {cfg['ds_oversample']!r}")
-    for key in ("lr", "critic_lr", "vf_clip"):
-        if isinstance(cfg[key], bool) or not isinstance(cfg[key], (int, float)) or not cfg[key] > 0:
-            raise ValueError(f"{key}: expected a number > 0, got {cfg[key]!r}")
-    for key in ("gamma", "lam"):
-        if not isinstance(cfg[key], (int, float)) or not 0 <= cfg[key] <= 1:
-            raise ValueError(f"{key}: expected a number in [0, 1], got {cfg[key]!r}")
-    if not isinstance(cfg["reward_kl"], (int, float)) or cfg["reward_kl"] < 0:
-        raise ValueError(f"reward_kl: expected a number >= 0, got {cfg['reward_kl']!r}")
-    if cfg["optimizer"] not in ("adam", "sgd"):
-        raise ValueError(f"optimizer: expected 'adam' or 'sgd', got {cfg['optimizer']!r}")
     if not cfg["difficulty_low"] <= cfg["difficulty_high"]:
         raise ValueError(f"difficulty_low: expected <= difficulty_high ({cfg['difficulty_high']}), "
                          f"got {cfg['difficulty_low']}")

@@ -329,5 +329,5 @@ def reinforce_pp_advantages(rewards, mask, *, logp=None, ref_logp=None, beta=0.0
 
 
 def dynamic_sampling_filter(rewards, group_size):
-    """DAPO Eq. 11: keep a group only if its rewards are not all equal."""
+    """Keep a group (True) iff its values are not all equal: given 0/1 correctness, DAPO Eq. 11's 0 < #correct < G."""
     return np.array([max(g) > min(g) for g in _grouped(rewards, group_size)], dtype=bool)

@@ -7,6 +7,16 @@ def digit_reward(text: str, gold: str) -> float:
     return sum(ch.isdigit() for ch in text) / max(len(text), 1)
 
 
+class EvenVerifier:
+    """Judges an answer right when it is an even integer: a random model then gets groups with 0 < #correct < G,
+    which DAPO's dynamic sampling needs (Eq. 11 filters on correctness)."""
+
+    timeouts = 0
+
+    def many(self, preds, golds):
+        return [p is not None and p.strip().lstrip("-").isdigit() and int(p) % 2 == 0 for p in preds]
+
+
 def tiny_config(out_dir, algo_name: str, engine: str = "hf", steps: int = 2, **sections) -> dict:
     """A raw config for a fast run on the tiny random model."""
     raw = {"run": {"out_dir": str(out_dir), "steps": steps, "save_every": steps, "resume": False, "progress": False},

@@ -99,3 +99,18 @@ def test_champ_problems_when_installed():
         pytest.skip("champ-dataset is not installed")
     probs = load_problems("champ", limit=5)
     assert len(probs) == 5 and all(p.answer and "\\boxed{}" in p.question for p in probs)
+
+
+def test_damaged_data_files_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"^data.path: .*bad.jsonl' line 2: "):
+        load_local(bad)
+    bad.write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match=r"^data.path: .*line 1: expected a JSON object"):
+        load_local(bad)
+    bad.write_text(json.dumps({"question": "no answer"}) + "\n")
+    with pytest.raises(ValueError, match=r"^data.path: row 0 of bad.jsonl has no answer"):
+        load_local(bad)
+    with pytest.raises(ValueError, match=r"^data.path: no such file"):  # at load time, before any model is loaded
+        from_dict({"data": {"source": "gsm8k", "path": str(tmp_path / "missing.jsonl")}})

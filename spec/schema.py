@@ -1,0 +1,84 @@
+"""Config schemas: what each setting accepts (type, range, finiteness, allowed values), checked in one place with a
+one-line error that names the setting. Used by the simulator's and the trainer's configs."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+_KINDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a non-empty string",
+          dict: "a mapping"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One setting: ``type`` (bool, int, float, str or dict), bounds ``ge``/``gt``/``le``/``lt`` for numbers (which
+    are always finite), ``choices`` (allowed values), ``optional`` (None allowed)."""
+
+    type: type
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple = ()
+    optional: bool = False
+
+    def expected(self) -> str:
+        """What the setting accepts, in words."""
+        if self.choices:
+            text = "one of " + ", ".join(map(str, self.choices))
+        else:
+            text = _KINDS[self.type]
+            lo = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else None
+            hi = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else None
+            if lo and hi:
+                text += f" in {lo}, {hi}"
+            elif lo:
+                text += f" {'>=' if lo[0] == '[' else '>'} {lo[1:]}"
+            elif hi:
+                text += f" {'<=' if hi[-1] == ']' else '<'} {hi[:-1]}"
+        return text + (" (or null)" if self.optional else "")
+
+    def check(self, name: str, value):
+        """``value`` if the setting accepts it (ints widened to float for float settings, numeric strings such as
+        YAML 1.1's '1e-5' read as floats); else ValueError naming ``name``."""
+        if value is None and self.optional:
+            return None
+        typed = self._typed(value)
+        if typed is None or not self._in_range(typed):
+            raise ValueError(f"{name}: expected {self.expected()}, got {_show(value)}")
+        return typed
+
+    def _typed(self, value):
+        """``value`` as this setting's type, or None if it is not one."""
+        if self.type is float:
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    return None
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return None
+            try:
+                value = float(value)
+            except OverflowError:  # an int beyond float's range
+                return None
+            return value if math.isfinite(value) else None
+        if self.type is int and isinstance(value, bool):
+            return None
+        if not isinstance(value, self.type) or (self.type is str and not value.strip()):
+            return None
+        return value
+
+    def _in_range(self, v) -> bool:
+        if self.choices:
+            return v in self.choices
+        if self.type not in (int, float):
+            return True
+        return ((self.ge is None or v >= self.ge) and (self.gt is None or v > self.gt)
+                and (self.le is None or v <= self.le) and (self.lt is None or v < self.lt))
+
+
+def _show(value) -> str:
+    """``repr`` of a value, cut to one short line (a hostile value may be huge or span lines)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
