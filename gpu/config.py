@@ -10,6 +10,7 @@ from typing import Any, Optional, get_type_hints
 import yaml
 
 from spec.contract import resolve_hparams
+from spec.registry import ADVANTAGES as REGISTRY_ADVANTAGES
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
 from spec.schema import Rule
 
@@ -17,8 +18,7 @@ from . import models
 from .data import SOURCES, check_data_path, check_ops
 from .rewards import get_reward
 
-ADVANTAGES = ("auto", "grpo", "dr_grpo", "sas", "gae")
-AUTO_ADVANTAGE = {"dr_grpo": "dr_grpo", "dcpo": "sas", "ppo": "gae"}  # others: grpo's standardisation
+ADVANTAGES = ("auto",) + REGISTRY_ADVANTAGES  # auto: the one the algorithm's paper trains with (the registry)
 AUTO_REWARD = {"dapo": "dapo", "dcpo": "dcpo"}  # others: accuracy (1/0)
 
 
@@ -77,7 +77,6 @@ class RolloutCfg:
     max_new_tokens: int = setting(48, Rule(int, ge=1, le=2 ** 20))
     temperature: float = setting(1.0, Rule(float, ge=1e-3, le=1e3))  # logits / T stay finite
     # truncated importance-sampling correction (None = off)
-    tis_cap: Optional[float] = setting(None, Rule(float, gt=0, optional=True))
     vllm_kv_cache_mb: int = setting(64, Rule(int, ge=1, le=2 ** 24))
     max_rounds: int = setting(3, Rule(int, ge=1, le=10 ** 4))  # generation rounds per step for DAPO dynamic sampling
 
@@ -128,7 +127,7 @@ class Config:
     def advantage(self) -> str:
         """The advantage estimator in use."""
         a = self.algo.advantage
-        return AUTO_ADVANTAGE.get(self.algo.name, "grpo") if a == "auto" else a
+        return ALGORITHMS[self.algo.name].advantage if a == "auto" else a
 
     @property
     def reward(self) -> str:

@@ -158,10 +158,3 @@ def logprob_gap(engine_logp, train_logp, mask) -> dict:
     d = (train_logp - engine_logp)[m]
     return {"gap_mean_abs": d.abs().mean().item(), "gap_max_abs": d.abs().max().item(),
             "gap_kl": (torch.exp(d) - d - 1).mean().item()}
-
-
-def tis_weights(train_logp, engine_logp, mask, cap: float = 2.0):
-    """Truncated importance sampling (Yao et al. 2025): w = min(pi_train / pi_engine, C) per token, 0 on padding."""
-    if cap <= 0:
-        raise ValueError(f"tis_cap: expected > 0, got {cap}")
-    return torch.clamp(torch.exp(train_logp - engine_logp), max=cap) * mask

@@ -18,13 +18,14 @@ from . import checkpoint as ckpt
 from .aggregation import agg_units
 from .batch import build_batch, completion_values, last_token_rewards, token_logprobs
 from spec.contract import resolve_hparams
+from spec.registry import ALGORITHMS
 from spec.records import writable_folder, write_text
 
 from .config import Config
 from .data import PromptStream, encode_prompt, load_problems
 from .models import ValueModel, load_policy, load_reference, load_tokenizer, resolve_model
 from .rewards import VERIFIER, overlong_filter_mask, score
-from .rollout import Rollouts, logprob_gap, make_engine, tis_weights
+from .rollout import Rollouts, logprob_gap, make_engine
 
 
 def _peak_mem_mb(device) -> float:
@@ -169,6 +170,12 @@ class Trainer:
                 tok_r = tok_r - c.algo.kl_reward_coef * gpu.kl(old_logp, ref_logp, "k1") * batch.mask
             adv, returns = gpu.gae(tok_r, old_values, batch.mask, c.algo.gamma, c.algo.lam)
             return adv, old_values, returns
+        if kind.startswith("reinforce_pp"):  # token returns with k1 in the reward, whitened over the batch
+            beta = c.algo.kl_reward_coef if self.ref is not None else 0.0
+            adv = gpu.reinforce_pp_advantages(rewards, batch.mask, logp=old_logp, ref_logp=ref_logp, beta=beta,
+                                              group_size=G, baseline=kind == "reinforce_pp_baseline",
+                                              gamma=c.algo.gamma)
+            return adv, None, None
         if kind == "sas":
             seq = self.sas([p.id for p in probs], rewards, G)
         else:
@@ -245,7 +252,7 @@ class Trainer:
         ref_logp = self._no_grad_pass(self.ref, batch, all_rows) if self.ref is not None else None
         if c.algo.name == "dpo":
             return self._dpo_update(batch, rewards, correct, ref_logp)
-        if old_logp is None and c.advantage == "gae":
+        if old_logp is None and (c.advantage == "gae" or c.advantage.startswith("reinforce_pp")):
             old_logp = self._no_grad_pass(self.model, batch, all_rows)
         adv, old_values, returns = self._advantages(rewards, probs, batch, old_logp, ref_logp)
         stats, ent, first_logp = [], [], torch.zeros_like(batch.mask)
@@ -263,12 +270,14 @@ class Trainer:
                     logp = logp.float()
                     old = logp.detach() if old_logp is None else old_logp[idx, :logp.shape[1]]
                     T = logp.shape[1]
-                    a = adv[idx, :T]
-                    if c.rollout.tis_cap:
-                        a = a * tis_weights(old, sub.engine_logp, sub.mask, c.rollout.tis_cap)
                     ref = ref_logp[idx, :T] if ref_logp is not None else None
-                    loss, st = gpu.policy_loss(c.algo.name, logp, old, a, sub.mask, group_size=G, ref_logp=ref,
-                                               **self.hp)
+                    # the engine's log-probs for a rollout correction (TIS / MIS on the engine/trainer gap), and
+                    # a fresh, reproducible seed for Clip-Cov's random choice
+                    extra = {"rollout_logp": sub.engine_logp[:, :T]} if self.hp.get("rollout_correction") else {}
+                    if ALGORITHMS[c.algo.name].select == "clip_cov":
+                        extra["cov_seed"] = int(torch.randint(2**31 - 1, (1,), generator=gen))
+                    loss, st = gpu.policy_loss(c.algo.name, logp, old, adv[idx, :T], sub.mask, group_size=G,
+                                               ref_logp=ref, **{**self.hp, **extra})
                     if self.value is not None:
                         with self.autocast:
                             v = completion_values(self.value, sub).float()
@@ -340,7 +349,8 @@ class Trainer:
              "rur": float((seq_adv > 1e-8).float().mean()), "entropy": _mean(ent),
              "len_mean": float(lens.mean()), "len_max": float(lens.max()),
              "truncated_frac": float(np.mean(ro.truncated)), "tokens": int(mask.sum())}
-        for k in ("loss", "clip_frac", "ratio_mean", "grad_norm", "value_loss", "value_clip_frac", "kl_mean"):
+        for k in ("loss", "clip_frac", "ratio_mean", "grad_norm", "value_loss", "value_clip_frac", "kl_mean",
+                  "trunc_frac", "cov_frac", "rc_weight_mean", "rc_cut_frac"):
             vals = [s[k] for s in stats if k in s]
             if vals:
                 m["tcr" if k == "clip_frac" else k] = _mean(vals)

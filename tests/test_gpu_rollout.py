@@ -1,13 +1,15 @@
 """The transformers engine: tokens, EOS handling and sampling log-probs equal to the trainer's; the gap metric and
-truncated importance sampling."""
+rollout corrections that act on the engine's log-probs."""
 import json
+
+import pytest
 
 import torch
 
 from gpu.batch import build_batch, token_logprobs
 from gpu.config import from_dict
 from gpu.models import load_policy, load_tokenizer
-from gpu.rollout import HFEngine, logprob_gap, tis_weights
+from gpu.rollout import HFEngine, logprob_gap
 from gpu.train import Trainer
 from gpu_helpers import tiny_config, tiny_path  # noqa: F401  (fixture)
 
@@ -30,17 +32,13 @@ def test_hf_engine_logprobs_are_the_trainers(tiny_path):
                                                 seed=4).completion_ids
 
 
-def test_truncated_importance_weights():
-    train = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
-    engine = torch.log(torch.tensor([[0.25, 0.4, 0.1]]))
-    mask = torch.tensor([[1.0, 1.0, 0.0]])
-    w = tis_weights(train, engine, mask, cap=1.5)
-    assert torch.allclose(w, torch.tensor([[1.5, 0.5, 0.0]]))  # ratio 2 capped at 1.5; padding gets 0
-
-
-def test_tis_correction_runs_in_the_loop(tmp_path, tiny_path):
-    tr = Trainer(from_dict(tiny_config(tmp_path / "tis", "grpo", steps=1, rollout={"tis_cap": 2.0},
-                                       algo={"hp": {"beta": 0.0}})))
+@pytest.mark.parametrize("kind", ["tis", "mis"])
+def test_rollout_correction_acts_on_the_engine_gap(tmp_path, tiny_path, kind):
+    """The engine's own log-probs reach the loss: on-policy generate() matches the trainer to about 1e-5, so TIS
+    weights are about 1 and IcePop keeps every token."""
+    tr = Trainer(from_dict(tiny_config(tmp_path / kind, "grpo", steps=1,
+                                       algo={"hp": {"beta": 0.0, "rollout_correction": kind}})))
     tr.fit()
     m = json.loads((tr.out / "metrics.jsonl").read_text())
     assert m["gap_mean_abs"] < 1e-3 and m["loss"] == m["loss"]
+    assert m["rc_weight_mean"] == pytest.approx(1.0, abs=1e-2) and m["rc_cut_frac"] == 0.0

@@ -155,6 +155,17 @@ def test_an_out_dir_that_is_a_file_is_named_before_the_model_loads(tmp_path):
 
 
 
+@pytest.mark.parametrize("advantage", ["rloo", "gpg", "reinforce_pp", "reinforce_pp_baseline"])
+def test_the_new_advantages_train(advantage, tmp_path, tiny_path):
+    """RLOO, GPG and REINFORCE++ (with its k1 reward term, so the reference model is loaded) in the real loop."""
+    algo = {"advantage": advantage, "hp": {"beta": 0.0}, "kl_reward_coef": 0.05}
+    tr = Trainer(from_dict(tiny_config(tmp_path / advantage, "grpo", steps=1, algo=algo)))
+    tr.fit()
+    m = _metrics(tr.out)[-1]
+    assert tr.ref is not None and all(v == v for v in m.values()), m
+    assert json.loads((tr.out / "config.json").read_text())["resolved"]["advantage"] == advantage
+
+
 @pytest.mark.parametrize("algo,agg", [("dapo", "token_mean"), ("grpo", None), ("dcpo", None)])
 def test_gradient_accumulation_gives_the_whole_batch_gradient(algo, agg, tmp_path, tiny_path):
     """Micro-batches of one group each, weighted by their share of the aggregation's units, accumulate the
