@@ -38,13 +38,13 @@ def resolve_hparams(name: str, hp: dict) -> dict:
 
 def check_agg(agg: str) -> None:
     """Raise if ``agg`` is not an aggregation mode of the reference."""
-    if agg not in AGG_MODES:
+    if not isinstance(agg, str) or agg not in AGG_MODES:
         raise ValueError(f"agg: unknown aggregation mode {agg!r}; expected one of {', '.join(AGG_MODES)}")
 
 
 def check_kl_kind(kind: str, arg: str = "kind") -> None:
     """Raise if ``kind`` (the argument ``arg``) is not k1, k2 or k3."""
-    if kind not in KL_KINDS:
+    if not isinstance(kind, str) or kind not in KL_KINDS:
         raise ValueError(f"{arg}: unknown KL estimator {kind!r}; expected one of {', '.join(KL_KINDS)}")
 
 

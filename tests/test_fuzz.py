@@ -1,0 +1,335 @@
+"""Fuzz every public function of spec, sim and gpu, and the config loaders, with hostile input.
+
+The property: a call either returns finite values (a finite gradient too) or raises a ValueError whose message
+starts with the name of the argument (or config field) at fault. Any other exception, or a NaN or inf in the
+result, is a failure. `make test` runs a few fixed examples per test; `make fuzz` (HYPOTHESIS_PROFILE=fuzz) runs
+enough generated ones to reach >= 10,000 in total.
+"""
+import math
+import os
+import re
+from typing import get_type_hints
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+import gpu
+import sim
+import spec
+from gpu import config as gpu_config
+from sim import config as sim_config
+from spec.registry import AGG_MODES, HPARAMS, KL_KINDS, POLICY_ALGORITHMS
+
+LAYERS = {"spec": spec, "sim": sim, "gpu": gpu}
+# Tiny, subnormal, huge, signed zeros and the non-finite values, mixed into every array.
+SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 1e-300, -1e-300, 1e-8, 1e300, -1e300, math.nan, math.inf, -math.inf]
+HUGE_LOGP = [-1e300, -5e-324, 0.0, 1.0, math.nan, math.inf, -math.inf]  # log-probs: tiny, huge, positive, bad
+NUMPY_FORMS = ("float64", "float32", "float16", "int64", "bool", "complex128", "str", "list")
+TORCH_FORMS = ("float64", "float32", "float16", "bfloat16", "int64", "bool", "complex64", "numpy", "list")
+# make test: a few fixed examples per test; make fuzz: the fuzz profile's count.
+examples = settings(max_examples=settings.default.max_examples if os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
+                    else 4)
+BAD_SCALARS = [-1.0, 0.0, math.nan, math.inf, -math.inf, 1e300, None, True, "0.2", [0.1]]
+
+
+def shapes(ndim_max=3, side_max=4):
+    return hnp.array_shapes(min_dims=0, max_dims=ndim_max, min_side=0, max_side=side_max)
+
+
+def values(kind):
+    """Ordinary magnitudes for the argument's kind, plus the special values."""
+    if kind == "logp":
+        return st.one_of(st.floats(-30.0, 0.0), st.sampled_from(HUGE_LOGP + SPECIAL))
+    if kind == "prob":
+        return st.one_of(st.floats(0.0, 1.0), st.sampled_from(SPECIAL))
+    return st.one_of(st.floats(-30.0, 30.0), st.sampled_from(SPECIAL))
+
+
+@st.composite
+def arrays(draw, layer, shape, kind="value", *, wrong_shape=True):
+    """An array of ``shape`` (sometimes another shape) in one of the forms the layer may be handed."""
+    if wrong_shape and draw(st.integers(0, 9)) == 0:
+        shape = draw(shapes())
+    arr = draw(hnp.arrays(np.float64, shape, elements=values(kind)))
+    return convert(layer, arr, draw(st.sampled_from(TORCH_FORMS if layer == "gpu" else NUMPY_FORMS)))
+
+
+@st.composite
+def masks(draw, layer, shape):
+    """0/1 masks, all-masked and all-open ones, and masks holding other values."""
+    if draw(st.integers(0, 9)) == 0:
+        shape = draw(shapes())
+    pick = draw(st.sampled_from(["binary", "binary", "binary", "zeros", "ones", "other"]))
+    if pick == "other":
+        arr = draw(hnp.arrays(np.float64, shape, elements=values("value")))
+    else:
+        fill = {"zeros": st.just(0.0), "ones": st.just(1.0), "binary": st.sampled_from([0.0, 1.0])}[pick]
+        arr = draw(hnp.arrays(np.float64, shape, elements=fill))
+    forms = ("float64", "float32", "bool", "int64", "numpy", "list") if layer == "gpu" else (
+        "float64", "bool", "int64", "list")
+    return convert(layer, arr, draw(st.sampled_from(forms)))
+
+
+def convert(layer, arr, form):
+    with np.errstate(invalid="ignore", over="ignore"):
+        if form == "list":
+            return arr.tolist()
+        if form == "str":
+            return arr.astype(str)
+        if layer != "gpu":
+            return arr.astype(form)
+        if form == "numpy":
+            return arr
+        if form in ("int64", "bool"):
+            return torch.from_numpy(arr.astype(form))
+        return torch.tensor(arr, dtype=getattr(torch, form))
+
+
+def scalar(good):
+    """A valid scalar most of the time, a bad one (wrong type, NaN, inf, out of range) otherwise."""
+    return st.one_of(good, good, st.sampled_from(BAD_SCALARS))
+
+
+def check(call, names):
+    """Run ``call``: a ValueError must start with one of ``names``; otherwise every value returned is finite."""
+    try:
+        out = call()
+    except ValueError as e:
+        m = re.match(r"([\w.\-]+): ", str(e))
+        assert m and (m.group(1) in names or m.group(1).split(".")[0] in names), f"unclear ValueError: {e}"
+        return None
+    assert_finite(out)
+    return out
+
+
+def assert_finite(out):
+    if isinstance(out, dict):
+        for v in out.values():
+            assert_finite(v)
+    elif isinstance(out, (tuple, list)):
+        for v in out:
+            assert_finite(v)
+    elif isinstance(out, torch.Tensor):
+        assert bool(torch.isfinite(out.detach().double()).all()), f"non-finite tensor {out}"
+    elif isinstance(out, np.ndarray):
+        for v in out.flat:
+            assert_finite(v)
+    elif isinstance(out, sp.Basic):
+        assert out.is_number and sp.N(out, 30).is_finite, f"non-finite exact value {out}"
+    elif isinstance(out, (bool, np.bool_, str)):
+        pass
+    else:
+        assert math.isfinite(float(out)), f"non-finite value {out!r}"
+
+
+def requires_grad(x):
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        x.requires_grad_(True)
+    return x
+
+
+def check_grad(x):
+    if isinstance(x, torch.Tensor) and x.grad is not None:
+        assert_finite(x.grad)
+
+
+def hparams(name):
+    """A few of the loss's hyper-parameters, valid or not."""
+    good = {
+        "eps_low": st.floats(0.0, 0.99), "eps_high": st.floats(0.0, 5.0), "beta": st.sampled_from([0.0, 0.04, 1.0]),
+        "kl": st.sampled_from([*KL_KINDS, "k4"]), "agg": st.sampled_from([*AGG_MODES, "sum", ["token_mean"]]),
+        "max_len": st.sampled_from([None, 1, 4, 0, -3]), "tau_pos": st.floats(0.01, 10.0),
+        "tau_neg": st.floats(0.01, 10.0), "r_max": st.floats(1.0, 20.0),
+        "dual_clip": st.sampled_from([None, 1.5, 3.0, 10.0, 1.0, 0.5]),
+    }
+    return st.fixed_dictionaries({}, optional={k: scalar(v) for k, v in good.items()})
+
+
+def group_sizes(g):
+    return st.one_of(st.just(g), st.just(g), st.sampled_from([None, 0, -1, 2.5, True, g + 1, "2"]))
+
+
+def sizes(layer):
+    """(prompts, group size, tokens): small for the exact layer, which differentiates symbolically."""
+    return (st.integers(0, 2), st.integers(1, 2), st.integers(0, 3)) if layer == "spec" else (
+        st.integers(0, 3), st.integers(1, 4), st.integers(0, 6))
+
+
+POLICY_NAMES = {"name", "logp", "old_logp", "adv", "mask", "ref_logp", "group_size", "q", *HPARAMS}
+
+
+@pytest.mark.parametrize("name", POLICY_ALGORITHMS)
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_policy_loss(layer, name, data):
+    p, g, t = (data.draw(s) for s in sizes(layer))
+    shape = (p * g, t)
+    logp = requires_grad(data.draw(arrays(layer, shape, "logp")))
+    old, adv = data.draw(arrays(layer, shape, "logp")), data.draw(arrays(layer, shape))
+    ref = data.draw(st.one_of(st.none(), arrays(layer, shape, "logp")))
+    mask, group_size = data.draw(masks(layer, shape)), data.draw(group_sizes(g))
+    hp = data.draw(hparams(name))
+    check(lambda: _policy(layer, name, logp, old, adv, mask, group_size, ref, hp), POLICY_NAMES)
+    check_grad(logp)
+
+
+def _policy(layer, name, logp, old, adv, mask, group_size, ref, hp):
+    out = LAYERS[layer].policy_loss(name, logp, old, adv, mask, group_size=group_size, ref_logp=ref, **hp)
+    if layer == "gpu" and out[0].requires_grad:
+        out[0].backward()
+    return out
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_dpo_loss(layer, data):
+    n = data.draw(st.integers(0, 3 if layer == "spec" else 6))
+    args = [requires_grad(data.draw(arrays(layer, (n,), "logp"))) for _ in range(4)]
+    beta = data.draw(scalar(st.floats(0.01, 10.0)))
+    check(lambda: _backward(layer, LAYERS[layer].dpo_loss(*args, beta=beta)),
+          {"logp_chosen", "logp_rejected", "ref_chosen", "ref_rejected", "beta"})
+    for a in args[:2]:
+        check_grad(a)
+
+
+def _backward(layer, out):
+    if layer == "gpu" and out[0].requires_grad:
+        out[0].backward()
+    return out
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_kl(layer, data):
+    shape = data.draw(shapes(2))
+    logp, ref = data.draw(arrays(layer, shape, "logp")), data.draw(arrays(layer, shape, "logp"))
+    kind = data.draw(st.sampled_from([*KL_KINDS, "k0", None]))
+    check(lambda: LAYERS[layer].kl(logp, ref, kind), {"logp", "ref_logp", "kind"})
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_dcpo_bounds(layer, data):
+    q = data.draw(arrays(layer, data.draw(shapes(2)), data.draw(st.sampled_from(["prob", "value"]))))
+    hp = {k: data.draw(scalar(st.floats(lo, hi))) for k, lo, hi in (("eps_low", 0.0, 0.99),
+                                                                      ("eps_high", 0.0, 5.0), ("r_max", 1.0, 20.0))}
+    check(lambda: LAYERS[layer].dcpo_bounds(q, **hp), {"q", "eps_low", "eps_high", "r_max"})
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_value_loss(layer, data):
+    p, g, t = (data.draw(s) for s in sizes(layer))
+    shape = (p * g, t)
+    v = requires_grad(data.draw(arrays(layer, shape)))
+    old, ret, mask = data.draw(arrays(layer, shape)), data.draw(arrays(layer, shape)), data.draw(masks(layer, shape))
+    kw = {"clip": data.draw(scalar(st.floats(0.01, 10.0))),
+          "agg": data.draw(st.sampled_from([*AGG_MODES, "sum"])), "group_size": data.draw(group_sizes(g)),
+          "max_len": data.draw(st.sampled_from([None, 1, 6]))}
+    check(lambda: _backward(layer, LAYERS[layer].value_loss(v, old, ret, mask, **kw)),
+          {"values", "old_values", "returns", "mask", "clip", "agg", "group_size", "max_len"})
+    check_grad(v)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_gae(layer, data):
+    shape = (data.draw(st.integers(0, 3)), data.draw(st.integers(0, 5)))
+    r, v, mask = data.draw(arrays(layer, shape)), data.draw(arrays(layer, shape)), data.draw(masks(layer, shape))
+    gamma, lam = (data.draw(scalar(st.floats(0.0, 1.0))) for _ in range(2))
+    check(lambda: LAYERS[layer].gae(r, v, mask, gamma=gamma, lam=lam), {"rewards", "values", "mask", "gamma", "lam"})
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_group_advantages(layer, data):
+    p, g, _ = (data.draw(s) for s in sizes(layer))
+    rewards = data.draw(arrays(layer, (p * g,)))
+    kw = {"kind": data.draw(st.sampled_from(["grpo", "dr_grpo", "rloo"])),
+          "eps": data.draw(scalar(st.floats(0.0, 1e-2))), "unbiased": data.draw(st.booleans())}
+    check(lambda: LAYERS[layer].group_advantages(rewards, data.draw(group_sizes(g)), **kw),
+          {"rewards", "group_size", "kind", "eps", "unbiased"})
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_smooth_advantage(layer, data):
+    sas = LAYERS[layer].SmoothAdvantage()
+    for _ in range(data.draw(st.integers(1, 3))):  # several visits, so the pooled history is used
+        p, g, _ = (data.draw(s) for s in sizes(layer))
+        rewards = data.draw(arrays(layer, (p * g,)))
+        ids = data.draw(st.lists(st.integers(0, 2), min_size=0, max_size=3))
+        check(lambda: sas(ids, rewards, data.draw(group_sizes(g))), {"rewards", "group_size", "prompt_ids"})
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_overlong_penalty(layer, data):
+    lengths = data.draw(arrays(layer, data.draw(shapes(2))))
+    max_len, cache_len = data.draw(scalar(st.integers(1, 64))), data.draw(scalar(st.integers(1, 64)))
+    check(lambda: LAYERS[layer].overlong_penalty(lengths, max_len, cache_len), {"lengths", "max_len", "cache_len"})
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_dynamic_sampling_filter(layer, data):
+    p, g, _ = (data.draw(s) for s in sizes(layer))
+    rewards = data.draw(arrays(layer, (p * g,)))
+    check(lambda: LAYERS[layer].dynamic_sampling_filter(rewards, data.draw(group_sizes(g))), {"rewards", "group_size"})
+
+
+CONFIG_VALUES = st.one_of(st.integers(-3, 300), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                          st.none(), st.sampled_from(["", "abc", "1e-5", "grpo", "adam", "k3", "true"]),
+                          st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.sampled_from(["a", "r"]),
+                                                                                  st.integers(0, 3), max_size=1))
+
+
+@examples
+@given(env=st.sampled_from([*sim_config.ENVS, "grid"]), algo=st.sampled_from([*sim_config.ALGORITHMS, "rpo"]),
+       data=st.data())
+def test_sim_config(env, algo, data):
+    keys = sim_config.known_keys(env) if env in sim_config.ENVS else ["lr"]
+    overrides = data.draw(st.dictionaries(st.sampled_from([*keys, "bogus"]), CONFIG_VALUES, max_size=4))
+    check(lambda: sim_config.resolve(env, algo, overrides), {"env", "algos", "set", *keys})
+
+
+@examples
+@given(text=st.lists(st.text(st.sampled_from("ab=,.1eN-x "), max_size=12), max_size=3))
+def test_sim_set_parsing(text):
+    check(lambda: sim_config.parse_sets(text), {"set"})
+
+
+SECTIONS = {name: list(get_type_hints(cls)) for name, cls in get_type_hints(
+    gpu_config.Config).items()}
+
+
+@examples
+@given(data=st.data())
+def test_gpu_config(data):
+    raw = {}
+    for section in data.draw(st.lists(st.sampled_from([*SECTIONS, "extra"]), max_size=3, unique=True)):
+        fields = SECTIONS.get(section, ["x"])
+        raw[section] = data.draw(st.one_of(
+            st.dictionaries(st.sampled_from([*fields, "bogus"]), CONFIG_VALUES, max_size=3), CONFIG_VALUES))
+    check(lambda: gpu_config.from_dict(raw), {"config", *SECTIONS, "extra"})
+
+
+@examples
+@given(item=st.text(st.sampled_from("algo.hp=eps_low:1e-5 nan[]{}!x"), max_size=24))
+def test_gpu_set_parsing(item):
+    raw = {"algo": {"name": "grpo"}}
+    check(lambda: gpu_config.apply_set(raw, item), {"--set"})
