@@ -1,6 +1,10 @@
 """Argument checks shared by the three layers, so that every layer rejects the same inputs with the same words."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from .registry import AGG_MODES, GROUP_AGG_MODES, HPARAMS, KL_KINDS, get_algorithm
 
 
@@ -69,16 +73,16 @@ def check_dcpo_old_logp(any_positive: bool) -> None:
 def check_value_args(clip, agg: str, max_len) -> None:
     """The value loss's clip width, aggregation mode and, for seq_mean_token_sum_norm, its constant."""
     check_agg(agg)
-    if not clip > 0:
-        raise ValueError(f"clip: expected a number > 0, got {clip!r}")
-    if agg == "seq_mean_token_sum_norm" and max_len is None:
-        raise ValueError("max_len: agg='seq_mean_token_sum_norm' needs max_len, got None")
+    _positive("clip", clip)
+    if agg == "seq_mean_token_sum_norm":
+        if max_len is None:
+            raise ValueError("max_len: agg='seq_mean_token_sum_norm' needs max_len, got None")
+        _positive("max_len", max_len)
 
 
 def check_dpo_args(beta, pairs: int) -> None:
     """DPO's beta and at least one preference pair."""
-    if not (isinstance(beta, (int, float)) and beta > 0):
-        raise ValueError(f"beta: expected a number > 0, got {beta!r}")
+    _positive("beta", beta)
     if pairs == 0:
         raise ValueError("logp_chosen: expected at least one preference pair, got none")
 
@@ -101,12 +105,14 @@ def check_prompt_ids(ids: list, groups: int) -> None:
 
 def check_unit_interval(name: str, value) -> None:
     """Discounts (gamma, lambda) lie in [0, 1]."""
-    if not 0 <= value <= 1:
+    if not _is_number(value) or not 0 <= value <= 1:
         raise ValueError(f"{name}: expected a number in [0, 1], got {value!r}")
 
 
 def check_overlong(max_len, cache_len) -> None:
     """DAPO's overlong buffer: 0 < cache_len <= max_len."""
+    _positive("max_len", max_len)
+    _finite_number("cache_len", cache_len)
     if not 0 < cache_len <= max_len:
         raise ValueError(f"cache_len: expected 0 < cache_len <= max_len ({max_len}), got {cache_len!r}")
 
@@ -150,9 +156,13 @@ def mask_error() -> ValueError:
     return ValueError("mask: expected only 0 and 1 (or booleans)")
 
 
+def _is_number(value) -> bool:
+    """A real number that is not a bool (numpy scalars included)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def _finite_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
-            float("inf"), float("-inf")):
+    if not _is_number(value) or not math.isfinite(value):
         raise ValueError(f"{name}: expected a finite number, got {value!r}")
 
 
