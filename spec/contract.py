@@ -122,6 +122,8 @@ def check_token_shapes(shapes: dict, group_size, agg: str | None = None) -> tupl
     name0, shape0 = next(iter(shapes.items()))
     if len(shape0) != 2:
         raise ValueError(f"{name0}: expected a 2-D [B, T] array, got shape {tuple(shape0)}")
+    if shape0[1] == 0:
+        raise ValueError(f"{name0}: expected at least one token column (T >= 1), got shape {tuple(shape0)}")
     for name, shape in shapes.items():
         if tuple(shape) != tuple(shape0):
             raise ValueError(f"{name}: expected shape {tuple(shape0)} (the shape of {name0}), got {tuple(shape)}")
