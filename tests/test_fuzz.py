@@ -4,9 +4,8 @@ The property: a call either raises a ValueError whose message starts with the na
 field) at fault, or returns values (and gradients) that are all finite when every input is moderate
 (|x| <= 1e6, log-probs |x| <= 30 as they are exponentiated, not float16). Any other exception is a failure. A
 huge input (1e300, or float16 past 65504) may overflow: the true value is then not representable, and only the
-exception type is checked. `make test` runs
-a few fixed examples per test; `make fuzz` (HYPOTHESIS_PROFILE=fuzz) runs enough generated ones to reach >= 10,000
-in total.
+exception type is checked. `make test` runs a few fixed examples per test; `make fuzz` (HYPOTHESIS_PROFILE=fuzz)
+runs enough generated ones to reach >= 10,000 in total.
 """
 import dataclasses
 import math
