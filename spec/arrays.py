@@ -8,6 +8,8 @@ from .contract import mask_error, nonfinite_error
 
 def as_float(name: str, x, ndim: int | None = None) -> np.ndarray:
     """Return ``x`` as a finite float64 array, or raise a ValueError naming ``name``."""
+    if np.iscomplexobj(x):
+        raise ValueError(f"{name}: expected a real array, got complex values")
     try:
         arr = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):

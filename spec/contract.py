@@ -1,6 +1,10 @@
 """Argument checks shared by the three layers, so that every layer rejects the same inputs with the same words."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from .registry import AGG_MODES, CAP_MODES, GROUP_AGG_MODES, HPARAMS, KL_KINDS, ROLLOUT_CORRECTIONS, get_algorithm
 
 
@@ -99,13 +103,13 @@ def check_cov_select(name: str, alg, selected_off_mask: bool) -> None:
 
 def check_agg(agg: str) -> None:
     """Raise if ``agg`` is not an aggregation mode of the reference."""
-    if agg not in AGG_MODES:
+    if not isinstance(agg, str) or agg not in AGG_MODES:
         raise ValueError(f"agg: unknown aggregation mode {agg!r}; expected one of {', '.join(AGG_MODES)}")
 
 
 def check_kl_kind(kind: str, arg: str = "kind", has_old: bool = True) -> None:
     """Raise if ``kind`` (the argument ``arg``) is not a KL estimator, or is k3_unbiased without old log-probs."""
-    if kind not in KL_KINDS:
+    if not isinstance(kind, str) or kind not in KL_KINDS:
         raise ValueError(f"{arg}: unknown KL estimator {kind!r}; expected one of {', '.join(KL_KINDS)}")
     if kind == "k3_unbiased" and not has_old:
         raise ValueError("old_logp: the k3_unbiased estimator (r * k3) needs old_logp for r = exp(logp - old_logp)")
@@ -132,16 +136,16 @@ def check_dcpo_old_logp(any_positive: bool) -> None:
 def check_value_args(clip, agg: str, max_len) -> None:
     """The value loss's clip width, aggregation mode and, for seq_mean_token_sum_norm, its constant."""
     check_agg(agg)
-    if not clip > 0:
-        raise ValueError(f"clip: expected a number > 0, got {clip!r}")
-    if agg == "seq_mean_token_sum_norm" and max_len is None:
-        raise ValueError("max_len: agg='seq_mean_token_sum_norm' needs max_len, got None")
+    _positive("clip", clip)
+    if agg == "seq_mean_token_sum_norm":
+        if max_len is None:
+            raise ValueError("max_len: agg='seq_mean_token_sum_norm' needs max_len, got None")
+        _positive("max_len", max_len)
 
 
 def check_dpo_args(beta, pairs: int) -> None:
     """DPO's beta and at least one preference pair."""
-    if not (isinstance(beta, (int, float)) and beta > 0):
-        raise ValueError(f"beta: expected a number > 0, got {beta!r}")
+    _positive("beta", beta)
     if pairs == 0:
         raise ValueError("logp_chosen: expected at least one preference pair, got none")
 
@@ -190,12 +194,14 @@ def check_prompt_ids(ids: list, groups: int) -> None:
 
 def check_unit_interval(name: str, value) -> None:
     """Discounts (gamma, lambda) lie in [0, 1]."""
-    if not 0 <= value <= 1:
+    if not _is_number(value) or not 0 <= value <= 1:
         raise ValueError(f"{name}: expected a number in [0, 1], got {value!r}")
 
 
 def check_overlong(max_len, cache_len) -> None:
     """DAPO's overlong buffer: 0 < cache_len <= max_len."""
+    _positive("max_len", max_len)
+    _finite_number("cache_len", cache_len)
     if not 0 < cache_len <= max_len:
         raise ValueError(f"cache_len: expected 0 < cache_len <= max_len ({max_len}), got {cache_len!r}")
 
@@ -205,6 +211,8 @@ def check_token_shapes(shapes: dict, group_size, agg: str | None = None) -> tupl
     name0, shape0 = next(iter(shapes.items()))
     if len(shape0) != 2:
         raise ValueError(f"{name0}: expected a 2-D [B, T] array, got shape {tuple(shape0)}")
+    if shape0[1] == 0:
+        raise ValueError(f"{name0}: expected at least one token column (T >= 1), got shape {tuple(shape0)}")
     for name, shape in shapes.items():
         if tuple(shape) != tuple(shape0):
             raise ValueError(f"{name}: expected shape {tuple(shape0)} (the shape of {name0}), got {tuple(shape)}")
@@ -239,9 +247,13 @@ def mask_error(name: str = "mask") -> ValueError:
     return ValueError(f"{name}: expected only 0 and 1 (or booleans)")
 
 
+def _is_number(value) -> bool:
+    """A real number that is not a bool (numpy scalars included)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def _finite_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
-            float("inf"), float("-inf")):
+    if not _is_number(value) or not math.isfinite(value):
         raise ValueError(f"{name}: expected a finite number, got {value!r}")
 
 

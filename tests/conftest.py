@@ -3,6 +3,11 @@ import os
 from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# HYPOTHESIS_PROFILE picks the profile. "cliplab" (make test): fixed examples, the same on every run. "fuzz"
+# (make fuzz): random examples, shrunk to a minimal failing one; tests/test_fuzz.py runs FUZZ_EXAMPLES per test.
+FUZZ_EXAMPLES = 250
 settings.register_profile("cliplab", deadline=None, suppress_health_check=[HealthCheck.too_slow],
                           derandomize=True, print_blob=True)
-settings.load_profile("cliplab")
+settings.register_profile("fuzz", max_examples=FUZZ_EXAMPLES, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "cliplab"))
