@@ -170,6 +170,12 @@ def hparams(name):
         "max_len": st.sampled_from([None, 1, 4, 0, -3]), "tau_pos": st.floats(0.01, 10.0),
         "tau_neg": st.floats(0.01, 10.0), "r_max": st.floats(1.0, 20.0),
         "dual_clip": st.sampled_from([None, 1.5, 3.0, 10.0, 1.0, 0.5]),
+        "delta": st.sampled_from([None, 1.1, 2.0, 8.0, -1.0]), "cap_mode": st.sampled_from(["relative", "absolute",
+                                                                                             "other"]),
+        "clip_cov_ratio": st.floats(0.0, 1.0), "clip_cov_lb": st.floats(-5.0, 5.0), "clip_cov_ub": st.floats(-5.0, 10.0),
+        "cov_seed": st.integers(0, 2**31), "kl_cov_ratio": st.floats(0.0, 1.0), "kl_cov_coef": st.floats(0.0, 5.0),
+        "rollout_correction": st.sampled_from([None, "tis", "mis", "seq_mis", "icepop"]),
+        "tis_cap": st.floats(0.1, 10.0), "mis_low": st.floats(0.0, 2.0), "mis_high": st.floats(0.1, 10.0),
     }
     return st.fixed_dictionaries({}, optional={k: scalar(v) for k, v in good.items()})
 
@@ -184,7 +190,7 @@ def sizes(layer):
         st.integers(0, 3), st.integers(1, 4), st.integers(0, 6))
 
 
-POLICY_NAMES = {"name", "logp", "old_logp", "adv", "mask", "ref_logp", "group_size", "q", *HPARAMS}
+POLICY_NAMES = {"name", "logp", "old_logp", "adv", "mask", "ref_logp", "rollout_logp", "group_size", "q", *HPARAMS}
 
 
 @pytest.mark.parametrize("name", POLICY_ALGORITHMS)
@@ -197,15 +203,17 @@ def test_policy_loss(layer, name, data):
     logp = requires_grad(data.draw(arrays(layer, shape, "logp")))
     old, adv = data.draw(arrays(layer, shape, "logp")), data.draw(arrays(layer, shape))
     ref = data.draw(st.one_of(st.none(), arrays(layer, shape, "logp")))
+    rollout = data.draw(st.one_of(st.none(), arrays(layer, shape, "logp")))
     mask, group_size = data.draw(masks(layer, shape)), data.draw(group_sizes(g))
     hp = data.draw(hparams(name))
-    finite = moderate(adv, *hp.values()) and moderate(logp, old, ref, bound=MODERATE_LOGP)
-    check(lambda: _policy(layer, name, logp, old, adv, mask, group_size, ref, hp), POLICY_NAMES, finite)
+    finite = moderate(adv, *hp.values()) and moderate(logp, old, ref, rollout, bound=MODERATE_LOGP)
+    check(lambda: _policy(layer, name, logp, old, adv, mask, group_size, ref, rollout, hp), POLICY_NAMES, finite)
     check_grad(logp, finite)
 
 
-def _policy(layer, name, logp, old, adv, mask, group_size, ref, hp):
-    out = LAYERS[layer].policy_loss(name, logp, old, adv, mask, group_size=group_size, ref_logp=ref, **hp)
+def _policy(layer, name, logp, old, adv, mask, group_size, ref, rollout, hp):
+    out = LAYERS[layer].policy_loss(name, logp, old, adv, mask, group_size=group_size, ref_logp=ref,
+                                    rollout_logp=rollout, **hp)
     if layer == "gpu" and out[0].requires_grad:
         out[0].backward()
     return out
@@ -237,9 +245,10 @@ def _backward(layer, out):
 def test_kl(layer, data):
     shape = data.draw(shapes(2))
     logp, ref = data.draw(arrays(layer, shape, "logp")), data.draw(arrays(layer, shape, "logp"))
+    old = data.draw(st.one_of(st.none(), arrays(layer, shape, "logp")))
     kind = data.draw(st.sampled_from([*KL_KINDS, "k0", None]))
-    check(lambda: LAYERS[layer].kl(logp, ref, kind), {"logp", "ref_logp", "kind"},
-          moderate(logp, ref, bound=MODERATE_LOGP))
+    check(lambda: LAYERS[layer].kl(logp, ref, kind, old_logp=old), {"logp", "ref_logp", "old_logp", "kind"},
+          moderate(logp, ref, old, bound=MODERATE_LOGP))
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -291,11 +300,25 @@ def test_gae(layer, data):
 def test_group_advantages(layer, data):
     p, g, _ = (data.draw(s) for s in sizes(layer))
     rewards = data.draw(arrays(layer, (p * g,)))
-    kw = {"kind": data.draw(st.sampled_from(["grpo", "dr_grpo", "rloo"])),
-          # Valid eps only: group_advantages does not check eps yet (eps=nan gives zeros).
-          "eps": data.draw(st.floats(0.0, 1e-2)), "unbiased": data.draw(st.booleans())}
+    kw = {"kind": data.draw(st.sampled_from(["grpo", "dr_grpo", "rloo", "gpg", "gae"])),
+          "eps": data.draw(scalar(st.floats(0.0, 1e-2))), "unbiased": data.draw(st.booleans())}
     check(lambda: LAYERS[layer].group_advantages(rewards, data.draw(group_sizes(g)), **kw),
           {"rewards", "group_size", "kind", "eps", "unbiased"}, moderate(rewards))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@examples
+@given(data=st.data())
+def test_reinforce_pp_advantages(layer, data):
+    p, g, t = (data.draw(s) for s in sizes(layer))
+    shape = (p * g, t)
+    rewards, mask = data.draw(arrays(layer, (p * g,))), data.draw(masks(layer, shape))
+    logp, ref = (data.draw(st.one_of(st.none(), arrays(layer, shape, "logp"))) for _ in range(2))
+    kw = {"beta": data.draw(scalar(st.sampled_from([0.0, 0.05]))), "gamma": data.draw(scalar(st.floats(0.0, 1.0))),
+          "baseline": data.draw(st.booleans()), "group_size": data.draw(group_sizes(g))}
+    check(lambda: LAYERS[layer].reinforce_pp_advantages(rewards, mask, logp=logp, ref_logp=ref, **kw),
+          {"rewards", "mask", "logp", "ref_logp", "beta", "gamma", "eps", "group_size"},
+          moderate(rewards, kw["beta"]) and moderate(logp, ref, bound=MODERATE_LOGP))
 
 
 @pytest.mark.parametrize("layer", LAYERS)
