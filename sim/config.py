@@ -7,12 +7,13 @@ import json
 from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
 
-ENVS = ("bandit", "toy_lm")
+ENVS = ("bandit", "toy_lm", "feature_lm")
 REWARD_SCHEMES = {  # reward of (CORRECT, WRONG, MALFORMED)
     "binary": (1.0, 0.0, 0.0),  # Dr.GRPO, GRPO: 1 / 0
     "pm1": (1.0, -1.0, -1.0),  # DAPO: +1 / -1
     "ternary": (1.0, 0.0, -1.0),  # DCPO: +1 correct, 0 wrong but well formed, -1 malformed
 }
+RANDOM_REWARD = "random"  # 1 or 0 with probability 1/2, independent of the response (Park et al. 2509.26114)
 ADVANTAGES = ("grpo", "dr_grpo", "sas", "gae")
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "sas")
 
@@ -44,13 +45,28 @@ SETTINGS = {
     "lam": (0.95, "GAE lambda"),
     "vf_clip": (0.2, "PPO value clip"),
     "reward_kl": (0.0, "PPO: coefficient of the k1 KL penalty folded into the per-token reward"),
+    "staleness": (0, "rollouts come from the policy this many steps back (asynchronous training)"),
+    "eval_every": (None, "exact metrics every this many steps (and at the last step)"),
 }
 ENV_SETTINGS = {
     "bandit": {"n_arms": (8, "arms per prompt")},
     "toy_lm": {"max_len": (16, "generation budget T (also Dr.GRPO's constant L)"),
                "n_think": (2, "filler tokens"), "n_answers": (4, "answer tokens")},
+    "feature_lm": {"max_len": (8, "generation budget T (also Dr.GRPO's constant L)"),
+                   "vocab": (128, "tokens, EOS included"), "answer_len": (4, "answer tokens K before EOS"),
+                   "n_correct": (2, "acceptable tokens per answer position"),
+                   "forks": (2, "forking positions per prompt (the dominant token is wrong there)"),
+                   "n_features": (32, "random context features of the log-linear policy"),
+                   "zipf": (1.1, "Zipf exponent of the prior over the vocabulary"),
+                   "confidence": (4.0, "prior logit of each context's dominant token (the Zipf head has 0)")},
 }
-ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0)}
+#: Integer settings and their least value, and real ones with their range, of the keys added for feature_lm.
+NEW_INTS = {"staleness": 0, "eval_every": 1, "vocab": 8, "answer_len": 1, "n_correct": 1, "forks": 0,
+            "n_features": 1}
+NEW_REALS = {"zipf": (0.0, 10.0), "confidence": (0.0, 50.0)}
+ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0), "feature_lm": (-8.0, 4.0)}
+ENV_DEFAULTS = {"bandit": {"eval_every": 1}, "toy_lm": {"eval_every": 1},
+                "feature_lm": {"n_prompts": 256, "eval_every": 5}}
 ALGO_SETTINGS = {
     "ppo": {"reward": "binary", "adv": "gae"},
     "grpo": {"reward": "binary", "adv": "grpo"},
@@ -93,6 +109,7 @@ def resolve(env: str, algo: str, overrides: dict | None = None) -> dict:
     cfg = {k: v for k, (v, _) in SETTINGS.items()}
     cfg.update({k: v for k, (v, _) in ENV_SETTINGS[env].items()})
     cfg["difficulty_low"], cfg["difficulty_high"] = ENV_DIFFICULTY[env]
+    cfg.update(ENV_DEFAULTS[env])
     cfg["dynamic_sampling"], cfg["overlong"] = False, False
     cfg.update(ALGO_SETTINGS[algo])
     if env == "bandit":
@@ -115,17 +132,19 @@ def resolve(env: str, algo: str, overrides: dict | None = None) -> dict:
 
 def _check(env, algo, cfg):
     for key in ("n_prompts", "batch_prompts", "group_size", "epochs", "minibatches", "ds_max_rounds", "max_len",
-                "overlong_cache", *ENV_SETTINGS[env]):
+                "overlong_cache", *(k for k in ENV_SETTINGS[env] if k not in NEW_INTS and k not in NEW_REALS)):
         v = cfg[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{key}: expected a positive integer, got {v!r}")
+    _check_new(env, cfg)
     if cfg["batch_prompts"] > cfg["n_prompts"]:
         raise ValueError(f"batch_prompts: expected at most n_prompts ({cfg['n_prompts']}), got {cfg['batch_prompts']}")
     if cfg["minibatches"] > cfg["batch_prompts"]:
         raise ValueError(f"minibatches: expected at most batch_prompts ({cfg['batch_prompts']}) since a minibatch "
                          f"holds whole groups, got {cfg['minibatches']}")
-    if cfg["reward"] not in REWARD_SCHEMES:
-        raise ValueError(f"reward: expected one of {', '.join(REWARD_SCHEMES)}, got {cfg['reward']!r}")
+    if cfg["reward"] not in REWARD_SCHEMES and cfg["reward"] != RANDOM_REWARD:
+        raise ValueError(f"reward: expected one of {', '.join([*REWARD_SCHEMES, RANDOM_REWARD])}, "
+                         f"got {cfg['reward']!r}")
     if algo != "dpo" and cfg["adv"] not in ADVANTAGES:
         raise ValueError(f"adv: expected one of {', '.join(ADVANTAGES)}, got {cfg['adv']!r}")
     needs_group = (algo == "dpo" and "preference pairs") or (cfg["adv"] in GROUP_ADVANTAGES and
@@ -154,6 +173,26 @@ def _check(env, algo, cfg):
     if not cfg["difficulty_low"] <= cfg["difficulty_high"]:
         raise ValueError(f"difficulty_low: expected <= difficulty_high ({cfg['difficulty_high']}), "
                          f"got {cfg['difficulty_low']}")
+
+
+def _check_new(env, cfg):
+    """Type, range and finiteness of the keys added with feature_lm (staleness, eval_every, the environment's)."""
+    for key in (k for k in cfg if k in NEW_INTS):
+        v = cfg[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < NEW_INTS[key]:
+            raise ValueError(f"{key}: expected an integer >= {NEW_INTS[key]}, got {v!r}")
+    for key in (k for k in cfg if k in NEW_REALS):
+        v, (lo, hi) = cfg[key], NEW_REALS[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+            raise ValueError(f"{key}: expected a finite number in [{lo:g}, {hi:g}], got {v!r}")
+    if env == "feature_lm":
+        if cfg["max_len"] < cfg["answer_len"] + 1:
+            raise ValueError(f"max_len: expected at least answer_len + 1 ({cfg['answer_len'] + 1}), "
+                             f"got {cfg['max_len']!r}")
+        if cfg["n_correct"] > cfg["vocab"] - 2:
+            raise ValueError(f"n_correct: expected at most vocab - 2 ({cfg['vocab'] - 2}), got {cfg['n_correct']}")
+        if cfg["forks"] > cfg["answer_len"]:
+            raise ValueError(f"forks: expected at most answer_len ({cfg['answer_len']}), got {cfg['forks']}")
 
 
 def parse_value(text: str):
