@@ -1,4 +1,9 @@
 """NumPy layer: the losses with analytic gradients, advantages, and the simulator built on them."""
+import os
+
+# The simulator's matrices are small: BLAS threads only contend with the sweep's worker processes.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 from .advantages import SmoothAdvantage, dynamic_sampling_filter, gae, group_advantages, overlong_penalty
 from .losses import dcpo_bounds, dpo_loss, kl, policy_loss, value_loss
 

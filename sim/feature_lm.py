@@ -87,16 +87,20 @@ class FeatureLM:
         return self.base[rows] + self.phi[rows] @ theta
 
     def rows(self, theta, states, tokens, mask):
-        """log pi(a_t | c_t) [B, T] of the response tokens, and pi of their rows."""
+        """log pi(a_t | c_t) [B, T] of the response tokens, and pi of their rows (each distinct row computed once)."""
         on = mask > 0
-        logp_rows, pi_rows = tables(self.logits(theta, states[on]))
+        uniq, inv = np.unique(states[on], return_inverse=True)
+        logp_u, pi_u = tables(self.logits(theta, uniq))
         logp = np.zeros(mask.shape)
-        logp[on] = logp_rows[np.arange(len(pi_rows)), tokens[on]]
-        return logp, pi_rows
+        logp[on] = logp_u[inv, tokens[on]]
+        return logp, pi_u[inv]
 
     def grad(self, theta, states, tokens, mask, pi_rows, grad_logp):
         """d loss / d theta = sum_t phi(c_t)^T d loss / d z(c_t) (chain rule through the log-linear logits)."""
-        return self.phi[states[mask > 0]].T @ token_logit_grad(tokens, mask, pi_rows, grad_logp)
+        uniq, inv = np.unique(states[mask > 0], return_inverse=True)
+        per_row = np.zeros((len(uniq), self.vocab))
+        np.add.at(per_row, inv, token_logit_grad(tokens, mask, pi_rows, grad_logp))
+        return self.phi[uniq].T @ per_row
 
     def ref_logp(self, states, tokens, mask):
         return np.where(mask > 0, self.ref[states, tokens], 0.0)
