@@ -58,7 +58,7 @@ ENV_SETTINGS = {
                    "forks": (2, "forking positions per prompt (the dominant token is wrong there)"),
                    "n_features": (32, "random context features of the log-linear policy"),
                    "zipf": (1.1, "Zipf exponent of the prior over the vocabulary"),
-                   "confidence": (4.0, "prior logit of each context's dominant token (the Zipf head has 0)")},
+                   "confidence": (2.0, "prior logit of each context's dominant token (the Zipf head has 0)")},
 }
 #: Integer settings and their least value, and real ones with their range, of the keys added for feature_lm.
 NEW_INTS = {"staleness": 0, "eval_every": 1, "vocab": 8, "answer_len": 1, "n_correct": 1, "forks": 0,
@@ -66,7 +66,8 @@ NEW_INTS = {"staleness": 0, "eval_every": 1, "vocab": 8, "answer_len": 1, "n_cor
 NEW_REALS = {"zipf": (0.0, 10.0), "confidence": (0.0, 50.0)}
 ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0), "feature_lm": (-8.0, 4.0)}
 ENV_DEFAULTS = {"bandit": {"eval_every": 1}, "toy_lm": {"eval_every": 1},
-                "feature_lm": {"n_prompts": 256, "eval_every": 5}}
+                "feature_lm": {"n_prompts": 256, "eval_every": 5, "staleness": 2, "epochs": 1, "minibatches": 8,
+                               "overlong_cache": 2}}
 ALGO_SETTINGS = {
     "ppo": {"reward": "binary", "adv": "gae"},
     "grpo": {"reward": "binary", "adv": "grpo"},
@@ -111,7 +112,7 @@ def resolve(env: str, algo: str, overrides: dict | None = None) -> dict:
     cfg["difficulty_low"], cfg["difficulty_high"] = ENV_DIFFICULTY[env]
     cfg.update(ENV_DEFAULTS[env])
     cfg["dynamic_sampling"], cfg["overlong"] = False, False
-    cfg.update(ALGO_SETTINGS[algo])
+    cfg.update(ALGO_SETTINGS.get(algo, {"reward": "binary", "adv": "grpo"}))  # a new registry algorithm
     if env == "bandit":
         cfg["max_len"], cfg["overlong"] = 1, False
     loss_over = {k: overrides.pop(k) for k in LOSS_KEYS if k in overrides}

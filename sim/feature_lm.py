@@ -4,10 +4,11 @@
 (the log-linear / softmax policy of Cui et al. 2505.22617 Sec. 2, with features). An update from one prompt moves
 every context whose features overlap: the bias, the position, the on/off-track flag and random directions.
 
-A response is ``answer_len`` (K) answer tokens, then EOS. Answer position k of prompt p accepts ``n_correct`` tokens.
-The prior is Zipfian over the vocabulary (token 0 is EOS) plus a confident dominant token per context; at the
-prompt's ``forks`` forking positions the dominant token is wrong and the acceptable tokens sit ``delta_p`` nats
-from it, delta spread from hopeless (``difficulty_low``) to easy (``difficulty_high``). A wrong token leaves the
+A response is ``answer_len`` (K) answer tokens, then EOS. The prior is Zipfian over the vocabulary (token 0 is EOS)
+plus a confident dominant token per context. At the prompt's ``forks`` forking positions ``n_correct`` tokens are
+acceptable: the dominant token is wrong and the acceptable ones sit ``delta_p`` nats from it, delta spread from
+hopeless (``difficulty_low``) to easy (``difficulty_high``). Every other answer position is free: any token but EOS
+keeps the answer on track (so most of the entropy is among correct continuations, as in an LM). A wrong token leaves the
 answer: the response continues in off-track contexts (shared by prompts, one per position) until EOS (wrong) or
 ``max_len`` (truncated: malformed). EOS before position K ends a short, wrong answer.
 
@@ -27,7 +28,7 @@ class FeatureLM:
     """The environment and its log-linear policy; ``theta`` is the trained parameter array."""
 
     def __init__(self, n_prompts=256, vocab=128, answer_len=4, max_len=8, n_correct=2, forks=2, n_features=32,
-                 zipf=1.1, confidence=4.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0):
+                 zipf=1.1, confidence=2.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0):
         if max_len < answer_len + 1:
             raise ValueError(f"max_len: expected at least answer_len + 1 ({answer_len + 1}), got {max_len}")
         if n_correct + 2 > vocab:
@@ -50,7 +51,7 @@ class FeatureLM:
         base[np.arange(self.n_rows), dominant] = confidence
         pos = np.concatenate([np.tile(np.arange(K + 1), P), np.arange(T)])
         on_track = np.arange(self.n_rows) < self.off0
-        base[:, EOS] = np.where(on_track, np.where(pos == K, confidence + 2.0, -2.0), confidence - 2.0 + pos - K)
+        base[:, EOS] = np.where(on_track, np.where(pos == K, confidence + 3.0, -2.0), confidence - 2.0 + pos - K)
         # acceptable tokens: the dominant one and synonyms, except at forks where the dominant token is wrong
         self.delta = rng.permutation(np.linspace(difficulty_low, difficulty_high, P))
         self.accept = np.zeros((P, K, V))
@@ -64,9 +65,8 @@ class FeatureLM:
                 if fork[p, k]:
                     good = others
                     base[row, good] = confidence + self.delta[p] - 2.0 * (np.arange(len(good)) > 0)
-                else:
-                    good = [dominant[row], *others[:n_correct - 1]]
-                    base[row, good[1:]] = confidence - 2.0
+                else:  # a free position: every token but EOS keeps the answer on track
+                    good = np.arange(1, V)
                 self.accept[p, k, good] = 1.0
         self.fork = fork
         self.base = base
@@ -87,20 +87,16 @@ class FeatureLM:
         return self.base[rows] + self.phi[rows] @ theta
 
     def rows(self, theta, states, tokens, mask):
-        """log pi(a_t | c_t) [B, T] of the response tokens, and pi of their rows (each distinct row computed once)."""
+        """log pi(a_t | c_t) [B, T] of the response tokens, and pi of their rows."""
         on = mask > 0
-        uniq, inv = np.unique(states[on], return_inverse=True)
-        logp_u, pi_u = tables(self.logits(theta, uniq))
+        logp_rows, pi_rows = tables(self.logits(theta, states[on]))
         logp = np.zeros(mask.shape)
-        logp[on] = logp_u[inv, tokens[on]]
-        return logp, pi_u[inv]
+        logp[on] = logp_rows[np.arange(len(pi_rows)), tokens[on]]
+        return logp, pi_rows
 
     def grad(self, theta, states, tokens, mask, pi_rows, grad_logp):
         """d loss / d theta = sum_t phi(c_t)^T d loss / d z(c_t) (chain rule through the log-linear logits)."""
-        uniq, inv = np.unique(states[mask > 0], return_inverse=True)
-        per_row = np.zeros((len(uniq), self.vocab))
-        np.add.at(per_row, inv, token_logit_grad(tokens, mask, pi_rows, grad_logp))
-        return self.phi[uniq].T @ per_row
+        return self.phi[states[mask > 0]].T @ token_logit_grad(tokens, mask, pi_rows, grad_logp)
 
     def ref_logp(self, states, tokens, mask):
         return np.where(mask > 0, self.ref[states, tokens], 0.0)

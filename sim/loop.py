@@ -14,6 +14,7 @@ from .feature_lm import FeatureLM
 from .losses import dpo_loss, policy_loss, value_loss
 from .metrics import StepClips, batch_cov, clean, entropy_law, exact_metrics, rollout_metrics
 from .tabular import CORRECT, MALFORMED, Rollout, TableEnv
+from spec.registry import POLICY_ALGORITHMS
 
 
 def build_env(env: str, cfg: dict):
@@ -83,7 +84,7 @@ class Trainer:
         third = max(1, len(order) // 3)
         self.hard, self.easy = order[:third], order[-third:]
         self.cov_sum = 0.0
-        if algo == "dpo":
+        if algo not in POLICY_ALGORITHMS:
             self._build_pairs()
 
     # ---- rollouts ------------------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class Trainer:
             self.snap, self.cov_sum = snap, 0.0
         self.history.append(self.params.copy() if self.cfg["staleness"] else self.params)
         table = self.env.sampler(self.history[0])  # rollouts from the policy ``staleness`` steps back
-        rec.update(self._dpo_step(table) if self.algo == "dpo" else self._rl_step(table))
+        rec.update(self._rl_step(table) if self.algo in POLICY_ALGORITHMS else self._dpo_step(table))
         rec["step"] = self.step_no
         self.step_no += 1
         return clean(rec)

@@ -44,6 +44,7 @@ DEFINITIONS = {
     "upclip_pold_lt02": "share of the up-clipped tokens with pi_old < 0.2 (DAPO Fig. 3a)",
     "freed_frac": "share of trained tokens with A > 0 and 1.2 < ratio <= upper bound (what eps_high > 0.2 frees)",
     "freed_pold_median": "median pi_old of those tokens",
+    "ratio_dev_median": "median |ratio - 1| of the trained tokens with A != 0 over the step's updates",
     "cov_logp_adv": "Cov(log pi_old(y_t), A_t) over the trained batch's tokens (Cui et al. 2505.22617 Eq. 4)",
     "cov_interval": "sum of cov_logp_adv over the steps since the previous exact evaluation",
     "entropy_change": "measured change of the exact entropy since the previous exact evaluation",
@@ -52,7 +53,7 @@ DEFINITIONS = {
                            "(Cui et al. Lemma 1, dz the logit change)",
 }
 FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_hard", "entropy_easy")
-STEP_MEANS = ("clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02", "freed_frac",
+STEP_MEANS = ("ratio_dev_median", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02", "freed_frac",
               "freed_pold_median")
 SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac",
                 "gen_per_trained", "kl_ref_final", "resp_len", "len_wrong", "entropy_initial", "entropy_half_step",
@@ -114,17 +115,16 @@ class StepClips:
 
     Upper: A > 0 and ratio > hi; lower: A < 0 and ratio < lo, with the algorithm's ratio (token or sequence) and
     bounds (fixed, or DCPO's dynamic ones). Soft-gated algorithms (SAPO) clip nothing: the shares are None.
+    Algorithms with other clips (added to the registry later) get only the ratio's spread.
     """
 
     def __init__(self, algo: str, hp: dict):
         self.alg, self.hp = ALGORITHMS[algo], hp
         self.fixed = self.alg.clip in ("fixed", "dynamic")
         self.tokens, self.up, self.low, self.freed = 0.0, 0.0, 0.0, 0.0
-        self.up_p, self.freed_p = [], []
+        self.up_p, self.freed_p, self.dev = [], [], []
 
     def add(self, logp, old_logp, adv, mask):
-        if not self.fixed:
-            return
         on = mask > 0
         log_ratio = np.where(on, logp - old_logp, 0.0)
         if self.alg.ratio == "token":
@@ -132,6 +132,9 @@ class StepClips:
         else:
             lens = np.maximum(mask.sum(1, keepdims=True), 1.0)
             ratio = np.broadcast_to(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape)
+        self.dev.append(np.abs(ratio[on & (adv != 0)] - 1.0))
+        if not self.fixed:
+            return
         if self.alg.clip == "dynamic":
             lo, hi = dcpo_bounds(np.exp(np.where(on, old_logp, 0.0)), self.hp["eps_low"], self.hp["eps_high"],
                                  self.hp["r_max"])
@@ -146,11 +149,13 @@ class StepClips:
         self.freed_p.append(p_old[freed])
 
     def summary(self) -> dict:
+        dev = np.concatenate(self.dev) if self.dev else np.zeros(0)
+        out = {"ratio_dev_median": float(np.median(dev)) if dev.size else None}
         if not self.fixed or not self.tokens:
-            return {"clip_up_frac": None, "clip_low_frac": None, "upclip_pold_median": None,
+            return out | {"clip_up_frac": None, "clip_low_frac": None, "upclip_pold_median": None,
                     "upclip_pold_lt02": None, "freed_frac": None, "freed_pold_median": None}
         up_p, freed_p = np.concatenate(self.up_p), np.concatenate(self.freed_p)
-        return {"clip_up_frac": self.up / self.tokens, "clip_low_frac": self.low / self.tokens,
+        return out | {"clip_up_frac": self.up / self.tokens, "clip_low_frac": self.low / self.tokens,
                 "upclip_pold_median": float(np.median(up_p)) if up_p.size else None,
                 "upclip_pold_lt02": float((up_p < 0.2).mean()) if up_p.size else None,
                 "freed_frac": self.freed / self.tokens,
