@@ -200,8 +200,8 @@ def claim_entropy_collapse(g: Groups):
         lbl = g.find(algo)
         if not lbl:
             continue
-        e0, e1 = g.per_seed(lbl, "entropy", "first"), _final(g, lbl, "entropy")
         c = g.curve(lbl, "entropy")
+        e0, e1 = c[:, 0], _final(g, lbl, "entropy")
         steps = c.shape[1]
         half = [np.flatnonzero(row <= row[0] / 2) for row in c]
         half_steps = np.array([h[0] if h.size else np.nan for h in half], float)
@@ -213,7 +213,7 @@ def claim_entropy_collapse(g: Groups):
         meas = (f"{algo}: entropy {fmt(*mean_se(e0))} -> {fmt(*mean_se(e1))} ({fmt(mean_se(1 - e1 / e0)[0], pct=True)}"
                 f" fall); half-entropy step {fmt(*mean_se(half_steps))} in {n_half}/{len(c)} seeds; pass@64 peak "
                 f"{fmt(*mean_se(peak))}, peak-to-final drop {fmt(*mean_se(drop))}; final accuracy {fmt(*mean_se(acc))}")
-        parts = ", ".join(f"{k[8:]} {fmt(mean_se(g.per_seed(lbl, k, 'first'))[0])} -> {fmt(mean_se(_final(g, lbl, k))[0])}"
+        parts = ", ".join(f"{k[8:]} {fmt(mean_se(g.curve(lbl, k)[:, 0])[0])} -> {fmt(mean_se(_final(g, lbl, k))[0])}"
                           for k in ENTROPY_PARTS if np.isfinite(g.curve(lbl, k)).any())
         if n_half == len(c) and np.nanmean(half_steps) < steps / 2:
             verdict = "reproduced"
@@ -230,8 +230,8 @@ def claim_entropy_collapse(g: Groups):
 def claim_entropy_law(g: Groups):
     """Cui et al.: per step, -Cov(log pi, dz) predicts the entropy change; the batch Cov(log pi, A) anti-correlates."""
     rows = []
-    for lbl in g.labels():
-        if not np.isfinite(g.curve(lbl, "entropy_change_pred")).any() or g.runs[lbl][0]["params"]:
+    for lbl in filter(None, (g.find(a) for a in ("grpo", "dapo", "ppo"))):
+        if not np.isfinite(g.curve(lbl, "entropy_change_pred")).any():
             continue
         pred, meas = g.curve(lbl, "entropy_change_pred"), g.curve(lbl, "entropy_change_rows")
         ok = np.isfinite(pred) & np.isfinite(meas)
