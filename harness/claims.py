@@ -322,8 +322,9 @@ def claim_sapo(g: Groups):
                 f"{fmt(*mean_se(ir))} (diff {sig(d, se, ok)}); final accuracy {fmt(*mean_se(ag))} vs "
                 f"{fmt(*mean_se(ar))} (diff {sig(da, sa, oka)}); final entropy "
                 f"{fmt(mean_se(_final(g, good, 'entropy'))[0])} vs {fmt(mean_se(_final(g, rev, 'entropy'))[0])}")
-        scale = (f"median |r - 1| of tokens with A != 0: {fmt(dev)}; the gates of the two temperatures differ "
-                 f"by about {fmt(abs(tn - tp) * dev)} at that ratio (slope sech^2(tau (r - 1) / 2))")
+        slope = [1 / np.cosh(t * dev / 2) ** 2 for t in (tp, tn)] if np.isfinite(dev) else [np.nan, np.nan]
+        scale = (f"median |r - 1| of tokens with A != 0: {fmt(dev)}; there the gate slopes sech^2(tau (r - 1) / 2) "
+                 f"of tau {tp} and {tn} are {fmt(slope[0])} and {fmt(slope[1])}")
         worst = float(np.nanmax([np.nanmax(ig), np.nanmax(ir)]))
         if (ok and d > 0) or (oka and da > 0):
             verdict, why = "reproduced", "the paper's ordering is steadier; " + scale
@@ -351,10 +352,12 @@ def claim_dcpo_reward(g: Groups):
         meas += "; " + ", ".join(f"{a} {fmt(mean_se(g.per_seed(lbl, 'accuracy_exact', 'last'))[0])}"
                                  for a, lbl in others.items())
     mt, mb = g.per_seed(tern, "malformed", "last"), g.per_seed(binary, "malformed", "last")
-    why = (f"share of malformed (truncated) responses at the end: ternary {fmt(mean_se(mt)[0], pct=True)}, binary "
-           f"{fmt(mean_se(mb)[0], pct=True)}; the ternary reward pays 0 for a wrong but well-formed answer, so "
-           "a wrong answer earns an advantage over a malformed one and is reinforced")
+    fmt_share = f"ternary {fmt(mean_se(mt)[0], pct=True)}, binary {fmt(mean_se(mb)[0], pct=True)}"
     verdict = ("reproduced" if d > 0 else "reversed") if ok else "no effect"
+    why = (f"with the same clip and SAS, only the reward differs; share of malformed (truncated) responses over the "
+           f"last 10% of steps: {fmt_share}: ")
+    why += ("the ternary reward spends its signal on the format (-1 for malformed against 0 for wrong) rather than "
+            "on the answer" if verdict == "reproduced" else "the reward moves the format, not the accuracy")
     return meas, verdict, why
 
 

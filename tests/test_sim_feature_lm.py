@@ -139,7 +139,8 @@ def test_prior_is_zipfian_confidently_wrong_on_hard_prompts_and_spans_difficulty
     for p in hard:  # at a fork of a hard prompt the prior's most likely token is wrong, and confident
         k = int(np.flatnonzero(env.fork[p])[0])
         row = snap.pi[p * (env.K + 1) + k]
-        assert env.accept[p, k, row.argmax()] == 0 and row.max() > 0.5
+        assert env.accept[p, k, row.argmax()] == 0 and row.max() > 0.4
+        assert row @ env.accept[p, k] < row.max() / 100
     # the background is Zipfian: log-frequency of the mean prior falls linearly in log-rank with slope ~ -zipf
     mean_pi = np.sort(snap.pi[:, 1:].mean(0))[::-1]
     slope = np.polyfit(np.log(np.arange(10, 100)), np.log(mean_pi[9:99]), 1)[0]
@@ -147,7 +148,7 @@ def test_prior_is_zipfian_confidently_wrong_on_hard_prompts_and_spans_difficulty
 
 
 def test_runs_are_deterministic_and_parameters_are_shared():
-    over = {"n_prompts": 32, "batch_prompts": 4, "group_size": 4, "staleness": 1, "eval_every": 2}
+    over = {"n_prompts": 32, "batch_prompts": 4, "group_size": 4, "staleness": 1, "eval_every": 2, "minibatches": 2}
     a, b = run("feature_lm", "grpo", 3, 5, over), run("feature_lm", "grpo", 3, 5, over)
     assert a == b and a != run("feature_lm", "grpo", 4, 5, over)
     t = Trainer("feature_lm", "grpo", 0, over)
@@ -159,7 +160,7 @@ def test_runs_are_deterministic_and_parameters_are_shared():
 
 
 def test_staleness_samples_from_the_old_policy():
-    over = {"n_prompts": 16, "batch_prompts": 4, "group_size": 4, "staleness": 2, "beta": 0.0}
+    over = {"n_prompts": 16, "batch_prompts": 4, "group_size": 4, "staleness": 2, "beta": 0.0, "minibatches": 2}
     t = Trainer("feature_lm", "grpo", 0, over)
     snaps = []
     for _ in range(4):
