@@ -81,8 +81,9 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
         workers: int = typer.Option(2, help="Worker processes (CPUs for the ray backend)."),
         backend: str = typer.Option("process", help="process (local processes) or ray."),
         ray_address: Optional[str] = typer.Option(None, help="Ray cluster address for --backend ray, e.g. auto.")):
-    """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular or feature_lm, with shared parameters), writing per-step metrics
-    as it goes (resumable) and OUT/summary.json with the means over seeds."""
+    """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular, or feature_lm with
+    shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
+    seeds."""
     from harness.sim_cmd import sim_command
     _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers, True, backend,
                  ray_address)

@@ -83,21 +83,23 @@ ENV_TEXT = {
     "feature_lm": ("Feature LM: a log-linear policy logits(c) = b(c) + phi(c) theta over 128 tokens; theta is "
                    "shared by every prompt and position (features: bias, position, on/off-track flag, 32 random "
                    "directions), b is a frozen Zipfian prior with a confident dominant token per context. An "
-                   "answer is 4 tokens then EOS; each position accepts 2 tokens; at 2 forking positions per prompt "
-                   "the dominant token is wrong and the acceptable ones sit delta nats from it (delta from -8, "
-                   "hopeless, to +4, easy). A wrong token sends the response into off-track contexts until EOS or "
-                   "max_len 8 (truncated). Entropy, KL, accuracy_exact, pass@k and the entropy split are exact "
-                   "(a recursion over positions) on evaluated steps."),
+                   "answer is 4 tokens then EOS. At 2 forking positions per prompt 2 tokens are acceptable, the "
+                   "dominant token is wrong and the acceptable ones sit delta nats from it (delta from -8, "
+                   "hopeless, to +4, easy); the other positions are free (any token but EOS). A wrong token "
+                   "sends the response into off-track contexts until EOS or max_len 8 (truncated). Entropy, KL, "
+                   "accuracy_exact, pass@k and the entropy split are exact (a recursion over positions) on "
+                   "evaluated steps."),
 }
 #: One line per environment: what it can and cannot show.
 ENV_SCOPE = {
     "toy_lm": ("Can show: clipping statistics, length bias, dynamic-sampling cost, reward-scheme effects, exact "
                "pass@k. Cannot show: entropy collapse or its spread across prompts - each (prompt, state) has its "
                "own logits, and most of its entropy is the reward-irrelevant filler choice."),
-    "feature_lm": ("Can show: entropy collapse spreading through shared parameters, clip-higher and upper-clip "
-                   "effects once ratios move (staleness, many minibatches), SAPO's temperatures in an unstable "
-                   "regime, pass@k falling back. Cannot show: anything about real language, long reasoning or "
-                   "scale; its features are random, not learned."),
+    "feature_lm": ("Can show: entropy falling through parameters shared by prompts and positions, which tokens "
+                   "the bounds clip once ratios move (stale rollouts, several minibatches; DAPO Fig. 3a), the "
+                   "upper clip's effect on entropy under random rewards, exact pass@k and the entropy split. "
+                   "Cannot show: language, long reasoning or scale (random features, 4-token answers); effects "
+                   "smaller than the seed-to-seed spread of 5 seeds read as no effect."),
     "bandit": "Can show: the one-step entropy law exactly. Cannot show: anything sequential.",
 }
 SETUP_KEYS = ("n_prompts", "batch_prompts", "group_size", "max_len", "optimizer", "lr", "epochs", "minibatches",
@@ -209,6 +211,8 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
             continue
         png = out_md.with_name(f"{out_md.stem}_{i}_{d.name}.png")
         plot_curves(groups, labels, png)
-        lines += [f"### {d.name}", "", f"![{d.name}]({png.name})", ""]
+        env = groups.runs[labels[0]][0].get("env")
+        title = f"{env}: {d.name}" if env else d.name
+        lines += [f"### {title}", "", f"![{title}]({png.name})", ""]
     out_md.write_text("\n".join(lines) + "\n")
     return out_md

@@ -53,8 +53,8 @@ DEFINITIONS = {
                            "(Cui et al. Lemma 1, dz the logit change)",
 }
 FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_hard", "entropy_easy")
-STEP_MEANS = ("ratio_dev_median", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02", "freed_frac",
-              "freed_pold_median")
+STEP_MEANS = ("ratio_dev_median", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
+              "freed_frac", "freed_pold_median")
 SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac",
                 "gen_per_trained", "kl_ref_final", "resp_len", "len_wrong", "entropy_initial", "entropy_half_step",
                 *(k + "_final" for k in FINAL_KEYS), *(f"pass@{k}_{w}" for k in PASS_K for w in ("peak", "final",

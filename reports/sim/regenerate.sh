@@ -24,8 +24,10 @@ sweep toy_lm clip_higher_stress --algos grpo --set beta=0 --set epochs=4 --set l
   --set eps_high=0.2,0.28,100
 sweep toy_lm clip_higher_onpolicy --algos grpo --set beta=0 --set epochs=1 --set minibatches=1 \
   --set eps_high=0.2,0.28,100
-sweep toy_lm sapo_stress --algos sapo --set epochs=4 --set lr=0.3 --set tau_pos=1.0,2.0 --set tau_neg=1.0,2.0
-sweep toy_lm sapo_default --algos sapo --set tau_pos=1.0,1.05 --set tau_neg=1.0,1.05
+sweep toy_lm sapo_stress_a --algos sapo --set epochs=4 --set lr=0.3 --set tau_pos=1.0 --set tau_neg=2.0
+sweep toy_lm sapo_stress_b --algos sapo --set epochs=4 --set lr=0.3 --set tau_pos=2.0 --set tau_neg=1.0
+sweep toy_lm sapo_default_a --algos sapo --set tau_pos=1.0 --set tau_neg=1.05
+sweep toy_lm sapo_default_b --algos sapo --set tau_pos=1.05 --set tau_neg=1.0
 # feature LM (shared parameters; defaults: rollouts 2 steps old, 8 minibatches): the same questions, DAPO for
 # clip-higher (no KL term), on-policy with one minibatch as the regime where ratios stay at 1, SAPO at lr 0.1
 sweep feature_lm clip_higher --algos dapo --set eps_high=0.2,0.28,100
