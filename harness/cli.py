@@ -65,7 +65,7 @@ def verify(json_out: bool = typer.Option(False, "--json", help="Print the result
 
 
 @app.command()
-def sim(env: str = typer.Option("toy_lm", help="Environment: bandit or toy_lm."),
+def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or feature_lm."),
         algos: str = typer.Option("all", help="Comma-separated algorithms, or 'all'."),
         seeds: int = typer.Option(5, help="Seeds per algorithm and grid point."),
         steps: int = typer.Option(300, help="RL steps per run."),
@@ -75,8 +75,9 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit or toy_lm.")
         workers: int = typer.Option(2, help="Worker processes (CPUs for the ray backend)."),
         backend: str = typer.Option("process", help="process (local processes) or ray."),
         ray_address: Optional[str] = typer.Option(None, help="Ray cluster address for --backend ray, e.g. auto.")):
-    """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model, writing per-step metrics
-    as it goes (resumable) and OUT/summary.json with the means over seeds."""
+    """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular, or feature_lm with
+    shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
+    seeds."""
     from harness.sim_cmd import sim_command
     _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers, True, backend,
                  ray_address)

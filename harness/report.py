@@ -19,9 +19,10 @@ from spec.records import read_json, safe_name  # noqa: E402
 
 from .rundirs import Groups, check_dirs, fmt, load_runs, md, mean_se, output_file  # noqa: E402
 
-PANELS = ("accuracy_exact", "entropy", "clip_frac", "rur", "kl_ref", "resp_len", "len_wrong_exact", "gen_per_trained")
-TABLE = ("accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac", "gen_per_trained",
-         "kl_ref_final")
+PANELS = ("accuracy_exact", "pass@64", "entropy", "entropy_decision", "entropy_correct", "clip_frac", "clip_up_frac",
+          "rur", "kl_ref", "resp_len", "len_wrong_exact", "gen_per_trained")
+TABLE = ("accuracy", "accuracy_exact", "pass@64_final", "entropy_final", "clip_frac", "clip_up_frac", "rur",
+         "zero_grad_frac", "gen_per_trained", "kl_ref_final")
 
 
 # ---- plots ---------------------------------------------------------------------------------------------------
@@ -80,8 +81,30 @@ ENV_TEXT = {
                "samples."),
     "bandit": ("Bandit: one state per prompt, 8 arms, one correct arm whose initial logit sets the prompt's "
                "difficulty; responses are one token long."),
+    "feature_lm": ("Feature LM: a log-linear policy logits(c) = b(c) + phi(c) theta over 128 tokens; theta is "
+                   "shared by every prompt and position (features: bias, position, on/off-track flag, 32 random "
+                   "directions), b is a frozen Zipfian prior with a confident dominant token per context. An "
+                   "answer is 4 tokens then EOS. At 2 forking positions per prompt 2 tokens are acceptable, the "
+                   "dominant token is wrong and the acceptable ones sit delta nats from it (delta from -8, "
+                   "hopeless, to +4, easy); the other positions are free (any token but EOS). A wrong token "
+                   "sends the response into off-track contexts until EOS or max_len 8 (truncated). Entropy, KL, "
+                   "accuracy_exact, pass@k and the entropy split are exact (a recursion over positions) on "
+                   "evaluated steps."),
 }
-SETUP_KEYS = ("n_prompts", "batch_prompts", "group_size", "max_len", "optimizer", "lr", "epochs", "minibatches")
+#: One line per environment: what it can and cannot show.
+ENV_SCOPE = {
+    "toy_lm": ("Can show: clipping statistics, length bias, dynamic-sampling cost, reward-scheme effects, exact "
+               "pass@k. Cannot show: entropy collapse or its spread across prompts - each (prompt, state) has its "
+               "own logits, and most of its entropy is the reward-irrelevant filler choice."),
+    "feature_lm": ("Can show: entropy falling through parameters shared by prompts and positions, which tokens "
+                   "the bounds clip once ratios move (stale rollouts, several minibatches; DAPO Fig. 3a), the "
+                   "upper clip's effect on entropy under random rewards, exact pass@k and the entropy split. "
+                   "Cannot show: language, long reasoning or scale (random features, 4-token answers); effects "
+                   "smaller than the seed-to-seed spread of 5 seeds read as no effect."),
+    "bandit": "Can show: the one-step entropy law exactly. Cannot show: anything sequential.",
+}
+SETUP_KEYS = ("n_prompts", "batch_prompts", "group_size", "max_len", "optimizer", "lr", "epochs", "minibatches",
+              "staleness", "eval_every")
 
 
 def setup_lines(groups: Groups) -> list[str]:
@@ -91,10 +114,12 @@ def setup_lines(groups: Groups) -> list[str]:
         return []
     lines = ["## Setup", ""]
     for env in sorted({r["env"] for r in sims.values()}):
-        lines += [ENV_TEXT.get(env, env), ""]
-    first = next(iter(sims.values()))["settings"]
-    lines += ["Settings unless a label says otherwise: " + ", ".join(md(f"{k}={first[k]}") for k in SETUP_KEYS
-                                                                     if k in first) + ".", "",
+        first = next(r for r in sims.values() if r["env"] == env)["settings"]
+        lines += [ENV_TEXT.get(env, env), "", ENV_SCOPE.get(env, ""), "",
+                  f"{env} settings unless a label says otherwise: " + ", ".join(md(f"{k}={first[k]}")
+                                                                                for k in SETUP_KEYS if k in first)
+                  + ".", ""]
+    lines += [
               "| algorithm | reward (correct/wrong/malformed) | advantage | dynamic sampling | overlong shaping |",
               "|---|---|---|---|---|"]
     from sim.config import REWARD_SCHEMES
@@ -103,7 +128,7 @@ def setup_lines(groups: Groups) -> list[str]:
         if lbl in sims and sims[lbl]["algo"] not in seen:
             seen.add(sims[lbl]["algo"])
             st = sims[lbl]["settings"]
-            scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(st.get("reward"), ()))
+            scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(st.get("reward"), ())) or "independent of the answer"
             cells = (sims[lbl]["algo"], f"{st.get('reward')} ({scheme})", st.get("adv", "-") or "-",
                      st.get("dynamic_sampling"), st.get("overlong"))
             lines.append("| " + " | ".join(md(c) for c in cells) + " |")
@@ -120,6 +145,28 @@ def _command_of(d: Path) -> str | None:
             f"--steps {s['steps']}{sets} --out {d}")
 
 
+def claim_lines(runs: list[dict]) -> list[str]:
+    """A claims table per environment (runs without one, from the real-model harness, form their own)."""
+    lines = ["## Claims", "",
+             "Mean ± standard error over seeds; a difference is significant when it exceeds the two-sided 5% "
+             "Student-t critical value times its standard error. A claim measured in several regimes has one row "
+             "per regime (the settings that are not compared).", ""]
+    by_env: dict = {}
+    for r in runs:
+        by_env.setdefault(r.get("env"), []).append(r)
+    for env, env_runs in by_env.items():
+        if len(by_env) > 1 or env:
+            lines += [f"### {env or 'real model runs'}", ""]
+        lines += ["| claim | regime | measured | verdict | why |", "|---|---|---|---|---|"]
+        groups = Groups(env_runs)
+        for text, fn in CLAIMS:
+            out = fn(groups)
+            for regime, meas, verdict, why in (out if isinstance(out, list) else [("", *out)]):
+                lines.append(f"| {text} | {md(regime)} | {md(meas)} | **{verdict}** | {why} |")
+        lines.append("")
+    return lines
+
+
 def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
     """Write ``out_md`` (default: the first dir's report.md) and PNG plots beside it; returns the markdown path."""
     dirs = check_dirs([dirs] if isinstance(dirs, (str, Path)) else dirs)
@@ -129,6 +176,9 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
     if not runs:
         raise ValueError(f"dirs: no complete runs (config.json + metrics.jsonl) under {', '.join(map(str, dirs))}")
     out_md = output_file(out_md if out_md is not None else dirs[0] / "report.md")
+    if len({r["env"] for r in runs}) > 1:  # the same label in two environments: name the environment
+        for r in runs:
+            r["label"] = f"{r['env']}: {r['label']}"
     groups = Groups(runs)
     lines = ["# cliplab simulator report", ""]
     cmds = [" ".join(c.splitlines()) for c in (_command_of(d) for d in dirs) if c]  # one line each in the fence
@@ -136,15 +186,13 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
         lines += ["Produced by:", "", "```", *cmds, f"cliplab report {' '.join(map(str, dirs))} --out {out_md}", "```",
                   ""]
     lines += setup_lines(groups)
-    lines += ["## Claims", "", "| claim | measured | verdict | why |", "|---|---|---|---|"]
-    for text, fn in CLAIMS:
-        meas, verdict, why = fn(groups)
-        lines.append(f"| {text} | {md(meas)} | **{verdict}** | {why} |")
+    lines += claim_lines(runs)
     if bandit:
         rows = bandit_entropy_check()
         meas, verdict, why = claim_bandit(rows)
-        lines.append(f"| Bandit: entropy change under natural PG is -eta Cov(log pi, A) (Cui et al. 2505.22617) | "
-                     f"{meas} | **{verdict}** | {why} |")
+        lines += ["### bandit", "", "| claim | regime | measured | verdict | why |", "|---|---|---|---|---|",
+                  f"| Bandit: entropy change under natural PG is -eta Cov(log pi, A) (Cui et al. 2505.22617) | "
+                  f"exact, default bandit | {meas} | **{verdict}** | {why} |"]
         lines += ["", "Bandit check (default bandit, exact, summed over its 128 prompts):", "",
                   "| eta | exact dH | -eta Cov(log pi, A) | per-prompt correlation |", "|---|---|---|---|"]
         lines += [f"| {e} | {a:.5g} | {p:.5g} | {c:.5f} |" for e, a, p, c in rows]
@@ -165,6 +213,8 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
             continue
         png = out_md.with_name(safe_name(f"{out_md.stem}_{i}_{d.name}") + ".png")
         plot_curves(groups, labels, png)
-        lines += [f"### {md(d.name)}", "", f"![{md(d.name)}]({png.name})", ""]
+        env = groups.runs[labels[0]][0].get("env")
+        title = md(f"{env}: {d.name}" if env else d.name)
+        lines += [f"### {title}", "", f"![{title}]({png.name})", ""]
     out_md.write_text("\n".join(lines) + "\n")
     return out_md

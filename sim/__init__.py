@@ -1,6 +1,11 @@
 """NumPy layer: the losses with analytic gradients, advantages, and the simulator built on them."""
-from .advantages import (SmoothAdvantage, dynamic_sampling_filter, gae, group_advantages, overlong_penalty,
-                         reinforce_pp_advantages)
+import os
+
+# The simulator's matrices are small: BLAS threads only contend with the sweep's worker processes.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from .advantages import (SmoothAdvantage, dynamic_sampling_filter, gae, group_advantages,  # noqa: E402
+                         overlong_penalty, reinforce_pp_advantages)
 from .losses import dcpo_bounds, dpo_loss, kl, policy_loss, value_loss
 
 __all__ = ["policy_loss", "dpo_loss", "kl", "dcpo_bounds", "value_loss", "gae", "group_advantages",

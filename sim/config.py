@@ -8,14 +8,15 @@ from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
 from spec.schema import Rule
 
-ENVS = ("bandit", "toy_lm")
+ENVS = ("bandit", "toy_lm", "feature_lm")
 REWARD_SCHEMES = {  # reward of (CORRECT, WRONG, MALFORMED)
     "binary": (1.0, 0.0, 0.0),  # Dr.GRPO, GRPO: 1 / 0
     "pm1": (1.0, -1.0, -1.0),  # DAPO: +1 / -1
     "ternary": (1.0, 0.0, -1.0),  # DCPO: +1 correct, 0 wrong but well formed, -1 malformed
 }
-ADVANTAGES = ("grpo", "dr_grpo", "sas", "gae")
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "sas")
+RANDOM_REWARD = "random"  # 1 or 0 with probability 1/2, independent of the response (Park et al. 2509.26114)
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "gpg", "sas", "gae")
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "gpg", "sas")
 
 #: Settings every run has: (default, meaning shown in errors, Rule: type, range, finiteness). Default None = chosen
 #: per algorithm or environment. Adding a setting is one line here (or in ENV_SETTINGS).
@@ -32,7 +33,8 @@ SETTINGS = {
     "critic_lr": (0.1, "learning rate of PPO's tabular critic (Adam)", Rule(float, gt=0, le=10)),
     "epochs": (2, "passes over each rollout", Rule(int, ge=1, le=1000)),
     "minibatches": (2, "minibatches per pass (split by whole groups)", Rule(int, ge=1, le=10 ** 5)),
-    "reward": (None, "reward scheme: " + ", ".join(REWARD_SCHEMES), Rule(str, choices=tuple(REWARD_SCHEMES))),
+    "reward": (None, "reward scheme: " + ", ".join([*REWARD_SCHEMES, RANDOM_REWARD]),
+               Rule(str, choices=(*REWARD_SCHEMES, RANDOM_REWARD))),
     "adv": (None, "advantage estimator: " + ", ".join(ADVANTAGES), Rule(str, choices=ADVANTAGES, optional=True)),
     "adv_eps": (1e-6, "eps in GRPO's (R - mean) / (std + eps)", Rule(float, gt=0, le=1)),
     "adv_unbiased": (True, "unbiased group std in GRPO's advantage", Rule(bool)),
@@ -48,14 +50,33 @@ SETTINGS = {
     "vf_clip": (0.2, "PPO value clip", Rule(float, gt=0, le=1e3)),
     "reward_kl": (0.0, "PPO: coefficient of the k1 KL penalty folded into the per-token reward",
                   Rule(float, ge=0, le=1e3)),
+    "staleness": (0, "rollouts come from the policy this many steps back (asynchronous training)",
+                  Rule(int, ge=0, le=1000)),
+    "eval_every": (None, "exact metrics every this many steps (and at the last step)", Rule(int, ge=1, le=10 ** 6)),
+    "rollout_noise": (0.0, "rollout/trainer mismatch: the rollout policy's parameters plus N(0, s^2) noise per step; "
+                           "the loss gets the trainer's old_logp and the engine's rollout_logp",
+                      Rule(float, ge=0, le=100)),
 }
 ENV_SETTINGS = {
     "bandit": {"n_arms": (8, "arms per prompt", Rule(int, ge=2, le=4096))},
     "toy_lm": {"max_len": (16, "generation budget T (also Dr.GRPO's constant L)", Rule(int, ge=3, le=1024)),
                "n_think": (2, "filler tokens", Rule(int, ge=1, le=256)),
                "n_answers": (4, "answer tokens", Rule(int, ge=1, le=256))},
+    "feature_lm": {"max_len": (8, "generation budget T (also Dr.GRPO's constant L)", Rule(int, ge=2, le=1024)),
+                   "vocab": (128, "tokens, EOS included", Rule(int, ge=8, le=10 ** 5)),
+                   "answer_len": (4, "answer tokens K before EOS", Rule(int, ge=1, le=256)),
+                   "n_correct": (2, "acceptable tokens per answer position", Rule(int, ge=1, le=10 ** 5)),
+                   "forks": (2, "forking positions per prompt (the dominant token is wrong there)",
+                             Rule(int, ge=0, le=256)),
+                   "n_features": (32, "random context features of the log-linear policy", Rule(int, ge=1, le=4096)),
+                   "zipf": (1.1, "Zipf exponent of the prior over the vocabulary", Rule(float, ge=0, le=10)),
+                   "confidence": (2.0, "prior logit of each context's dominant token (the Zipf head has 0)",
+                                  Rule(float, ge=0, le=50))},
 }
-ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0)}
+ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0), "feature_lm": (-8.0, 4.0)}
+ENV_DEFAULTS = {"bandit": {"eval_every": 1}, "toy_lm": {"eval_every": 1},
+                "feature_lm": {"n_prompts": 256, "eval_every": 5, "staleness": 2, "epochs": 1, "minibatches": 8,
+                               "overlong_cache": 2}}
 ALGO_SETTINGS = {
     "ppo": {"reward": "binary", "adv": "gae"},
     "grpo": {"reward": "binary", "adv": "grpo"},
@@ -99,8 +120,11 @@ def resolve(env: str, algo: str, overrides: dict | None = None) -> dict:
     cfg = {k: v for k, (v, _, _) in SETTINGS.items()}
     cfg.update({k: v for k, (v, _, _) in ENV_SETTINGS[env].items()})
     cfg["difficulty_low"], cfg["difficulty_high"] = ENV_DIFFICULTY[env]
+    cfg.update(ENV_DEFAULTS[env])
     cfg["dynamic_sampling"], cfg["overlong"] = False, False
-    cfg.update(ALGO_SETTINGS[algo])
+    # the algorithm's paper settings, else (the algorithms beyond the seeds) the binary reward and the registry's
+    # advantage
+    cfg.update(ALGO_SETTINGS.get(algo, {"reward": "binary", "adv": ALGORITHMS[algo].advantage}))
     if env == "bandit":
         cfg["max_len"], cfg["overlong"] = 1, False
     loss_over = {k: overrides.pop(k) for k in LOSS_KEYS if k in overrides}
@@ -144,6 +168,18 @@ def _check(env, algo, cfg):
     if not cfg["difficulty_low"] <= cfg["difficulty_high"]:
         raise ValueError(f"difficulty_low: expected <= difficulty_high ({cfg['difficulty_high']}), "
                          f"got {cfg['difficulty_low']}")
+    if env == "feature_lm":
+        _check_feature_lm(cfg)
+
+
+def _check_feature_lm(cfg):
+    """feature_lm's settings that depend on each other."""
+    if cfg["max_len"] < cfg["answer_len"] + 1:
+        raise ValueError(f"max_len: expected at least answer_len + 1 ({cfg['answer_len'] + 1}), got {cfg['max_len']!r}")
+    if cfg["n_correct"] > cfg["vocab"] - 2:
+        raise ValueError(f"n_correct: expected at most vocab - 2 ({cfg['vocab'] - 2}), got {cfg['n_correct']}")
+    if cfg["forks"] > cfg["answer_len"]:
+        raise ValueError(f"forks: expected at most answer_len ({cfg['answer_len']}), got {cfg['forks']}")
 
 
 def parse_value(text: str):

@@ -5,27 +5,42 @@ from typing import Callable
 
 import numpy as np
 
+from collections import deque
+
 from . import bandit, optim, toy_lm
 from .advantages import SmoothAdvantage, dynamic_sampling_filter, gae, group_advantages, overlong_penalty
 from .config import REWARD_SCHEMES, resolve
+from .feature_lm import FeatureLM
 from .losses import dpo_loss, policy_loss, value_loss
-from .metrics import clean, exact_metrics, rollout_metrics
-from .tabular import CORRECT, MALFORMED, Rollout, exact, logit_grad, row_logp, sample, tables, token_logp
+from .metrics import StepClips, batch_cov, clean, entropy_law, exact_metrics, rollout_metrics
+from .tabular import CORRECT, MALFORMED, Rollout, TableEnv
+from spec.registry import POLICY_ALGORITHMS
 
 
 def build_env(env: str, cfg: dict):
-    """The automaton, initial logits and description of ``env`` under the settings ``cfg``."""
+    """The environment object of ``env`` under the settings ``cfg`` (sampling, exact metrics, policy rows)."""
     common = dict(n_prompts=cfg["n_prompts"], difficulty_low=cfg["difficulty_low"],
                   difficulty_high=cfg["difficulty_high"], env_seed=cfg["env_seed"])
     if env == "bandit":
-        return bandit.build(n_arms=cfg["n_arms"], **common)
-    return toy_lm.build(max_len=cfg["max_len"], n_think=cfg["n_think"], n_answers=cfg["n_answers"], **common)
+        return TableEnv(*bandit.build(n_arms=cfg["n_arms"], **common))
+    if env == "feature_lm":
+        keys = ("vocab", "answer_len", "max_len", "n_correct", "forks", "n_features", "zipf", "confidence")
+        return FeatureLM(**common, **{k: cfg[k] for k in keys})
+    return TableEnv(*toy_lm.build(max_len=cfg["max_len"], n_think=cfg["n_think"], n_answers=cfg["n_answers"],
+                                  **common))
 
 
-def rewards_of(ro: Rollout, cfg: dict) -> np.ndarray:
-    """The reward scheme's value of each outcome, plus DAPO's soft overlong punishment (Eq. 13) if on."""
-    good, wrong, bad = REWARD_SCHEMES[cfg["reward"]]
-    r = np.where(ro.outcome == CORRECT, good, np.where(ro.outcome == MALFORMED, bad, wrong))
+def rewards_of(ro: Rollout, cfg: dict, rng: np.random.Generator | None = None) -> np.ndarray:
+    """The reward scheme's value of each outcome, plus DAPO's soft overlong punishment (Eq. 13) if on.
+
+    ``random``: 1 or 0 with probability 1/2 each, independent of the response (the spurious-reward control of
+    Park et al. 2509.26114); needs ``rng``.
+    """
+    if cfg["reward"] == "random":
+        r = (rng.random(len(ro.outcome)) < 0.5).astype(float)
+    else:
+        good, wrong, bad = REWARD_SCHEMES[cfg["reward"]]
+        r = np.where(ro.outcome == CORRECT, good, np.where(ro.outcome == MALFORMED, bad, wrong))
     if cfg["overlong"]:
         r = r + overlong_penalty(ro.lengths, cfg["max_len"], cfg["overlong_cache"])
     return r
@@ -42,40 +57,52 @@ def _concat(parts: list[Rollout]) -> Rollout:
 
 
 class Trainer:
-    """One run: an environment, a policy (tabular logits), its reference, optimiser and advantage state."""
+    """One run: an environment, the policy's parameters, its reference, optimiser and advantage state.
 
-    def __init__(self, env: str, algo: str, seed: int, overrides: dict | None = None):
-        self.env, self.algo, self.seed = env, algo, seed
+    ``steps`` (if known) makes the last step an exact evaluation whatever ``eval_every``.
+    """
+
+    def __init__(self, env: str, algo: str, seed: int, overrides: dict | None = None, steps: int | None = None):
+        self.env_name, self.algo, self.seed = env, algo, seed
         self.cfg = cfg = resolve(env, algo, overrides)
-        self.aut, init, self.info = build_env(env, cfg)
-        self.logits, self.ref_logits = init.copy(), init.copy()
-        self.ref_logp = tables(self.ref_logits)[0]
+        self.env = build_env(env, cfg)
+        self.info = self.env.info
+        self.params = self.env.init.copy()
+        if isinstance(self.env, TableEnv):  # the tabular policy's parameters are its logit table
+            self.aut, self.logits = self.env.aut, self.params
         self.rng = np.random.default_rng(seed)
         kw = {"momentum": cfg["momentum"]} if cfg["optimizer"] == "sgd" else {}
-        self.opt = optim.make(cfg["optimizer"], self.logits, cfg["lr"], **kw)
+        self.opt = optim.make(cfg["optimizer"], self.params, cfg["lr"], **kw)
         self.sas = SmoothAdvantage() if cfg.get("adv") == "sas" else None
         if cfg.get("adv") == "gae":
-            self.values = np.zeros(self.aut.n_states)
+            self.values = np.zeros(self.env.n_rows)
             self.critic = optim.Adam(self.values, cfg["critic_lr"])
-        self.step_no = 0
-        if algo == "dpo":
+        self.step_no, self.last_step = 0, None if steps is None else steps - 1
+        self.history = deque(maxlen=cfg["staleness"] + 1)  # parameters at the start of the last steps
+        self.snap = self.env.snapshot(self.params)
+        order = np.argsort(self.snap.success, kind="stable")
+        third = max(1, len(order) // 3)
+        self.hard, self.easy = order[:third], order[-third:]
+        self.cov_sum = 0.0
+        if algo not in POLICY_ALGORITHMS:
             self._build_pairs()
 
     # ---- rollouts ------------------------------------------------------------------------------------------
     def _collect(self, table):
-        """Rollouts of G responses per prompt; with dynamic sampling, refill with new prompts (DAPO Sec. 3.2)."""
+        """Rollouts of G responses per prompt from ``table`` (the environment's sampler of the rollout policy);
+        with dynamic sampling, refill with new prompts (DAPO Sec. 3.2)."""
         cfg, g = self.cfg, self.cfg["group_size"]
         p = cfg["batch_prompts"]
         order = self.rng.permutation(cfg["n_prompts"])
         ds = cfg["dynamic_sampling"]
         per_round = int(np.ceil(p * cfg["ds_oversample"])) if ds else p
-        generated, kept, seen_ro, seen_r = 0, [], [], []
+        generated, kept, kept_r, seen_ro, seen_r = 0, [], [], [], []
         for k in range(cfg["ds_max_rounds"] if ds else 1):
             chunk = order[k * per_round:(k + 1) * per_round]  # distinct prompts within a step
             if chunk.size == 0:
                 break
-            ro = sample(self.aut, table, chunk, g, self.rng)
-            r = rewards_of(ro, cfg)
+            ro = self.env.sample(table, chunk, g, self.rng)
+            r = rewards_of(ro, cfg, self.rng)
             generated += len(r)
             seen_ro.append(ro)
             seen_r.append(r)
@@ -84,14 +111,15 @@ class Trainer:
             good = np.flatnonzero(dynamic_sampling_filter((ro.outcome == CORRECT).astype(float), g))
             have = sum(len(x.prompts) for x in kept)
             if good.size:
-                kept.append(_select(ro, good[:p - have], g))
+                take = good[:p - have]
+                kept.append(_select(ro, take, g))
+                kept_r.append(r.reshape(-1, g)[take].reshape(-1))
             if have + min(good.size, p - have) == p:
                 break
         all_ro, all_r = _concat(seen_ro), np.concatenate(seen_r)
         if not kept:
             return all_ro, all_r, None, None, generated
-        train = _concat(kept)
-        return all_ro, all_r, train, rewards_of(train, cfg), generated
+        return all_ro, all_r, _concat(kept), np.concatenate(kept_r), generated
 
     def _advantages(self, ro: Rollout, r: np.ndarray, ref_lp: np.ndarray) -> np.ndarray:
         """Token advantages [B, T] per the configured estimator (sequence ones broadcast over tokens)."""
@@ -112,11 +140,17 @@ class Trainer:
 
     # ---- one step ------------------------------------------------------------------------------------------
     def step(self) -> dict:
-        """One rollout and its minibatch epochs; returns the step's metrics."""
-        table = tables(self.logits)
-        ex = exact(self.aut, table, self.ref_logp)
-        rec = self._dpo_step(table) if self.algo == "dpo" else self._rl_step(table)
-        rec.update(exact_metrics(ex))
+        """One rollout and its minibatch epochs; returns the step's metrics (exact ones on evaluation steps)."""
+        rec = {}
+        if self.step_no % self.cfg["eval_every"] == 0 or self.step_no == self.last_step:
+            snap = self.env.snapshot(self.params) if self.step_no else self.snap
+            rec.update(exact_metrics(snap, self.hard, self.easy))
+            if self.step_no:
+                rec.update(entropy_law(self.snap, snap), cov_interval=self.cov_sum)
+            self.snap, self.cov_sum = snap, 0.0
+        self.history.append(self.params.copy() if self.cfg["staleness"] else self.params)
+        table = self.env.sampler(self.history[0])  # rollouts from the policy ``staleness`` steps back
+        rec.update(self._rl_step(table) if self.algo in POLICY_ALGORITHMS else self._dpo_step(table))
         rec["step"] = self.step_no
         self.step_no += 1
         return clean(rec)
@@ -128,20 +162,24 @@ class Trainer:
         if ro is None:  # dynamic sampling found no informative group within its budget
             rec.update(clip_frac=None, rur=None, gen_per_trained=None, loss=None, trained=0, generated=generated)
             return rec
-        ref_lp = token_logp(self.ref_logp, ro.states, ro.tokens, ro.mask)
+        ref_lp = self.env.ref_logp(ro.states, ro.tokens, ro.mask)
         adv = self._advantages(ro, r, ref_lp)
         mask = ro.mask * ~ro.truncated[:, None] if cfg["overlong_filter"] else ro.mask
+        cov = batch_cov(ro.old_logp, adv, mask)
+        self.cov_sum += 0.0 if cov is None else cov
         n_groups = len(ro.prompts)
+        clips = StepClips(self.algo, cfg["loss"])
         clip_sum = tok_sum = loss_sum = 0.0
         updates = 0
         for _ in range(cfg["epochs"]):
             for mb in np.array_split(self.rng.permutation(n_groups), min(cfg["minibatches"], n_groups)):
                 rows = (mb[:, None] * g + np.arange(g)).reshape(-1)
                 st, tk, m = ro.states[rows], ro.tokens[rows], mask[rows]
-                logp, pi_rows = row_logp(self.logits, st, tk, m)
+                logp, pi_rows = self.env.rows(self.params, st, tk, m)
                 loss, grad, stats = policy_loss(self.algo, logp, ro.old_logp[rows], adv[rows], m, group_size=g,
                                                 ref_logp=ref_lp[rows], **cfg["loss"])
-                self.opt.step(logit_grad(self.logits.shape, st, tk, m, pi_rows, grad))
+                clips.add(logp, ro.old_logp[rows], adv[rows], m)
+                self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad))
                 if cfg["adv"] == "gae":
                     self._critic_step(st, m, rows)
                 clip_sum += stats["clip_frac"] * stats["tokens"]
@@ -150,7 +188,8 @@ class Trainer:
                 updates += 1
         nonzero = (np.abs(adv) > 1e-12).any(1)
         rec.update(clip_frac=clip_sum / max(tok_sum, 1.0), rur=float(nonzero.mean()), loss=loss_sum / updates,
-                   gen_per_trained=generated / len(r), trained=len(r), generated=generated)
+                   gen_per_trained=generated / len(r), trained=len(r), generated=generated, cov_logp_adv=cov,
+                   **clips.summary())
         return rec
 
     def _critic_step(self, st, m, rows):
@@ -163,8 +202,8 @@ class Trainer:
     def _build_pairs(self):
         """Preference pairs from G reference samples per pool prompt: i-th best vs i-th worst by reward."""
         cfg, g = self.cfg, self.cfg["group_size"]
-        ro = sample(self.aut, tables(self.ref_logits), np.arange(cfg["n_prompts"]), g, self.rng)
-        r = rewards_of(ro, cfg).reshape(-1, g)
+        ro = self.env.sample(self.env.sampler(self.env.init), np.arange(cfg["n_prompts"]), g, self.rng)
+        r = rewards_of(ro, cfg, self.rng).reshape(-1, g)
         order = np.argsort(-r, axis=1, kind="stable")
         half = g // 2
         best, worst = order[:, :half], order[:, ::-1][:, :half]
@@ -176,13 +215,13 @@ class Trainer:
         self.chosen = (rows * g + best)[ok]
         self.rejected = (rows * g + worst)[ok]
         self.pair_ro = ro
-        self.ref_seq = token_logp(self.ref_logp, ro.states, ro.tokens, ro.mask).sum(1)
+        self.ref_seq = self.env.ref_logp(ro.states, ro.tokens, ro.mask).sum(1)
 
     def _dpo_step(self, table) -> dict:
         cfg, g = self.cfg, self.cfg["group_size"]
-        eval_ro = sample(self.aut, table, self.rng.permutation(cfg["n_prompts"])[:cfg["batch_prompts"]],
-                         g, self.rng)
-        rec = rollout_metrics(eval_ro, rewards_of(eval_ro, cfg), g)
+        eval_ro = self.env.sample(table, self.rng.permutation(cfg["n_prompts"])[:cfg["batch_prompts"]], g,
+                                  self.rng)
+        rec = rollout_metrics(eval_ro, rewards_of(eval_ro, cfg, self.rng), g)
         ro, n = self.pair_ro, min(len(self.chosen), cfg["batch_prompts"] * g // 2)
         loss_sum, updates = 0.0, 0
         for _ in range(cfg["epochs"]):
@@ -191,13 +230,13 @@ class Trainer:
                 w, l_ = self.chosen[mb], self.rejected[mb]
                 rows = np.concatenate([w, l_])
                 st, tk, m = ro.states[rows], ro.tokens[rows], ro.mask[rows]
-                logp, pi_rows = row_logp(self.logits, st, tk, m)
+                logp, pi_rows = self.env.rows(self.params, st, tk, m)
                 seq = logp.sum(1)
                 k = len(w)
                 loss, (gw, gl), _ = dpo_loss(seq[:k], seq[k:], self.ref_seq[w], self.ref_seq[l_],
                                              beta=cfg["loss"]["beta"])
                 grad = np.concatenate([gw, gl])[:, None] * m  # d seq / d logp_t = 1 on response tokens
-                self.opt.step(logit_grad(self.logits.shape, st, tk, m, pi_rows, grad))
+                self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad))
                 loss_sum += loss
                 updates += 1
         rec.update(clip_frac=None, rur=None, gen_per_trained=None, loss=loss_sum / updates, trained=2 * n,
@@ -210,7 +249,7 @@ def run(env: str, algo: str, seed: int, steps: int, overrides: dict | None = Non
     """Train ``algo`` on ``env`` for ``steps`` steps; returns (and streams to ``on_step``) the per-step metrics."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected a positive integer, got {steps!r}")
-    trainer = Trainer(env, algo, seed, overrides)
+    trainer = Trainer(env, algo, seed, overrides, steps)
     records = []
     for _ in range(steps):
         rec = trainer.step()

@@ -5,7 +5,12 @@ import math
 
 import numpy as np
 
-from .tabular import CORRECT, MALFORMED, Exact, Rollout
+from spec.registry import ALGORITHMS
+
+from .losses import dcpo_bounds
+from .tabular import CORRECT, MALFORMED, Rollout, Snapshot
+
+PASS_K = (1, 8, 64)
 
 #: Every per-step metric, with its definition (also written into summary.json).
 DEFINITIONS = {
@@ -25,9 +30,36 @@ DEFINITIONS = {
     "truncated": "share of generated responses still running at max_len",
     "gen_per_trained": "responses generated per response trained on (DAPO dynamic sampling > 1)",
     "loss": "mean policy loss over the step's updates",
+    "entropy_decision": "exact reward-relevant part of entropy: entropy of the choice among token classes that "
+                        "lead to different next states or outcomes (the rest is a choice among interchangeable "
+                        "tokens)",
+    "entropy_within": "exact reward-irrelevant part: entropy - entropy_decision (toy LM: mostly the filler choice)",
+    "entropy_correct": "feature_lm: exact entropy among the acceptable tokens of answer positions reached on track",
+    "entropy_hard": "exact per-token entropy of the responses to the third of prompts hardest at the start",
+    "entropy_easy": "same for the easiest third",
+    **{f"pass@{k}": f"exact pass@{k}: mean over the pool of 1 - (1 - success_p)^{k}" for k in PASS_K},
+    "clip_up_frac": "share of trained tokens with A > 0 and ratio above the upper bound, over the step's updates",
+    "clip_low_frac": "share of trained tokens with A < 0 and ratio below the lower bound, over the step's updates",
+    "upclip_pold_median": "median sampling probability pi_old of the up-clipped tokens (DAPO Fig. 3a)",
+    "upclip_pold_lt02": "share of the up-clipped tokens with pi_old < 0.2 (DAPO Fig. 3a)",
+    "freed_frac": "share of trained tokens with A > 0 and 1.2 < ratio <= upper bound (what eps_high > 0.2 frees)",
+    "freed_pold_median": "median pi_old of those tokens",
+    "ratio_dev_median": "median |ratio - 1| of the trained tokens with A != 0 over the step's updates",
+    "cov_logp_adv": "Cov(log pi_old(y_t), A_t) over the trained batch's tokens (Cui et al. 2505.22617 Eq. 4)",
+    "cov_interval": "sum of cov_logp_adv over the steps since the previous exact evaluation",
+    "entropy_change": "measured change of the exact entropy since the previous exact evaluation",
+    "entropy_change_rows": "the same at fixed row weights: sum_c w(c) (H_c(new) - H_c(old))",
+    "entropy_change_pred": "first-order prediction of entropy_change_rows: -sum_c w(c) Cov_{pi_c}(log pi_c, dz_c) "
+                           "(Cui et al. Lemma 1, dz the logit change)",
 }
+FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_hard", "entropy_easy")
+STEP_MEANS = ("ratio_dev_median", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
+              "freed_frac", "freed_pold_median")
 SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac",
-                "gen_per_trained", "kl_ref_final", "resp_len", "len_wrong")
+                "gen_per_trained", "kl_ref_final", "resp_len", "len_wrong", "entropy_initial", "entropy_half_step",
+                *(k + "_final" for k in FINAL_KEYS), *(f"pass@{k}_{w}" for k in PASS_K for w in ("peak", "final",
+                                                                                                 "drop")),
+                *STEP_MEANS, "cov_entropy_corr", "law_corr", "law_rel_err")
 
 
 def _mean(x) -> float | None:
@@ -48,9 +80,86 @@ def rollout_metrics(ro: Rollout, rewards: np.ndarray, group_size: int) -> dict:
     }
 
 
-def exact_metrics(ex: Exact) -> dict:
-    return {"accuracy_exact": ex.accuracy, "entropy": ex.entropy, "kl_ref": ex.kl_ref,
-            "len_wrong_exact": ex.len_wrong}
+def exact_metrics(snap: Snapshot, hard: np.ndarray, easy: np.ndarray) -> dict:
+    """The snapshot's exact metrics, pass@k, and the entropy of the initially hardest and easiest prompts."""
+    out = dict(snap.values)
+    for k in PASS_K:
+        out[f"pass@{k}"] = float((1.0 - (1.0 - snap.success) ** k).mean())
+    out["entropy_hard"] = float(snap.prompt_entropy[hard].mean())
+    out["entropy_easy"] = float(snap.prompt_entropy[easy].mean())
+    return out
+
+
+def entropy_law(old: Snapshot, new: Snapshot) -> dict:
+    """Measured entropy change between two snapshots and its first-order prediction (Cui et al. Lemma 1):
+    H(pi_c + dz) - H(pi_c) ~= -Cov_{a ~ pi_c}(log pi_c(a), dz_c(a)) per context c, weighted by old row weights."""
+    dz = new.logits - old.logits
+    cov = (old.pi * old.logp * dz).sum(1) - (old.pi * old.logp).sum(1) * (old.pi * dz).sum(1)
+    h_old, h_new = -(old.pi * old.logp).sum(1), -(new.pi * new.logp).sum(1)
+    return {"entropy_change": new.values["entropy"] - old.values["entropy"],
+            "entropy_change_rows": float(old.weight @ (h_new - h_old)),
+            "entropy_change_pred": float(-(old.weight @ cov))}
+
+
+def batch_cov(logp: np.ndarray, adv: np.ndarray, mask: np.ndarray) -> float | None:
+    """Cov(log pi(y_t), A_t) over the masked tokens of a batch."""
+    on = mask > 0
+    if on.sum() < 2:
+        return None
+    x, a = logp[on], adv[on]
+    return float(((x - x.mean()) * (a - a.mean())).mean())
+
+
+class StepClips:
+    """Which side clipped each trained token, over a step's updates (DAPO Fig. 3a).
+
+    Upper: A > 0 and ratio > hi; lower: A < 0 and ratio < lo, with the algorithm's ratio (token or sequence) and
+    bounds (fixed, or DCPO's dynamic ones). Soft-gated algorithms (SAPO) clip nothing: the shares are None.
+    Algorithms with other clips (added to the registry later) get only the ratio's spread.
+    """
+
+    def __init__(self, algo: str, hp: dict):
+        self.alg, self.hp = ALGORITHMS[algo], hp
+        self.fixed = self.alg.clip in ("fixed", "dynamic")
+        self.tokens, self.up, self.low, self.freed = 0.0, 0.0, 0.0, 0.0
+        self.up_p, self.freed_p, self.dev = [], [], []
+
+    def add(self, logp, old_logp, adv, mask):
+        on = mask > 0
+        log_ratio = np.where(on, logp - old_logp, 0.0)
+        if self.alg.ratio == "token":
+            ratio = np.exp(log_ratio)
+        else:
+            lens = np.maximum(mask.sum(1, keepdims=True), 1.0)
+            ratio = np.broadcast_to(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape)
+        self.dev.append(np.abs(ratio[on & (adv != 0)] - 1.0))
+        if not self.fixed:
+            return
+        if self.alg.clip == "dynamic":
+            lo, hi = dcpo_bounds(np.exp(np.where(on, old_logp, 0.0)), self.hp["eps_low"], self.hp["eps_high"],
+                                 self.hp["r_max"])
+        else:
+            lo, hi = 1 - self.hp["eps_low"], 1 + self.hp["eps_high"]
+        up, low = on & (adv > 0) & (ratio > hi), on & (adv < 0) & (ratio < lo)
+        freed = on & (adv > 0) & (ratio > 1.2) & (ratio <= hi)
+        p_old = np.exp(old_logp)
+        self.tokens += on.sum()
+        self.up, self.low, self.freed = self.up + up.sum(), self.low + low.sum(), self.freed + freed.sum()
+        self.up_p.append(p_old[up])
+        self.freed_p.append(p_old[freed])
+
+    def summary(self) -> dict:
+        dev = np.concatenate(self.dev) if self.dev else np.zeros(0)
+        out = {"ratio_dev_median": float(np.median(dev)) if dev.size else None}
+        if not self.fixed or not self.tokens:
+            return out | {"clip_up_frac": None, "clip_low_frac": None, "upclip_pold_median": None,
+                    "upclip_pold_lt02": None, "freed_frac": None, "freed_pold_median": None}
+        up_p, freed_p = np.concatenate(self.up_p), np.concatenate(self.freed_p)
+        return out | {"clip_up_frac": self.up / self.tokens, "clip_low_frac": self.low / self.tokens,
+                "upclip_pold_median": float(np.median(up_p)) if up_p.size else None,
+                "upclip_pold_lt02": float((up_p < 0.2).mean()) if up_p.size else None,
+                "freed_frac": self.freed / self.tokens,
+                "freed_pold_median": float(np.median(freed_p)) if freed_p.size else None}
 
 
 def clean(record: dict) -> dict:
@@ -81,7 +190,48 @@ def summarise_run(records: list[dict], tail: float = 0.1) -> dict:
         "clip_frac": col("clip_frac", records), "rur": col("rur", records),
         "zero_grad_frac": col("zero_grad_frac", records), "gen_per_trained": col("gen_per_trained", records),
         "resp_len": col("resp_len", records), "len_wrong": col("len_wrong", records),
+        **entropy_summary(records), **{k + "_final": records[-1].get(k) for k in FINAL_KEYS},
+        **pass_summary(records), **{k: col(k, records) for k in STEP_MEANS}, **law_summary(records),
     }
+
+
+def entropy_summary(records: list[dict]) -> dict:
+    """Initial entropy and the first step at which the exact entropy is at most half of it (None: never)."""
+    first = records[0].get("entropy")
+    half = next((r["step"] for r in records if first is not None and r.get("entropy") is not None
+                 and r["entropy"] <= first / 2), None)
+    return {"entropy_initial": first, "entropy_half_step": half}
+
+
+def pass_summary(records: list[dict]) -> dict:
+    """Peak, final and peak-to-final drop of each exact pass@k curve."""
+    out = {}
+    for k in PASS_K:
+        vals = [r[f"pass@{k}"] for r in records if r.get(f"pass@{k}") is not None]
+        peak, final = (max(vals), vals[-1]) if vals else (None, None)
+        out.update({f"pass@{k}_peak": peak, f"pass@{k}_final": final,
+                    f"pass@{k}_drop": None if peak is None else peak - final})
+    return out
+
+
+def _corr(x, y) -> float | None:
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def law_summary(records: list[dict]) -> dict:
+    """Cui et al. over the evaluation intervals: correlation of the summed batch Cov(log pi, A) with the measured
+    entropy change, and of the first-order prediction with the fixed-weight change (with its relative error)."""
+    rows = [r for r in records if r.get("entropy_change_rows") is not None]
+    meas = [r["entropy_change_rows"] for r in rows]
+    pred = [r["entropy_change_pred"] for r in rows]
+    cov_rows = [r for r in rows if r.get("cov_interval") is not None]
+    denom = float(np.abs(meas).sum()) if rows else 0.0
+    return {"cov_entropy_corr": _corr([r["cov_interval"] for r in cov_rows], [r["entropy_change"] for r in cov_rows]),
+            "law_corr": _corr(pred, meas),
+            "law_rel_err": float(np.abs(np.subtract(pred, meas)).sum() / denom) if denom > 0 else None}
 
 
 SUMMARY_DEFINITIONS = {
@@ -90,4 +240,14 @@ SUMMARY_DEFINITIONS = {
     "kl_ref_final": "kl_ref at the last step",
     "clip_frac": "mean over all steps", "rur": "mean over all steps", "zero_grad_frac": "mean over all steps",
     "gen_per_trained": "mean over all steps", "resp_len": "mean over all steps", "len_wrong": "mean over all steps",
+    "entropy_initial": "entropy at the first step",
+    "entropy_half_step": "first step whose entropy is at most half of entropy_initial (None: never)",
+    **{k + "_final": f"{k} at the last step" for k in FINAL_KEYS},
+    **{f"pass@{k}_{w}": f"{w} of exact pass@{k} over the evaluated steps (drop = peak - final)" for k in PASS_K
+       for w in ("peak", "final", "drop")},
+    **{k: "mean over the steps that have it" for k in STEP_MEANS},
+    "cov_entropy_corr": "correlation over evaluation intervals of the summed cov_logp_adv with entropy_change "
+                        "(Cui et al.: negative)",
+    "law_corr": "correlation of entropy_change_pred with entropy_change_rows over evaluation intervals",
+    "law_rel_err": "sum |entropy_change_pred - entropy_change_rows| / sum |entropy_change_rows|",
 }

@@ -113,15 +113,21 @@ def row_logp(logits: np.ndarray, states: np.ndarray, tokens: np.ndarray, mask: n
     return logp, pi_rows
 
 
-def logit_grad(shape: tuple[int, int], states: np.ndarray, tokens: np.ndarray, mask: np.ndarray,
-               pi_rows: np.ndarray, grad_logp: np.ndarray) -> np.ndarray:
-    """Chain rule d loss / d z_sv = sum_{t: s_t = s} g_t (1[v = a_t] - pi(v|s)) from g = d loss / d logp."""
-    n_states, vocab = shape
+def token_logit_grad(tokens: np.ndarray, mask: np.ndarray, pi_rows: np.ndarray, grad_logp: np.ndarray) -> np.ndarray:
+    """d loss / d z of each response token's logit row [N, V]: g_t (1[v = a_t] - pi(v|s_t)) (softmax chain rule)."""
     on = mask > 0
     g = grad_logp[on]
     contrib = -g[:, None] * pi_rows
     contrib[np.arange(len(g)), tokens[on]] += g
-    flat = (states[on][:, None] * vocab + np.arange(vocab)).reshape(-1)
+    return contrib
+
+
+def logit_grad(shape: tuple[int, int], states: np.ndarray, tokens: np.ndarray, mask: np.ndarray,
+               pi_rows: np.ndarray, grad_logp: np.ndarray) -> np.ndarray:
+    """Chain rule d loss / d z_sv = sum_{t: s_t = s} g_t (1[v = a_t] - pi(v|s)) from g = d loss / d logp."""
+    n_states, vocab = shape
+    contrib = token_logit_grad(tokens, mask, pi_rows, grad_logp)
+    flat = (states[mask > 0][:, None] * vocab + np.arange(vocab)).reshape(-1)
     return np.bincount(flat, weights=contrib.reshape(-1), minlength=n_states * vocab).reshape(n_states, vocab)
 
 
@@ -136,6 +142,7 @@ class Exact:
     len_correct: float  # expected length of a correct response
     len_wrong: float  # expected length of an incorrect (wrong or malformed) response
     success: np.ndarray  # [P] per-prompt probability of a CORRECT ending
+    visits: np.ndarray  # [S] expected visits of each state per prompt drawn
 
 
 def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.ndarray | None = None) -> Exact:
@@ -161,4 +168,69 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
     tokens, acc = visits.sum(), float(success.mean())
     return Exact(float(visits @ ent / tokens), float(visits @ kl_s / tokens), acc, float(tokens),
                  win_len / acc if acc > 0 else float("nan"),
-                 (tokens - win_len) / (1 - acc) if acc < 1 else float("nan"), success)
+                 (tokens - win_len) / (1 - acc) if acc < 1 else float("nan"), success, visits)
+
+
+def xlogx(x: np.ndarray) -> np.ndarray:
+    """x log x with 0 log 0 = 0."""
+    return np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0)
+
+
+@dataclass
+class Snapshot:
+    """Exact quantities of one policy over the prompt pool, shared by every environment's exact metrics."""
+
+    logits: np.ndarray  # [R, V] the policy's logit rows (a copy)
+    logp: np.ndarray  # [R, V]
+    pi: np.ndarray  # [R, V]
+    weight: np.ndarray  # [R] share of the expected response tokens spent at each row (sums to 1)
+    success: np.ndarray  # [P] probability of a correct response per prompt
+    prompt_entropy: np.ndarray  # [P] expected per-token entropy of each prompt's responses
+    values: dict  # the scalar exact metrics (accuracy_exact, entropy, kl_ref, entropy_decision, ...)
+
+
+class TableEnv:
+    """An automaton whose policy parameters are one logit row per state (the toy LM and the bandit).
+
+    Tokens that lead to the same next state (or end with the same outcome) are interchangeable for the reward:
+    the entropy of the choice among them is ``entropy_within``, the rest ``entropy_decision`` (chain rule).
+    """
+
+    def __init__(self, aut: Automaton, init: np.ndarray, info: dict):
+        self.aut, self.init, self.info = aut, init, info
+        self.n_rows, self.n_prompts = aut.n_states, aut.n_prompts
+        n = aut.n_states
+        code = np.where(aut.next_state >= 0, aut.next_state, n + 1 + aut.outcome)
+        uniq, cls = np.unique(np.arange(n)[:, None] * (n + 3) + code, return_inverse=True)
+        self._cls, self._cls_state = cls.reshape(-1), uniq // (n + 3)
+        self.ref = tables(init)[0]
+
+    def sampler(self, params: np.ndarray):
+        """What ``sample`` draws from: the full (log pi, pi) table."""
+        return tables(params)
+
+    def sample(self, table, prompts, group_size, rng) -> Rollout:
+        return sample(self.aut, table, prompts, group_size, rng)
+
+    def rows(self, params, states, tokens, mask):
+        return row_logp(params, states, tokens, mask)
+
+    def grad(self, params, states, tokens, mask, pi_rows, grad_logp):
+        return logit_grad(params.shape, states, tokens, mask, pi_rows, grad_logp)
+
+    def ref_logp(self, states, tokens, mask):
+        return token_logp(self.ref, states, tokens, mask)
+
+    def snapshot(self, params: np.ndarray) -> Snapshot:
+        logp, pi = tables(params)
+        ex = exact(self.aut, (logp, pi), self.ref)
+        ent_rows = -(pi * logp).sum(1)
+        mass = np.bincount(self._cls, weights=pi.reshape(-1), minlength=len(self._cls_state))
+        decision = -np.bincount(self._cls_state, weights=xlogx(mass), minlength=self.n_rows)
+        w = ex.visits / ex.visits.sum()
+        per_prompt = np.bincount(self.aut.state_prompt, weights=ex.visits * ent_rows, minlength=self.n_prompts)
+        per_prompt /= np.bincount(self.aut.state_prompt, weights=ex.visits, minlength=self.n_prompts)
+        values = {"accuracy_exact": ex.accuracy, "entropy": ex.entropy, "kl_ref": ex.kl_ref,
+                  "len_wrong_exact": ex.len_wrong, "entropy_decision": float(w @ decision)}
+        values["entropy_within"] = ex.entropy - values["entropy_decision"]
+        return Snapshot(params.copy(), logp, pi, w, ex.success, per_prompt, values)

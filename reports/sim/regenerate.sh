@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Regenerate reports/sim/report.md: every sweep of the report (each resumable: rerun to continue), then the report;
+# prints the wall time of each sweep. Usage: reports/sim/regenerate.sh [RUNS_DIR] (default runs/sim).
+set -euo pipefail
+RUNS=${1:-runs/sim}
+PY=${PYTHON:-python}
+DIRS=()
+T0=$SECONDS
+sweep() {  # sweep ENV NAME ARGS...: one `cliplab sim` (5 seeds x 300 steps) into RUNS/ENV/NAME, timed
+  local env=$1 name=$2; shift 2
+  local t0=$SECONDS
+  $PY -m harness.cli sim --env "$env" --seeds 5 --steps 300 --out "$RUNS/$env/$name" "$@" > /dev/null
+  echo "$env/$name: $((SECONDS - t0)) s"
+  DIRS+=("$RUNS/$env/$name")
+}
+# toy LM (tabular): every algorithm; DCPO with the binary reward; clip-higher with the KL penalty off (GRPO beta=0)
+# in the default regime, a stressed one (4 epochs, lr 0.1, rollouts 2 steps old) and on-policy (one minibatch);
+# the random-reward control; SAPO's temperatures at the defaults and in a stressed regime
+sweep toy_lm main --algos all
+sweep toy_lm dcpo_binary --algos dcpo --set reward=binary
+sweep toy_lm random_reward --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100
+sweep toy_lm clip_higher --algos grpo --set beta=0 --set eps_high=0.2,0.28,100
+sweep toy_lm clip_higher_stress --algos grpo --set beta=0 --set epochs=4 --set lr=0.1 --set staleness=2 \
+  --set eps_high=0.2,0.28,100
+sweep toy_lm clip_higher_onpolicy --algos grpo --set beta=0 --set epochs=1 --set minibatches=1 \
+  --set eps_high=0.2,0.28,100
+sweep toy_lm sapo_stress_a --algos sapo --set epochs=4 --set lr=0.3 --set tau_pos=1.0 --set tau_neg=2.0
+sweep toy_lm sapo_stress_b --algos sapo --set epochs=4 --set lr=0.3 --set tau_pos=2.0 --set tau_neg=1.0
+sweep toy_lm sapo_default_a --algos sapo --set tau_pos=1.0 --set tau_neg=1.05
+sweep toy_lm sapo_default_b --algos sapo --set tau_pos=1.05 --set tau_neg=1.0
+# feature LM (shared parameters; defaults: rollouts 2 steps old, 8 minibatches): the same questions, DAPO for
+# clip-higher (no KL term), on-policy with one minibatch as the regime where ratios stay at 1, SAPO at lr 0.1
+sweep feature_lm clip_higher --algos dapo --set eps_high=0.2,0.28,100
+sweep feature_lm main --algos all
+sweep feature_lm random_reward --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100
+sweep feature_lm clip_higher_onpolicy --algos dapo --set staleness=0 --set minibatches=1 --set eps_high=0.2,0.28,100
+sweep feature_lm sapo_stress_a --algos sapo --set lr=0.1 --set tau_pos=1.0 --set tau_neg=2.0
+sweep feature_lm sapo_stress_b --algos sapo --set lr=0.1 --set tau_pos=2.0 --set tau_neg=1.0
+sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
+sweep feature_lm sapo_default_a --algos sapo --set tau_pos=1.0 --set tau_neg=1.05
+sweep feature_lm sapo_default_b --algos sapo --set tau_pos=1.05 --set tau_neg=1.0
+$PY -m harness.cli report "${DIRS[@]}" --out reports/sim/report.md
+for env in toy_lm feature_lm; do cp "$RUNS/$env/main/summary.json" "reports/sim/summary_${env}.json"; done
+echo "total: $((SECONDS - T0)) s"
