@@ -1,6 +1,7 @@
 """The vectorised RL loop: rollouts, rewards, advantages, minibatch epochs of ``policy_loss``, optimiser steps."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -14,7 +15,18 @@ from .feature_lm import FeatureLM
 from .losses import dpo_loss, policy_loss, value_loss
 from .metrics import StepClips, batch_cov, clean, entropy_law, exact_metrics, rollout_metrics
 from .tabular import CORRECT, MALFORMED, Rollout, TableEnv
-from spec.registry import POLICY_ALGORITHMS
+from spec.registry import ALGORITHMS, POLICY_ALGORITHMS
+
+#: Stats some losses add (CISPO's truncated share, Clip-Cov's and KL-Cov's selected share, rollout correction's mean
+#: weight and cut share), averaged over a step's tokens.
+EXTRA_STATS = ("trunc_frac", "cov_frac", "rc_weight_mean", "rc_cut_frac")
+
+
+def ppo_zeroed(logp, old_logp, adv, mask) -> float:
+    """How many tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8):
+    the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1)."""
+    r = np.exp(np.where(mask > 0, logp - old_logp, 0.0))
+    return float((((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8)))[mask > 0].sum())
 
 
 def build_env(env: str, cfg: dict):
@@ -125,7 +137,7 @@ class Trainer:
         """Token advantages [B, T] per the configured estimator (sequence ones broadcast over tokens)."""
         cfg, g = self.cfg, self.cfg["group_size"]
         kind = cfg["adv"]
-        if kind in ("grpo", "dr_grpo"):
+        if kind in ("grpo", "dr_grpo", "rloo", "gpg"):
             seq = group_advantages(r, g, kind, eps=cfg["adv_eps"], unbiased=cfg["adv_unbiased"])
         elif kind == "sas":
             seq = self.sas(ro.prompts.tolist(), r, g)
@@ -149,11 +161,17 @@ class Trainer:
                 rec.update(entropy_law(self.snap, snap), cov_interval=self.cov_sum)
             self.snap, self.cov_sum = snap, 0.0
         self.history.append(self.params.copy() if self.cfg["staleness"] else self.params)
-        table = self.env.sampler(self.history[0])  # rollouts from the policy ``staleness`` steps back
+        table = self.env.sampler(self._rollout_params())  # the policy ``staleness`` steps back, perturbed
         rec.update(self._rl_step(table) if self.algo in POLICY_ALGORITHMS else self._dpo_step(table))
         rec["step"] = self.step_no
         self.step_no += 1
         return clean(rec)
+
+    def _rollout_params(self):
+        """The rollout policy's parameters: the trainer's ``staleness`` steps back, plus N(0, rollout_noise^2)
+        per parameter, drawn afresh each step (a rollout engine that does not quite compute the trainer's policy)."""
+        params, noise = self.history[0], self.cfg["rollout_noise"]
+        return params + noise * self.rng.standard_normal(params.shape) if noise else params
 
     def _rl_step(self, table) -> dict:
         cfg, g = self.cfg, self.cfg["group_size"]
@@ -162,6 +180,9 @@ class Trainer:
         if ro is None:  # dynamic sampling found no informative group within its budget
             rec.update(clip_frac=None, rur=None, gen_per_trained=None, loss=None, trained=0, generated=generated)
             return rec
+        rollout_lp = ro.old_logp  # the engine's log-probs; the trainer's old policy is the unperturbed one
+        if cfg["rollout_noise"]:
+            ro = replace(ro, old_logp=self.env.rows(self.history[0], ro.states, ro.tokens, ro.mask)[0])
         ref_lp = self.env.ref_logp(ro.states, ro.tokens, ro.mask)
         adv = self._advantages(ro, r, ref_lp)
         mask = ro.mask * ~ro.truncated[:, None] if cfg["overlong_filter"] else ro.mask
@@ -170,15 +191,24 @@ class Trainer:
         n_groups = len(ro.prompts)
         clips = StepClips(self.algo, cfg["loss"])
         clip_sum = tok_sum = loss_sum = 0.0
+        extra_sums: dict = {}  # token-weighted sums of the stats some losses add (trunc_frac, cov_frac, rc_*)
         updates = 0
         for _ in range(cfg["epochs"]):
             for mb in np.array_split(self.rng.permutation(n_groups), min(cfg["minibatches"], n_groups)):
                 rows = (mb[:, None] * g + np.arange(g)).reshape(-1)
                 st, tk, m = ro.states[rows], ro.tokens[rows], mask[rows]
                 logp, pi_rows = self.env.rows(self.params, st, tk, m)
+                hp = cfg["loss"]
+                if ALGORITHMS[self.algo].select == "clip_cov":  # Clip-Cov's random choice: a seed per update
+                    hp = {**hp, "cov_seed": int(self.rng.integers(2**31 - 1))}
                 loss, grad, stats = policy_loss(self.algo, logp, ro.old_logp[rows], adv[rows], m, group_size=g,
-                                                ref_logp=ref_lp[rows], **cfg["loss"])
+                                                ref_logp=ref_lp[rows], rollout_logp=rollout_lp[rows], **hp)
                 clips.add(logp, ro.old_logp[rows], adv[rows], m)
+                for key in EXTRA_STATS:
+                    if key in stats:
+                        extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
+                extra_sums["ppo_zeroed_frac"] = extra_sums.get("ppo_zeroed_frac", 0.0) + ppo_zeroed(
+                    logp, ro.old_logp[rows], adv[rows], m)
                 self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad))
                 if cfg["adv"] == "gae":
                     self._critic_step(st, m, rows)
@@ -189,7 +219,7 @@ class Trainer:
         nonzero = (np.abs(adv) > 1e-12).any(1)
         rec.update(clip_frac=clip_sum / max(tok_sum, 1.0), rur=float(nonzero.mean()), loss=loss_sum / updates,
                    gen_per_trained=generated / len(r), trained=len(r), generated=generated, cov_logp_adv=cov,
-                   **clips.summary())
+                   **clips.summary(), **{k: v / max(tok_sum, 1.0) for k, v in extra_sums.items()})
         return rec
 
     def _critic_step(self, st, m, rows):
