@@ -124,8 +124,11 @@ class Groups:
 
 
 def same(a, b):
+    """Equal settings: numbers to 1e-12, anything else (None, strings) by equality."""
+    if a is None or b is None:
+        return a is b
     try:
-        return a is not None and abs(float(a) - float(b)) < 1e-12
+        return abs(float(a) - float(b)) < 1e-12
     except (TypeError, ValueError):
         return a == b
 

@@ -39,6 +39,14 @@ sweep feature_lm sapo_stress_b --algos sapo --set lr=0.1 --set tau_pos=2.0 --set
 sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
 sweep feature_lm sapo_default_a --algos sapo --set tau_pos=1.0 --set tau_neg=1.05
 sweep feature_lm sapo_default_b --algos sapo --set tau_pos=1.05 --set tau_neg=1.0
+# the algorithms beyond the seeds, in both environments: Clip-Cov and KL-Cov (a share of 0.02 of the batch's
+# tokens, so that a toy batch selects some) and CISPO beside PPO-clip (GRPO, KL off, token mean); GRPO under a
+# rollout/trainer mismatch (rollout_noise) without and with TIS / MIS
+for env in feature_lm toy_lm; do
+  sweep $env beyond_cov --algos grpo,cispo,clip_cov,kl_cov --set beta=0 --set agg=token_mean \
+    --set clip_cov_ratio=0.02 --set kl_cov_ratio=0.02
+  sweep $env beyond_mismatch --algos grpo --set beta=0 --set rollout_noise=0,1 --set rollout_correction=None,tis,mis
+done
 $PY -m harness.cli report "${DIRS[@]}" --out reports/sim/report.md
 for env in toy_lm feature_lm; do cp "$RUNS/$env/main/summary.json" "reports/sim/summary_${env}.json"; done
 echo "total: $((SECONDS - T0)) s"
