@@ -513,14 +513,19 @@ def claim_rollout_correction(g: Groups):
                     f"final minus peak {fmt(*mean_se(p1))} vs {fmt(*mean_se(p0))}; mean weight "
                     f"{fmt(mean_se(g.per_seed(on, 'rc_weight_mean'))[0])}, tokens cut "
                     f"{_mean_of(g, on, 'rc_cut_frac')}")
+            w, cut = mean_se(g.per_seed(on, "rc_weight_mean"))[0], mean_se(g.per_seed(on, "rc_cut_frac"))[0]
+            cost = (f"the correction takes the gradient of {fmt(cut, pct=True)} of tokens away and weighs the rest "
+                    f"by {fmt(w)} on average, while the uncorrected run's fall from its peak is "
+                    f"{fmt(mean_se(p0)[0])}: this mismatch (zero-mean noise on the sampler's parameters) leaves no "
+                    "instability to remove, only fewer effective updates")
             if not noise:
                 verdict, why = "not testable here", "no mismatch (rollout_noise 0): every weight is 1"
             elif (ok and d > 0) or (okd and dd > 0):
                 verdict, why = "reproduced", "the correction keeps accuracy higher or its fall from the peak smaller"
             elif ok and d < 0:
-                verdict, why = "reversed", "accuracy ends lower with the correction"
+                verdict, why = "reversed", "accuracy ends lower with the correction; " + cost
             else:
-                verdict, why = "no effect", "the differences are within noise"
+                verdict, why = "no effect", "the differences are within noise; " + cost
             rows.append((f"{kind}, {_setting(rest)}", meas, verdict, why))
     if not rows:
         return "n/a", *_missing("grpo runs with and without a rollout correction under rollout_noise",

@@ -147,12 +147,16 @@ def test_config_changes_name_nested_fields_and_leave_out_what_does_not_change_tr
     assert config_changes(old, from_dict({}).to_dict()) == {}
 
 
-def test_an_out_dir_that_is_a_file_is_named_before_the_model_loads(tmp_path):
+def test_an_out_dir_that_is_a_file_is_named_before_the_model_loads(tmp_path, tiny_path, monkeypatch):
+    import gpu.train
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before run.out_dir was checked")
+    monkeypatch.setattr(gpu.train, "load_policy", no_model)
     (tmp_path / "f").write_text("x")
     for out in (tmp_path / "f", tmp_path / "f" / "run"):
         with pytest.raises(ValueError, match=f"^run.out_dir: {tmp_path / 'f'} is a file"):
-            Trainer(from_dict(tiny_config(out, "grpo", model={"name": str(tmp_path / "no_such_model")})))
-
+            Trainer(from_dict(tiny_config(out, "grpo")))
 
 
 @pytest.mark.parametrize("advantage", ["rloo", "gpg", "reinforce_pp", "reinforce_pp_baseline"])
