@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
@@ -25,6 +26,7 @@ class RunCfg:
     resume: bool = True
     progress: bool = True
     threads: Optional[int] = None  # torch CPU threads (None = torch's default); 1 is faster on a busy CPU
+    tensorboard: bool = False  # also write the per-step metrics as TensorBoard scalars under out_dir/tb
 
 
 @dataclass
@@ -222,6 +224,8 @@ def validate(cfg: Config) -> Config:
             _positive(name, v)
     if r.tis_cap is not None:
         _positive("rollout.tis_cap", r.tis_cap)
+    if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("run.tensorboard: the tensorboard package is not installed (pip install 'cliplab[test]')")
     if t.minibatch_size and t.minibatch_size % r.group_size:
         raise ValueError(f"train.minibatch_size: expected a multiple of rollout.group_size ({r.group_size}) so "
                          f"minibatches hold whole groups, got {t.minibatch_size}")
