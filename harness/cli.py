@@ -93,9 +93,14 @@ def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders 
            out: Optional[Path] = typer.Option(None, help="Markdown file (default DIRS[0]/report.md); PNGs beside "
                                                            "it.")):
     """A markdown report with plots. Simulator sweeps: curves per algorithm with seed bands, a summary, and the
-    papers' claims with measurements and verdicts. Real-model runs (cliplab train): curves and a summary per run."""
-    from harness import real_report
+    papers' claims with measurements and verdicts. Real-model runs (cliplab train): curves and a summary per run.
+    Throughput JSON (python -m gpu.bench_h200 --out FILE): tokens/s and MFU per algorithm."""
+    from harness import real_report, throughput_report
     from harness import report as sim_report
+    bench = _user_errors(throughput_report.find, dirs)
+    if bench:
+        typer.echo(_user_errors(throughput_report.write_report, bench, out))
+        return
     real = any('"rollout"' in p.read_text() for d in dirs for p in Path(d).glob("**/config.json"))
     if real:
         typer.echo(_user_errors(real_report.write_report, dirs, out or dirs[0] / "report.md"))
