@@ -92,10 +92,10 @@ class _OutputLayerLogprobs(torch.autograd.Function):
         e = None if g_ent is None else g_ent.float() / T
         c = g if e is None else g + e * ent  # dL/dz = -p (e log p + c) + g onehot(y)
         budget = ctx.chunk * v  # the forward's logits per chunk, reused as the backward's tile size
-        nb = min(n, max(1, budget // min(v, MIN_VOCAB_SLICE)))
+        nb = max(1, min(n, budget // min(v, MIN_VOCAB_SLICE)))
         vs = max(1, min(v, budget // nb))
         gh = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
-        gw = torch.empty_like(weight) if need_w else None
+        gw = (torch.empty_like(weight) if n else torch.zeros_like(weight)) if need_w else None
         gb = torch.zeros(v, dtype=torch.float32, device=weight.device) if need_b else None
         for r in range(0, n, nb):
             h, rows, y = hidden[r:r + nb].to(cd), slice(r, r + nb), targets[r:r + nb]

@@ -42,9 +42,9 @@ def test_chunked_is_as_accurate_as_plain_against_float64():
     twice the plain one's error or 8 rounding units of the largest logit."""
     h, w, b, y = _inputs(vocab=5000)
     exact = _grads(plain_logprobs, *(t.detach().double().requires_grad_() for t in (h, w, b)), y, True)
-    err = {name: [float((a.detach().double() - e).abs().max()) for a, e in zip(_grads(fn, h, w, b, y, True), exact)]
+    err = {name: [float((a.double() - e).detach().abs().max()) for a, e in zip(_grads(fn, h, w, b, y, True), exact)]
            for name, fn in (("chunked", lambda *a, **k: chunked_logprobs(*a, chunk=7, **k)), ("plain", plain_logprobs))}
-    unit = float((h @ w.T + b).abs().max() / 0.7) * torch.finfo(torch.float32).eps
+    unit = float((h @ w.T + b).detach().abs().max() / 0.7) * torch.finfo(torch.float32).eps
     for c, p in zip(err["chunked"], err["plain"]):
         assert c <= max(2 * p, 8 * unit), (err, unit)
 
@@ -73,6 +73,14 @@ def test_entropy_of_uniform_is_log_vocab_and_logprobs_normalise():
     h = torch.randn(1, 8)
     all_lp, _ = chunked_logprobs(h.expand(97, 8), w, torch.arange(97), chunk=10)
     assert abs(all_lp.exp().sum().item() - 1) < 1e-5
+
+
+def test_no_tokens_gives_empty_outputs_and_zero_gradients():
+    h, w, b, y = _inputs(n=0)
+    lp, en = chunked_logprobs(h, w, y, bias=b)
+    assert lp.shape == en.shape == (0,)
+    gh, gw, gb = torch.autograd.grad(lp.sum() + en.sum(), (h, w, b), allow_unused=True)
+    assert gh.shape == (0, 16) and not gw.any() and not gb.any()
 
 
 def test_bad_arguments_name_the_argument():
