@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from .models import backbone, output_layer
 
-LOGITS_BUDGET = 1 << 23  # logits elements per tile (32 MiB in float32) when no chunk size is given
-MIN_VOCAB_SLICE = 4096  # the backward tiles the vocabulary in slices of at least this many rows (or all of it)
+LOGITS_BUDGET = 1 << 22  # logits elements per tile (16 MiB in float32) when no chunk size is given
+MIN_VOCAB_SLICE = 2048  # the backward tiles the vocabulary in slices of at least this many rows (or all of it)
 
 
 def auto_chunk(vocab: int) -> int:
