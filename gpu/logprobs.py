@@ -39,6 +39,14 @@ def _logits(h, w, b, temperature, shift):
     return F.linear(h, w, b).float().div_(temperature).sub_(shift[:, None])
 
 
+def _tiles(n: int, vocab: int, chunk: int):
+    """Tokens and vocabulary rows per tile: ``chunk`` x vocab logits, as many tokens as allow slices of at least
+    MIN_VOCAB_SLICE rows (large matmuls that read the weight once per token block)."""
+    budget = chunk * vocab
+    nb = max(1, min(n, budget // min(vocab, MIN_VOCAB_SLICE)))
+    return nb, max(1, min(vocab, budget // nb))
+
+
 def _mm_into(out, a, b, first: bool):
     """out = a @ b (``first``) or out += a @ b, accumulating in out's dtype."""
     if out.dtype == a.dtype:
@@ -63,17 +71,32 @@ class _OutputLayerLogprobs(torch.autograd.Function):
 
     @staticmethod
     def _forward(ctx, hidden, weight, bias, targets, chunk, temperature, entropy, cd):
-        w, b = weight.to(cd), _cast(bias, cd)
-        n = hidden.shape[0]
+        """Online log-sum-exp over vocabulary slices (Milakov & Gimelshein 2018) with the entropy as
+        H = log s - sum_v e_v (z_v - m) / s, e_v = exp(z_v - m), s = sum_v e_v: two non-negative terms."""
+        n, v = hidden.shape[0], weight.shape[0]
+        nb, vs = _tiles(n, v, chunk)
         lse, ent, logp = (hidden.new_empty(n, dtype=torch.float32) for _ in range(3))
-        for s in range(0, n, chunk):
-            h = hidden[s:s + chunk].to(cd)
-            z = _logits(h, w, b, temperature, h.new_zeros(h.shape[0], dtype=torch.float32))
-            l = torch.logsumexp(z, dim=-1)
-            lp = z.sub_(l[:, None])  # log-softmax
-            logp[s:s + chunk] = lp.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
-            ent[s:s + chunk] = -torch.linalg.vecdot(torch.exp(lp), lp)
-            lse[s:s + chunk] = l
+        for r in range(0, n, nb):
+            h, y = hidden[r:r + nb].to(cd), targets[r:r + nb]
+            m = h.new_full((h.shape[0],), float("-inf"), dtype=torch.float32)
+            tot, acc, zy = (torch.zeros_like(m) for _ in range(3))
+            for s in range(0, v, vs):
+                z = _logits(h, weight[s:s + vs].to(cd), _cast(None if bias is None else bias[s:s + vs], cd),
+                            temperature, torch.zeros_like(m))
+                hit = ((y >= s) & (y < s + vs)).nonzero().squeeze(-1)
+                zy[hit] = z[hit, y[hit] - s]
+                m_new = torch.maximum(m, z.amax(1))
+                scale = torch.exp(m - m_new)
+                shift = torch.where(tot > 0, (m - m_new) * tot, 0.0)  # rebase sum e (z - m) to the new max
+                z.sub_(m_new[:, None])
+                e = torch.exp(z)
+                acc = (acc + shift) * scale + torch.linalg.vecdot(e, z)
+                tot = tot * scale + e.sum(1)
+                m = m_new
+            log_tot = torch.log(tot)
+            lse[r:r + nb] = m + log_tot
+            logp[r:r + nb] = zy - lse[r:r + nb]
+            ent[r:r + nb] = log_tot - acc / tot
         ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
         ctx.chunk, ctx.temperature, ctx.cd = chunk, temperature, cd
         ctx.set_materialize_grads(False)
@@ -91,9 +114,7 @@ class _OutputLayerLogprobs(torch.autograd.Function):
         g = torch.zeros_like(lse) if g_logp is None else g_logp.float() / T
         e = None if g_ent is None else g_ent.float() / T
         c = g if e is None else g + e * ent  # dL/dz = -p (e log p + c) + g onehot(y)
-        budget = ctx.chunk * v  # the forward's logits per chunk, reused as the backward's tile size
-        nb = max(1, min(n, budget // min(v, MIN_VOCAB_SLICE)))
-        vs = max(1, min(v, budget // nb))
+        nb, vs = _tiles(n, v, ctx.chunk)
         gh = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
         gw = (torch.empty_like(weight) if n else torch.zeros_like(weight)) if need_w else None
         gb = torch.zeros(v, dtype=torch.float32, device=weight.device) if need_b else None
