@@ -91,7 +91,7 @@ class TrainCfg:
     minibatch_size: int = 0  # sequences per optimiser step; 0 = the whole batch
     grad_accum: int = 1
     max_grad_norm: float = 1.0
-    logprob_chunk: Optional[int] = None  # tokens per output-layer chunk (None: about 2**26 logits per chunk)
+    logprob_chunk: Optional[int] = None  # output-layer tile of logprob_chunk x vocab logits (None: about 2**22)
 
 
 @dataclass

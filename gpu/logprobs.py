@@ -1,6 +1,6 @@
 """Per-token log-probs and entropy through the output layer in tiles, never holding [tokens x vocab] logits.
 
-A custom autograd function keeps only the per-token log-sum-exp and entropy from the forward pass; its backward
+A custom autograd function keeps only the per-token log-sum-exp and entropy from its forward pass; its backward
 recomputes each tile of logits once and forms the gradients of log pi(y) and of the entropy w.r.t. the logits in
 closed form, then w.r.t. the hidden states, the output weight and its bias."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from .models import backbone, output_layer
 
 LOGITS_BUDGET = 1 << 22  # logits elements per tile (16 MiB in float32) when no chunk size is given
-MIN_VOCAB_SLICE = 2048  # the backward tiles the vocabulary in slices of at least this many rows (or all of it)
+MIN_VOCAB_SLICE = 2048  # tiles span at least this many vocabulary rows (or all of them)
 
 
 def auto_chunk(vocab: int) -> int:
-    """Tokens per chunk so that one chunk of logits holds about LOGITS_BUDGET elements."""
+    """Tokens' worth of logits per tile so that one tile holds about LOGITS_BUDGET elements."""
     return max(16, LOGITS_BUDGET // max(vocab, 1))
 
 
@@ -140,11 +140,10 @@ class _OutputLayerLogprobs(torch.autograd.Function):
 
 def chunked_logprobs(hidden, weight, targets, bias=None, chunk: int | None = None, temperature: float = 1.0,
                      entropy: bool = True):
-    """Log-prob of ``targets`` [N] (and entropy) from ``hidden`` [N, H], ``chunk`` tokens of logits at a time.
+    """Log-prob of ``targets`` [N] (and entropy) from ``hidden`` [N, H], in tiles of ``chunk`` x vocab logits.
 
-    ``chunk`` None picks about LOGITS_BUDGET logits per chunk. Peak memory holds a few tiles of ``chunk`` x vocab
-    logits (plus the weight gradient in training), never N x vocab; the entropy carries a gradient only when
-    ``entropy`` is True."""
+    ``chunk`` None picks about LOGITS_BUDGET logits per tile. Peak memory holds a few tiles (plus the weight
+    gradient in training), never N x vocab; the entropy carries a gradient only when ``entropy`` is True."""
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"hidden/targets: expected [N, H] and [N], got {tuple(hidden.shape)} and "
                          f"{tuple(targets.shape)}")
