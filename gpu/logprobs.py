@@ -93,6 +93,7 @@ class _OutputLayerLogprobs(torch.autograd.Function):
                 acc = (acc + shift) * scale + torch.linalg.vecdot(e, z)
                 tot = tot * scale + e.sum(1)
                 m = m_new
+                del z, e  # free this tile before the next one is allocated
             log_tot = torch.log(tot)
             lse[r:r + nb] = m + log_tot
             logp[r:r + nb] = zy - lse[r:r + nb]
@@ -134,6 +135,7 @@ class _OutputLayerLogprobs(torch.autograd.Function):
                     _mm_into(gw[s:s + vs], dzc.t(), h, r == 0)
                 if need_b:
                     gb[s:s + vs] += dz.sum(0)
+                del lp, p, dz, dzc  # free this tile before the next one is allocated
         return (None if gh is None else gh.to(hidden.dtype), gw,
                 None if gb is None else gb.to(bias.dtype), None, None, None, None)
 
