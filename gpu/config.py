@@ -3,6 +3,7 @@ every field is checked in one place at load time, with a one-line error that nam
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, get_type_hints
@@ -42,6 +43,8 @@ class RunCfg:
     progress: bool = setting(True, Rule(bool))
     # torch CPU threads (None = torch's default); 1 is faster on a busy CPU
     threads: Optional[int] = setting(None, Rule(int, ge=1, le=4096, optional=True))
+    # also write the per-step metrics as TensorBoard scalars under out_dir/tb
+    tensorboard: bool = setting(False, Rule(bool))
 
 
 @dataclass
@@ -110,7 +113,7 @@ class TrainCfg:
     minibatch_size: int = setting(0, Rule(int, ge=0, le=BIG))  # sequences per optimiser step; 0 = the whole batch
     grad_accum: int = setting(1, Rule(int, ge=1, le=BIG))
     max_grad_norm: float = setting(1.0, Rule(float, gt=0))
-    # tokens per output-layer chunk (None: about 2**26 logits per chunk)
+    # output-layer tile of logprob_chunk x vocab logits (None: about 2**22)
     logprob_chunk: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
 
 
@@ -209,6 +212,8 @@ def validate(cfg: Config) -> Config:
     if a.overlong_max_len is not None and not a.overlong_cache_len <= a.overlong_max_len:
         raise ValueError(f"algo.overlong_cache_len: expected 0 < cache_len <= overlong_max_len "
                          f"({a.overlong_max_len}), got {a.overlong_cache_len}")
+    if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("run.tensorboard: the tensorboard package is not installed (pip install 'cliplab[test]')")
     if t.minibatch_size and t.minibatch_size % r.group_size:
         raise ValueError(f"train.minibatch_size: expected a multiple of rollout.group_size ({r.group_size}) so "
                          f"minibatches hold whole groups, got {t.minibatch_size}")

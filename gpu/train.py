@@ -92,7 +92,7 @@ class Trainer:
         else:
             engine.update(self.model)
         self.engine = engine
-        self.tb = _tensorboard(self.out)
+        self.tb = _tensorboard(self.out) if c.run.tensorboard else None
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def _modules(self):
@@ -390,10 +390,7 @@ def _scatter(outs, like):
 
 
 def _tensorboard(out: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
+    from torch.utils.tensorboard import SummaryWriter
     return SummaryWriter(str(out / "tb"))
 
 

@@ -102,3 +102,63 @@ def compare(rows: int = 1024, cols: int = 1024, repeat: int = 5, algorithms=POLI
         ref = plain["sim"] if r["kind"] in ("sim", "plain_numpy") else plain["gpu"]
         r["ratio_to_plain"] = r["seconds"] / ref
     return results
+
+
+def logprob_inputs(n, hidden, vocab):
+    """Hidden states [n, hidden], an output weight [vocab, hidden] at a trained model's scale, and targets."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, hidden, generator=g).requires_grad_()
+    w = (torch.randn(vocab, hidden, generator=g) * 0.02).requires_grad_()
+    return x, w, torch.randint(0, vocab, (n,), generator=g)
+
+
+def _logprob_step(kind, x, w, y):
+    """One forward + backward of log-prob + entropy through the output layer."""
+    from gpu.logprobs import chunked_logprobs, plain_logprobs
+    x.grad = w.grad = None
+    lp, en = (chunked_logprobs if kind == "chunked" else plain_logprobs)(x, w, y)
+    (lp.sum() + en.sum()).backward()
+
+
+def _logprob_peak(kind, n, hidden, vocab) -> float:
+    """Extra peak RSS (MiB) of one step, in this fresh process (after the inputs exist)."""
+    _logprob_step(kind, *logprob_inputs(8, 8, 64))  # page in the code of both passes first
+    x, w, y = logprob_inputs(n, hidden, vocab)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # Linux: reset the peak RSS to the current RSS, forgetting the inputs' temporaries
+    base = _rss_peak_kib()
+    _logprob_step(kind, x, w, y)
+    return (_rss_peak_kib() - base) / 1024
+
+
+def _logprob_times(n, hidden, vocab, rounds, threads) -> dict:
+    """Seconds per step (best of ``rounds``) of plain and chunked, alternating in this one process."""
+    import torch
+    if threads:
+        torch.set_num_threads(threads)
+    x, w, y = logprob_inputs(n, hidden, vocab)
+    best = {"plain": float("inf"), "chunked": float("inf")}
+    for _ in range(rounds):
+        for kind in best:
+            best[kind] = min(best[kind], _best_time(lambda: _logprob_step(kind, x, w, y), 1))
+    return best
+
+
+def _in_fresh_process(call: str):
+    out = subprocess.run([sys.executable, "-c", f"import json; from harness import bench; print(json.dumps(bench.{call}))"],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def logprob_compare(n: int = 2048, vocab: int = 151936, hidden: int = 896, rounds: int = 2,
+                    threads: int | None = None) -> dict:
+    """Plain full-logits log-prob + entropy against gpu.logprobs' chunked function, forward and backward: extra peak
+    memory of each in its own fresh process, and time of both alternating in one process; their ratios, and the
+    chunked peak over the size of the output-layer weight gradient (float32)."""
+    peak = {k: _in_fresh_process(f"_logprob_peak({k!r}, {n}, {hidden}, {vocab})") for k in ("plain", "chunked")}
+    secs = _in_fresh_process(f"_logprob_times({n}, {hidden}, {vocab}, {rounds}, {threads})")
+    grad_mib = vocab * hidden * 4 / 2**20
+    return {"tokens": n, "vocab": vocab, "hidden": hidden, "weight_grad_mib": grad_mib,
+            "extra_peak_mib": peak, "seconds": secs, "time_ratio": secs["chunked"] / secs["plain"],
+            "peak_ratio": peak["chunked"] / peak["plain"], "peak_over_weight_grad": peak["chunked"] / grad_mib}

@@ -89,16 +89,22 @@ def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders,
            out: Optional[Path] = typer.Option(None, help="Markdown file (default DIRS[0]/report.md); PNGs beside "
                                                            "it.")):
     """A markdown report with plots. Simulator sweeps: curves per algorithm with seed bands, a summary, and the
-    papers' claims with measurements and verdicts. Real-model runs (cliplab train): curves and a summary per run."""
+    papers' claims with measurements and verdicts. Real-model runs (cliplab train): curves and a summary per run.
+    Throughput JSON (python -m gpu.bench_h200 --out FILE): tokens/s and MFU per algorithm. Cluster logs (verl's
+    JSONL or console log, TRL's trainer_state.json): the same comparison and claims table."""
     typer.echo(_user_errors(_report, dirs, out))
 
 
 def _report(dirs: list[Path], out: Optional[Path]) -> Path:
-    """Cluster logs (verl, TRL: configs/recipes) get the cluster report; else the real-model report if any run
-    under ``dirs`` is a real-model run (its config has a rollout section), else the simulator's."""
-    from harness import cluster_logs, real_report
+    """Throughput JSON gets the throughput report; cluster logs (verl, TRL: configs/recipes) the cluster report;
+    else the real-model report if any run under ``dirs`` is a real-model run (its config has a rollout section),
+    else the simulator's."""
+    from harness import cluster_logs, real_report, throughput_report
     from harness import report as sim_report
     from harness.rundirs import check_dirs
+    bench = throughput_report.find(dirs)
+    if bench:
+        return throughput_report.write_report(bench, out)
     if cluster_logs.handles(dirs):
         return cluster_logs.write_report(dirs, out)
     check_dirs(dirs)

@@ -9,20 +9,58 @@ import torch
 from gpu.logprobs import chunked_logprobs, plain_logprobs, sequence_logprobs
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
-def test_chunked_equals_plain_values_and_grads(chunk):
+def _inputs(n=50, vocab=300, hidden=16, dtype=torch.float32):
     g = torch.Generator().manual_seed(0)
-    h = torch.randn(50, 16, generator=g, requires_grad=True)
-    w = torch.randn(300, 16, generator=g, requires_grad=True)
-    y = torch.randint(0, 300, (50,), generator=g)
-    lp, en = chunked_logprobs(h, w, y, chunk=chunk, temperature=0.7)
-    lp0, en0 = plain_logprobs(h, w, y, temperature=0.7)
-    torch.testing.assert_close(lp, lp0, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(en, en0, rtol=1e-4, atol=1e-4)
-    gh, gw = torch.autograd.grad((lp * 1.3).sum() + en.sum(), (h, w))
-    gh0, gw0 = torch.autograd.grad((lp0 * 1.3).sum() + en0.sum(), (h, w))
-    torch.testing.assert_close(gh, gh0, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(gw, gw0, rtol=1e-4, atol=1e-5)
+    h = torch.randn(n, hidden, generator=g, dtype=dtype, requires_grad=True)
+    w = torch.randn(vocab, hidden, generator=g, dtype=dtype, requires_grad=True)
+    b = torch.randn(vocab, generator=g, dtype=dtype, requires_grad=True)
+    return h, w, b, torch.randint(0, vocab, (n,), generator=g)
+
+
+def _grads(fn, h, w, b, y, with_entropy, **kw):
+    lp, en = fn(h, w, y, bias=b, temperature=0.7, **kw)
+    loss = (lp * 1.3).sum() + (en * torch.linspace(-1, 2, len(en), dtype=en.dtype)).sum() * with_entropy
+    return (lp, en) + torch.autograd.grad(loss, (h, w, b))
+
+
+# (vocab, chunk): one token per chunk, several, all at once, and a vocabulary sliced in the backward over token blocks
+@pytest.mark.parametrize("vocab,chunk", [(300, 1), (300, 7), (300, 64), (300, 1000), (5000, 7)])
+@pytest.mark.parametrize("entropy", [True, False])
+def test_chunked_equals_plain_values_and_grads(vocab, chunk, entropy):
+    h, w, b, y = _inputs(vocab=vocab)
+    got = _grads(chunked_logprobs, h, w, b, y, entropy, chunk=chunk, entropy=entropy)
+    ref = _grads(plain_logprobs, h, w, b, y, entropy)
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-4, atol=1e-4)
+    for a, r in zip(got[2:], ref[2:]):  # d/dh, d/dW, d/db
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+    assert chunked_logprobs(h, w, y, chunk=chunk, entropy=entropy)[1].requires_grad == entropy
+
+
+def test_chunked_is_as_accurate_as_plain_against_float64():
+    """Both float32 paths sit within float32 rounding of the float64 computation: the chunked one no further than
+    twice the plain one's error or 8 rounding units of the largest logit."""
+    h, w, b, y = _inputs(vocab=5000)
+    exact = _grads(plain_logprobs, *(t.detach().double().requires_grad_() for t in (h, w, b)), y, True)
+    err = {name: [float((a.double() - e).detach().abs().max()) for a, e in zip(_grads(fn, h, w, b, y, True), exact)]
+           for name, fn in (("chunked", lambda *a, **k: chunked_logprobs(*a, chunk=7, **k)), ("plain", plain_logprobs))}
+    unit = float((h @ w.T + b).detach().abs().max() / 0.7) * torch.finfo(torch.float32).eps
+    for c, p in zip(err["chunked"], err["plain"]):
+        assert c <= max(2 * p, 8 * unit), (err, unit)
+
+
+def test_autocast_bf16_matches_plain_and_keeps_dtypes():
+    """Under bf16 autocast the matmuls run in bf16 as F.linear's would; gradients come back in the inputs' dtypes."""
+    h, w, b, y = _inputs()
+    h = h.detach().bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _grads(lambda *a, **k: chunked_logprobs(*a, chunk=7, **k), h, w, b, y, True)
+        ref = _grads(plain_logprobs, h, w, b, y, True)
+    assert [t.dtype for t in got] == [t.dtype for t in ref] == [torch.float32] * 2 + [torch.bfloat16] + [torch.float32] * 2
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)  # the same bf16 logits, then float32
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-5)
+    for a, r in zip(got[2:], ref[2:]):  # bf16 products: equal to bf16 rounding of the largest entry
+        torch.testing.assert_close(a.float(), r.float(), rtol=0, atol=4 * 2**-8 * float(r.abs().max()))
 
 
 def test_entropy_of_uniform_is_log_vocab_and_logprobs_normalise():
@@ -35,6 +73,14 @@ def test_entropy_of_uniform_is_log_vocab_and_logprobs_normalise():
     h = torch.randn(1, 8)
     all_lp, _ = chunked_logprobs(h.expand(97, 8), w, torch.arange(97), chunk=10)
     assert abs(all_lp.exp().sum().item() - 1) < 1e-5
+
+
+def test_no_tokens_gives_empty_outputs_and_zero_gradients():
+    h, w, b, y = _inputs(n=0)
+    lp, en = chunked_logprobs(h, w, y, bias=b)
+    assert lp.shape == en.shape == (0,)
+    gh, gw, gb = torch.autograd.grad(lp.sum() + en.sum(), (h, w, b), allow_unused=True)
+    assert gh.shape == (0, 16) and not gw.any() and not gb.any()
 
 
 def test_bad_arguments_name_the_argument():
