@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spec.contract import (check_cov_select, check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q,
-                           check_reference, check_rollout_logp, check_same_shape, check_token_shapes,
-                           check_value_args, resolve_hparams)
+from spec.contract import (check_cov_select, check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args,
+                           check_kl_kind, check_q, check_reference, check_rollout_logp, check_same_shape,
+                           check_token_shapes, check_value_args, resolve_hparams)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import PARTS, get_algorithm
 
@@ -43,6 +43,7 @@ def kl(logp, ref_logp, kind="k3", old_logp=None):
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
     """DCPO Eq. 21-27: the branch around r = 1 of abs((r - 1) * r * q) <= eps, capped at r_max."""
     q = as_tensor("q", q)
+    check_dcpo_bounds_args(eps_low, eps_high, r_max)
     if q.numel():
         check_q(float(q.min()), float(q.max()))
     return _bounds_unchecked(q, eps_low, eps_high, r_max)
@@ -231,7 +232,7 @@ def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip
                         "mask": mask.shape}, group_size, agg)
     v_clip = torch.maximum(torch.minimum(values, old_values + clip), old_values - clip)
     plain, clipped = (values - returns) ** 2, (v_clip - returns) ** 2
-    loss_tok = 0.5 * torch.maximum(plain, clipped)
+    loss_tok = torch.where(mask > 0, 0.5 * torch.maximum(plain, clipped), torch.zeros_like(plain))
     weights = agg_weights(mask, agg, group_size, max_len)
     stats = {"clip_frac": float(((clipped > plain).to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0))}
     return (weights * loss_tok).sum(), stats

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.contract import (check_cov_select, check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q,
-                           check_reference, check_rollout_logp, check_same_shape, check_token_shapes,
-                           check_value_args, resolve_hparams)
+from spec.contract import (check_cov_select, check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args,
+                           check_kl_kind, check_q, check_reference, check_rollout_logp, check_same_shape,
+                           check_token_shapes, check_value_args, resolve_hparams)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import PARTS, get_algorithm
 
@@ -45,6 +45,7 @@ def kl(logp, ref_logp, kind="k3", old_logp=None):
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
     """DCPO Eq. 21-27: the branch around r = 1 of abs((r - 1) * r * q) <= eps, capped at r_max."""
     q = as_float("q", q)
+    check_dcpo_bounds_args(eps_low, eps_high, r_max)
     if q.size:
         check_q(float(q.min()), float(q.max()))
     return _bounds_unchecked(q, eps_low, eps_high, r_max)
@@ -251,7 +252,7 @@ def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip
     v_clip = np.clip(values, old_values - clip, old_values + clip)
     plain, clipped = (values - returns) ** 2, (v_clip - returns) ** 2
     use_clipped = clipped > plain
-    loss_tok = 0.5 * np.maximum(plain, clipped)
+    loss_tok = np.where(mask > 0, 0.5 * np.maximum(plain, clipped), 0.0)  # padding never turns 0 * inf into NaN
     dtok = np.where(use_clipped, 0.0, values - returns)  # the clipped branch wins only where v was clipped
     weights = agg_weights(mask, agg, group_size, max_len)
     stats = {"clip_frac": float((use_clipped * mask).sum() / max(mask.sum(), 1.0))}

@@ -233,6 +233,17 @@ def check_group_size(group_size, batch: int, *, needed: bool, why: str = "") -> 
         raise ValueError(f"group_size: {group_size} does not divide the batch of {batch} rows")
 
 
+def check_dcpo_bounds_args(eps_low, eps_high, r_max) -> None:
+    """DCPO's bound widths (>= 0) and cap (>= 1), finite numbers."""
+    for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
+        _finite_number(name, value)
+        if value < 0:
+            raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
+    _finite_number("r_max", r_max)
+    if r_max < 1:
+        raise ValueError(f"r_max: expected a number >= 1, got {r_max!r}")
+
+
 def check_q(q_min: float, q_max: float) -> None:
     """DCPO's bound needs the sampling probability q in (0, 1]."""
     if not (q_min > 0 and q_max <= 1):

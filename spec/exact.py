@@ -5,10 +5,10 @@ import numpy as np
 import sympy as sp
 
 from .arrays import as_float, as_mask
-from .contract import (check_advantage_kind, check_cov_select, check_dcpo_old_logp, check_dpo_args,
-                       check_group_size, check_kl_kind, check_overlong, check_prompt_ids, check_q, check_reference,
-                       check_reinforce_args, check_rollout_logp, check_same_shape, check_token_shapes, check_unit_interval,
-                       check_value_args, resolve_hparams)
+from .contract import (check_advantage_kind, check_cov_select, check_dcpo_bounds_args, check_dcpo_old_logp,
+                       check_dpo_args, check_group_size, check_kl_kind, check_overlong, check_prompt_ids, check_q,
+                       check_reference, check_reinforce_args, check_rollout_logp, check_same_shape,
+                       check_token_shapes, check_unit_interval, check_value_args, resolve_hparams)
 from . import objectives as ob
 from .registry import PARTS, get_algorithm
 from .selection import clip_cov_select, kl_cov_select, token_cov
@@ -142,6 +142,7 @@ def kl(logp, ref_logp, kind="k3", old_logp=None):
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
     """Exact DCPO bounds (lo, hi) for each q (Eq. 21-27)."""
     q_num = as_float("q", q)
+    check_dcpo_bounds_args(eps_low, eps_high, r_max)
     if q_num.size:
         check_q(float(q_num.min()), float(q_num.max()))
     qs = _exact("q", q)
@@ -268,7 +269,7 @@ def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["la
     for name, x in (("values", v), ("mask", m)):
         check_same_shape(name, x.shape, "rewards", r.shape)
     for name, x in (("gamma", gamma), ("lam", lam)):
-        if sp.sympify(x).is_number:  # symbols are allowed for the derivations
+        if not (isinstance(x, sp.Basic) and not x.is_number):  # symbols are allowed for the derivations
             check_unit_interval(name, x)
     g, lam_ = rational(gamma), rational(lam)
     adv = np.zeros(r.shape, dtype=object)
