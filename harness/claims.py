@@ -153,6 +153,8 @@ def claim_clip_higher(g: Groups):
         top = verdicts[-1]
         freed = mean_se(g.per_seed(top[3], "freed_frac"))[0], mean_se(g.per_seed(top[3], "freed_pold_median"))[0]
         up = mean_se(g.per_seed(base, "clip_up_frac"))[0]
+        if not np.isfinite(up):  # a log without the upper/lower split (verl, TRL): the whole clipped share bounds it
+            up = mean_se(g.per_seed(base, "clip_frac"))[0]
         why_parts = [f"tokens freed by removing the bound (A > 0, 1.2 < r): {fmt(freed[0], pct=True)} per update, "
                      f"median pi_old {fmt(freed[1])}", attribution(g, base, top[3])]
         why = "; ".join(p for p in why_parts if p)
@@ -160,6 +162,10 @@ def claim_clip_higher(g: Groups):
             verdict, why = "not testable here", (f"the upper bound is almost never active (up-clipped share "
                                                  f"{fmt(up, pct=True)}): ratios stay near 1, so eps_high cannot act; "
                                                  + why)
+        elif not np.isfinite(compare(e0, _final(g, top[3], "entropy"))[1]):
+            direction = "higher" if np.nanmean(_final(g, top[3], "entropy")) > np.nanmean(e0) else "lower"
+            verdict, why = "not testable here", (f"one run per setting, so the difference has no standard error; "
+                                                 f"entropy ends {direction} with the looser bound; " + why)
         elif top[2] and top[1] > 0:
             verdict = "reproduced"
             why = "a looser upper bound keeps entropy higher; " + why

@@ -15,7 +15,7 @@ import numpy as np
 
 from .claims import CLAIMS
 from .published import published
-from .rundirs import Groups, fmt, load_runs
+from .rundirs import Groups, fmt, load_runs, md
 
 #: verl metric -> cliplab metric. ``actor/kl_loss`` is the KL to the reference under verl's kl_loss_type (k3 for
 #: low_var_kl); ``actor/cliplab_rur`` is logged by cliplab's verl losses; ``critic/score/mean`` the task score.
@@ -39,7 +39,15 @@ NEEDS = {"claim_dcpo_tcr": (("clip_frac",), ("dcpo", "grpo", "dapo")),
          "claim_drgrpo_length": (("len_wrong",), ("grpo", "dr_grpo")),
          "claim_sapo": (("accuracy_exact", "entropy"), ("sapo",)),
          "claim_dynamic_sampling": (("gen_per_trained", "zero_grad_frac"), ("dapo",)),
-         "claim_dcpo_accuracy": (("accuracy",), ("dcpo", "gspo", "grpo", "dapo"))}
+         "claim_dcpo_accuracy": (("accuracy",), ("dcpo", "gspo", "grpo", "dapo")),
+         "claim_entropy_collapse": (("entropy", "pass@64"), ("grpo", "dapo")),
+         "claim_entropy_law": (("entropy_change_pred", "entropy_change_rows", "cov_interval", "entropy_change"),
+                               ("grpo", "dapo", "ppo")),
+         "claim_random_reward": (("entropy",), ("grpo", "dapo")),
+         "claim_dcpo_reward": (("accuracy_exact",), ("dcpo",)),
+         "claim_cov_entropy": (("entropy", "accuracy_exact", "cov_frac"), ("clip_cov", "kl_cov")),
+         "claim_cispo": (("accuracy_exact", "ppo_zeroed_frac", "trunc_frac"), ("cispo",)),
+         "claim_rollout_correction": (("accuracy_exact", "rc_weight_mean", "rc_cut_frac"), ("grpo",))}
 COLUMNS = (("reward", "first"), ("reward", "last"), ("accuracy", "final"), ("clip_frac", "mean"),
            ("rur", "mean"), ("entropy", "final"), ("resp_len", "mean"), ("kl_ref", "final"),
            ("zero_grad_frac", "mean"))
@@ -285,8 +293,9 @@ def claim_rows(groups: Groups) -> list[str]:
             rows.append(f"| {text} | absent | **absent** | the logs of {', '.join(used)} have no "
                         f"{', '.join(lacking)} |")
             continue
-        meas, verdict, why = fn(groups)
-        rows.append(f"| {text} | {meas} | **{verdict}** | {why} |")
+        out = fn(groups)  # one (measured, verdict, why), or one row per regime
+        for regime, meas, verdict, why in (out if isinstance(out, list) else [("", *out)]):
+            rows.append(f"| {text} | {md(f'{regime}: {meas}' if regime else meas)} | **{verdict}** | {why} |")
     return rows
 
 

@@ -226,7 +226,9 @@ def test_the_dapo_ladder_logs_give_the_clip_higher_claim_and_the_ladders_publish
                                 for s in range(1, 7)))
     md = cluster_logs.write_report([tmp_path], tmp_path / "r.md").read_text()
     row = next(line for line in md.splitlines() if "Clip-higher slows entropy collapse" in line)
-    assert "**reproduced**" in row and "0.7 vs 0.28 0.94" in row.replace("eps_high=0.2 ", "").replace(" ± 0", "")
+    # one run per rung: the direction is stated, but a difference without a standard error is not a verdict
+    assert "**not testable here**" in row and "entropy ends higher with the looser bound" in row
+    assert "eps_high 0.2 0.7 ± 0; 0.28 0.94 ± 0" in row
     assert "30%" in comparison_row(md, "naive_grpo") and "38%" in comparison_row(md, "clip_higher")
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.real_report import write_report as real_report
-from harness.report import write_report
+from harness.report import TABLE, write_report
 from harness.rundirs import md
 from spec.records import read_jsonl
 
@@ -86,7 +86,7 @@ def test_sim_report_escapes_a_hostile_label_and_folder_name(tmp_path):
     text = write_report([sweep], tmp_path / "out" / "r.md", bandit=False).read_text()
     assert "<script>" not in text and "<b>" not in text
     rows = [ln for ln in text.splitlines() if ln.startswith("| x")]
-    assert len(rows) == 1 and len(_row(text, md(HOSTILE))) == 10  # label, seeds and the 8 metric columns
+    assert len(rows) == 1 and len(_row(text, md(HOSTILE))) == 2 + len(TABLE)  # label, seeds and the metric columns
     assert f"### {md(sweep.name)}" in text
     png = re.search(r"!\[.*\]\(([^)]*)\)", text).group(1)
     assert (tmp_path / "out" / png).is_file() and re.fullmatch(r"[\w.=-]+", png)
