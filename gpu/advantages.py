@@ -57,7 +57,8 @@ class SmoothAdvantage:
             i = visits + 1
             mu_new, var_new = float(r.mean()), float(r.var(correction=0))
             mu_tot = (mu_new + (i - 1) * mu_old) / i
-            var_tot = (var_new + (i - 1) * var_old) / i + (i - 1) / i**2 * (mu_old - mu_new) * (mu_old - mu_new)  # no OverflowError
+            shift = (mu_old - mu_new) * (mu_old - mu_new)  # a product: ** 2 of a Python float can raise OverflowError
+            var_tot = (var_new + (i - 1) * var_old) / i + (i - 1) / i**2 * shift
             a_new, a_tot = _standardise(r, mu_new, var_new), _standardise(r, mu_tot, var_tot)
             sa_new = (i - 1) / i * a_new + a_tot / i
             sa_tot = a_new / i + (i - 1) / i * a_tot

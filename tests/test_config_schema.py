@@ -137,7 +137,8 @@ def test_gpu_values_inside_a_rule_are_kept_or_refused_by_a_named_cross_check(dat
     try:
         cfg = gcfg.from_dict(_nested(key, value))
     except ValueError as e:  # a value that depends on another field, or a name that must exist
-        assert ONE_LINE.match(str(e)) and str(e).split(":")[0].split(".")[0] in ("model", "data", "algo", "train", "run"), e
+        section = str(e).split(":")[0].split(".")[0]
+        assert ONE_LINE.match(str(e)) and section in ("model", "data", "algo", "train", "run"), e
     else:
         section, name = key.split(".")
         assert getattr(getattr(cfg, section), name) == value
