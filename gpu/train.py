@@ -208,7 +208,7 @@ class Trainer:
     # -- one step ---------------------------------------------------------------------------------------------
     def train_step(self) -> dict:
         """One RL step; returns its metrics (also appended to metrics.jsonl)."""
-        c, G = self.cfg, self.cfg.rollout.group_size
+        c = self.cfg
         t0 = time.perf_counter()
         ro, probs, rewards, correct, info = self._rollout()
         t_roll = time.perf_counter() - t0
