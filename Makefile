@@ -8,7 +8,7 @@ PIP_VERSION := 26.3
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test fuzz bench verify lock
+.PHONY: install demo test fuzz bench verify lock targets
 
 # requirements.lock pins the whole environment: `make lock` writes it from what pip's resolver chooses for
 # pyproject.toml's pins, so every clone installs exactly that set, package by package (--no-deps: nothing is
@@ -34,8 +34,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/cliplab demo --out reports/demo
 
-test: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup tests
+test: $(STAMP) targets
+	CLIPLAB_REQUIRE_TARGETS=1 $(PY) -m pytest -n 2 --dist loadgroup tests
 
 # Generated examples over every public function of spec, sim and gpu and the config loaders (>= 10,000 in all).
 fuzz: $(STAMP)
@@ -57,3 +57,27 @@ lock:
 	  $$d/bin/python -m pip freeze --all --exclude-editable | grep -v -E '^(pip|torchvision|torchaudio|torchcodec)=='; \
 	} > requirements.lock && \
 	rm -rf $$d
+
+# Conformance targets run in virtualenvs of their own (their pins conflict with cliplab's and with each other):
+# .venv-targets/NAME holds what harness/targets/envs/NAME.lock lists, installed without re-resolving, and reads
+# torch (and numpy) from the shared .venv-targets/torch through a .pth file, so torch is installed once.
+# `make target-NAME` builds one; `make targets` builds all (make test does).
+TARGETS := $(basename $(notdir $(filter-out %/torch.lock,$(wildcard harness/targets/envs/*.lock))))
+TENVS := .venv-targets
+PURELIB := -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+
+$(TENVS)/torch/.installed: harness/targets/envs/torch.lock
+	rm -rf $(TENVS)/torch && $(PYTHON) -m venv $(TENVS)/torch
+	$(TENVS)/torch/bin/python -m pip install -q --no-deps -r $<
+	touch $@
+
+$(TENVS)/%/.installed: harness/targets/envs/%.lock $(TENVS)/torch/.installed
+	rm -rf $(TENVS)/$* && $(PYTHON) -m venv $(TENVS)/$*
+	$(TENVS)/torch/bin/python $(PURELIB) > "$$($(TENVS)/$*/bin/python $(PURELIB))/_cliplab_torch_base.pth"
+	$(TENVS)/$*/bin/python -m pip install -q --no-deps -r $<
+	touch $@
+
+.PRECIOUS: $(TENVS)/%/.installed  # a stamp, not an intermediate file
+target-%: $(TENVS)/%/.installed ;
+
+targets: $(foreach t,$(TARGETS),target-$(t))

@@ -11,3 +11,17 @@ settings.register_profile("cliplab", deadline=None, suppress_health_check=[Healt
 settings.register_profile("fuzz", max_examples=FUZZ_EXAMPLES, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "cliplab"))
+
+
+def target_worker(name: str, timeout_s: float = 120.0):
+    """A worker of conformance target ``name`` (its own venv). Skipped when the environment is not built, except
+    under `make test` (CLIPLAB_REQUIRE_TARGETS=1), which builds every target environment first."""
+    import pytest
+
+    from harness.targets.remote import Worker
+    try:
+        return Worker(name, timeout_s=timeout_s)
+    except ValueError as exc:
+        if os.environ.get("CLIPLAB_REQUIRE_TARGETS"):
+            raise
+        pytest.skip(str(exc))

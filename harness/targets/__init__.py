@@ -1,9 +1,12 @@
-"""Conformance targets: ``verl``, ``trl``, ``openrlhf`` or ``module:function``. Each module exposes ``Target``."""
+"""Conformance targets: one module per framework (each exposes ``Target``), or ``module:function``. Frameworks
+whose pins conflict with cliplab's run in a virtualenv of their own through ``remote`` (workers in ``workers/``)."""
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
-BUILTIN = ("verl", "trl", "openrlhf")
+NOT_TARGETS = ("callable", "reference", "remote")
+BUILTIN = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg and m.name not in NOT_TARGETS))
 
 
 def load_target(target: str, adapter: str | None = None):

@@ -1,0 +1,93 @@
+"""The out-of-process target protocol (harness.targets.remote and workers/_serve.py): answers, and one line naming
+the target for each way outside code can go wrong."""
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from harness.targets.remote import WORKERS, TargetError, Worker, env_python, loss_and_grad
+
+SCRIPT = textwrap.dedent(f"""
+    import os, sys, time
+    sys.path.insert(0, {str(WORKERS)!r})
+    import numpy as np
+    from _serve import serve
+
+    def ok(kw, x):
+        print("a framework's own print goes to stderr")
+        return {{"loss": float((kw["scale"] * x).sum()), "grad": kw["scale"] * np.ones_like(x)}}
+
+    def boom(kw):
+        raise ValueError("inside the target")
+
+    def hang(kw):
+        time.sleep(30)
+
+    def die(kw):
+        sys.stderr.write("segfault-like exit\\n")
+        os._exit(3)
+
+    serve({{"ok": ok, "boom": boom, "hang": hang, "die": die}}, lambda: {{"fake": "1.0"}})
+""")
+
+
+@pytest.fixture
+def worker(tmp_path, monkeypatch):
+    env = tmp_path / "envs" / "fake"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").symlink_to(sys.executable)
+    (env / ".installed").touch()
+    monkeypatch.setenv("CLIPLAB_TARGET_ENVS", str(tmp_path / "envs"))
+    script = tmp_path / "fake.py"
+    script.write_text(SCRIPT)
+    w = Worker("fake", timeout_s=3, script=script)
+    yield w
+    w.close()
+
+
+def test_answers_and_versions(worker):
+    x = np.arange(6.0).reshape(2, 3)
+    out = worker.call("ok", {"scale": 2.0}, x=x)
+    loss, grad = loss_and_grad("fake", out, x.shape)
+    assert loss == 30.0 and np.array_equal(grad, np.full((2, 3), 2.0))
+    assert worker.versions() == {"fake": "1.0"}
+
+
+def test_target_error_is_one_line_naming_the_target(worker):
+    with pytest.raises(TargetError, match=r"^fake: ValueError: inside the target \(at fake.py:\d+\)$"):
+        worker.call("boom")
+    assert worker.call("ok", {"scale": 1.0}, x=[[1.0]])["loss"] == 1.0  # the worker is still up
+    with pytest.raises(TargetError, match="fake: KeyError: .*unknown op 'nope'"):
+        worker.call("nope")
+
+
+def test_crash_reports_exit_code_and_last_stderr_line_then_restarts(worker):
+    with pytest.raises(TargetError, match="fake: worker exited with code 3: segfault-like exit"):
+        worker.call("die")
+    assert worker.call("ok", {"scale": 1.0}, x=[[2.0]])["loss"] == 2.0
+
+
+def test_hang_is_stopped_at_the_time_limit_and_later_calls_fail_at_once(worker):
+    with pytest.raises(TargetError, match="fake: hang gave no answer within 3 s"):
+        worker.call("hang")
+    with pytest.raises(TargetError, match="no answer"):
+        worker.call("ok", {"scale": 1.0}, x=[[1.0]])
+
+
+@pytest.mark.parametrize("out, match", [
+    ({"loss": float("nan"), "grad": [[0.0]]}, "fake: returned a NaN loss"),
+    ({"loss": 1.0, "grad": [0.0, 1.0]}, r"fake: returned a gradient of shape \(2,\); expected \(1, 1\)"),
+    ({"loss": "1.0"}, "fake: returned a loss of type str; expected a number"),
+    ([1.0], "fake: returned list; expected a loss and its gradient"),
+    ({"loss": 1.0, "grad": [[float("nan")]]}, "fake: returned a gradient with NaN"),
+])
+def test_bad_answers_are_named(out, match):
+    with pytest.raises(TargetError, match=match):
+        loss_and_grad("fake", out, (1, 1))
+
+
+def test_missing_environment_names_the_make_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLIPLAB_TARGET_ENVS", str(tmp_path))
+    with pytest.raises(ValueError, match=r"target skyrl: its environment .* is missing .*`make target-skyrl`"):
+        env_python("skyrl")
