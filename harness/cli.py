@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from harness.targets import BUILTIN as TARGETS
+
 app = typer.Typer(help="cliplab: verify, simulate and reproduce LLM policy-optimisation objectives "
                        "(PPO, GRPO, Dr.GRPO, DAPO, GSPO, GSPO-token, DCPO, SAPO, DPO).",
                   no_args_is_help=True, add_completion=False)
@@ -126,7 +128,9 @@ def train(config: Path = typer.Option(..., "--config", exists=True, dir_okay=Fal
 
 
 @app.command()
-def conform(target: str = typer.Argument(..., help="verl, trl, openrlhf, or module:function."),
+def conform(target: str = typer.Argument(..., help="A framework (harness/targets: " + ", ".join(TARGETS) + "), "
+                                         "`all` (every framework whose environment is built, then the matrix "
+                                         "README.md in --out), or module:function."),
             json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
             out: Optional[Path] = typer.Option(None, help="Write TARGET.md and TARGET.json here."),
             seeds: int = typer.Option(30, help="Generated batches per check and case family."),

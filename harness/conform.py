@@ -10,6 +10,8 @@ from typing import Callable
 
 import numpy as np
 
+from spec.records import write_text
+
 from .conform_cases import TOLERANCE, Batch, Check, Convention
 from .verify import scaled_diff
 
@@ -212,6 +214,11 @@ def _verdict(row: dict) -> str:
     return f"{head}; " + ("; ".join(parts) if parts else "matches none of the reference's conventions")
 
 
+def diff_anchor(index: int) -> str:
+    """The HTML anchor of a report page's ``index``-th difference (the matrix links to it)."""
+    return f"diff-{index}"
+
+
 def markdown(report: dict) -> str:
     """The report as commit-ready markdown: a summary table, then each difference with its minimal input."""
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
@@ -231,9 +238,10 @@ def markdown(report: dict) -> str:
     diffs = [r for r in report["rows"] if r.get("minimal")]
     if diffs:
         lines += ["", "## Differences and their minimal inputs", ""]
-    for r in diffs:
+    for index, r in enumerate(diffs):
         m = r["minimal"]
-        lines += [f"### {r['algorithm']}: `{r['call']}`, {r['knob']} ({r['family']})", "", verdict(r) + ".",
+        lines += [f'<a id="{diff_anchor(index)}"></a>', "",
+                  f"### {r['algorithm']}: `{r['call']}`, {r['knob']} ({r['family']})", "", verdict(r) + ".",
                   *([r["note"]] if r["note"] else []), "",
                   f"Minimal input ({m['rows']} rows, {m['tokens']} tokens; the check reads {r['reads']}): "
                   f"`{json.dumps(m['input'])}`", "",
@@ -264,16 +272,44 @@ def file_stem(target: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in target)
 
 
+def write_report(report: dict, out: str | Path) -> None:
+    """``<out>/<target>.md`` and ``.json``, each written atomically."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = file_stem(report["target"])
+    write_text(folder / f"{stem}.md", markdown(report))
+    write_text(folder / f"{stem}.json", json.dumps(strict_json(report), indent=1, sort_keys=True) + "\n")
+
+
+def conform_all(out: str | Path, seeds: int = 30) -> Path:
+    """Every built-in target whose environment is here (the others are named, with the make target that builds
+    them), each report written to ``out``, then the matrix ``out/README.md``."""
+    from .conform_matrix import write_matrix
+    from .targets import BUILTIN
+    for name in BUILTIN:
+        try:
+            report = conform(name, seeds=seeds)
+        except ValueError as exc:
+            print(f"{name}: skipped ({exc})")
+            continue
+        write_report(report, out)
+        print(f"{name}: " + ", ".join(f"{s} {sum(r['status'] == s for r in report['rows'])}"
+                                      for s in ("agrees", "differs", "no reference", "error")))
+    return write_matrix(out)
+
+
 def conform_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 30,
-                    adapter: str | None = None) -> dict:
-    """CLI body: run the checks, print a table (or JSON), and write ``<out>/<target>.md`` and ``.json``."""
+                    adapter: str | None = None) -> dict | Path:
+    """CLI body: run the checks, print a table (or JSON), and write ``<out>/<target>.md`` and ``.json``;
+    ``all`` runs every built-in target and writes the matrix."""
+    if target == "all":
+        if out is None or adapter is not None or json_out:
+            raise ValueError("target: `all` writes every report and the matrix to --out DIR; it takes no --adapter "
+                             "or --json")
+        return conform_all(out, seeds)
     report = conform(target, seeds=seeds, adapter=adapter)
     if out is not None:
-        folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = file_stem(report["target"])
-        (folder / f"{stem}.md").write_text(markdown(report))
-        (folder / f"{stem}.json").write_text(json.dumps(strict_json(report), indent=1, sort_keys=True) + "\n")
+        write_report(report, out)
     if json_out:
         print(json.dumps(strict_json(report), indent=1, sort_keys=True))
     else:
