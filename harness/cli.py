@@ -141,9 +141,17 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
     and the named convention the target matches instead."""
     from harness.conform import conform_command
+    from harness.conform_matrix import conform_all
     from spec.records import writable_folder
     if out:
         _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
+    if target == "all":
+        if out is None or adapter is not None or json_out:
+            typer.echo("error: target: `all` writes every report and the matrix to --out DIR; it takes no "
+                       "--adapter or --json", err=True)
+            raise typer.Exit(2)
+        console.print(f"matrix: {_user_errors(conform_all, out, seeds)}")
+        return
     _user_errors(conform_command, target, json_out, out, seeds, adapter)
 
 

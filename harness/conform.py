@@ -281,32 +281,9 @@ def write_report(report: dict, out: str | Path) -> None:
     write_text(folder / f"{stem}.json", json.dumps(strict_json(report), indent=1, sort_keys=True) + "\n")
 
 
-def conform_all(out: str | Path, seeds: int = 30) -> Path:
-    """Every built-in target whose environment is here (the others are named, with the make target that builds
-    them), each report written to ``out``, then the matrix ``out/README.md``."""
-    from .conform_matrix import write_matrix
-    from .targets import BUILTIN
-    for name in BUILTIN:
-        try:
-            report = conform(name, seeds=seeds)
-        except ValueError as exc:
-            print(f"{name}: skipped ({exc})")
-            continue
-        write_report(report, out)
-        print(f"{name}: " + ", ".join(f"{s} {sum(r['status'] == s for r in report['rows'])}"
-                                      for s in ("agrees", "differs", "no reference", "error")))
-    return write_matrix(out)
-
-
 def conform_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 30,
-                    adapter: str | None = None) -> dict | Path:
-    """CLI body: run the checks, print a table (or JSON), and write ``<out>/<target>.md`` and ``.json``;
-    ``all`` runs every built-in target and writes the matrix."""
-    if target == "all":
-        if out is None or adapter is not None or json_out:
-            raise ValueError("target: `all` writes every report and the matrix to --out DIR; it takes no --adapter "
-                             "or --json")
-        return conform_all(out, seeds)
+                    adapter: str | None = None) -> dict:
+    """CLI body: run the checks, print a table (or JSON), and write ``<out>/<target>.md`` and ``.json``."""
     report = conform(target, seeds=seeds, adapter=adapter)
     if out is not None:
         write_report(report, out)

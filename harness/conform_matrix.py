@@ -9,7 +9,8 @@ from pathlib import Path
 
 from spec.records import write_text
 
-from .conform import diff_anchor, verdict
+from .conform import conform, diff_anchor, verdict, write_report
+from .targets import BUILTIN
 
 RANK = {"agrees": 0, "no reference": 1, "differs": 2, "error": 3}
 
@@ -90,3 +91,18 @@ def write_matrix(folder: str | Path, step: str | None = None) -> Path:
         text += "\n" + notes.read_text()
     write_text(folder / "README.md", text)
     return folder / "README.md"
+
+
+def conform_all(out: str | Path, seeds: int = 30) -> Path:
+    """Every built-in target whose environment is here (the others are named, with the make target that builds
+    them), each report written to ``out``, then the matrix ``out/README.md``."""
+    for name in BUILTIN:
+        try:
+            report = conform(name, seeds=seeds)
+        except ValueError as exc:
+            print(f"{name}: skipped ({exc})")
+            continue
+        write_report(report, out)
+        print(f"{name}: " + ", ".join(f"{s} {sum(r['status'] == s for r in report['rows'])}"
+                                      for s in ("agrees", "differs", "no reference", "error")))
+    return write_matrix(out)
