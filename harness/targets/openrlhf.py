@@ -32,6 +32,7 @@ from .verl import rollout_batch
 
 ALL_AGG = [m for m in AGG_MODES if m != "seq_mean"]
 AGG_AND_DUAL = {"agg": ALL_AGG, "dual_clip": [None, 3.0]}
+ROLLOUT_READ = "logp, old_logp, adv, mask and rollout_logp (the rollout engine's log-probs)"
 PAIRS_READ = ("logp and ref_logp summed over each row's unmasked tokens as sequence log-probs; rows 2k (chosen) and "
               "2k + 1 (rejected) form pair k")
 
@@ -39,8 +40,8 @@ PAIRS_READ = ("logp and ref_logp summed over each row's unmasked tokens as seque
 class Target:
     name = "openrlhf"
 
-    def __init__(self):
-        self.worker = Worker(self.name)
+    def __init__(self, worker: Worker | None = None):
+        self.worker = worker or Worker(self.name)
         self.versions = self.worker.versions()
         self.how = ("`PolicyLoss(...)(log_probs, old_log_probs, advantages, action_mask, rollout_log_probs, dp_size, "
                     "batch_num_tokens, global_batch_size)` on the whole batch as one micro-batch of one rank: "
@@ -49,8 +50,9 @@ class Target:
                     "action_mask. `DPOLoss(beta, label_smoothing, ipo)` on sequence log-probs summed over unmasked "
                     "tokens, as the DPO trainer sums them. Gradients d loss / d log_probs by autograd, float64, in "
                     "a virtualenv of its own (openrlhf imported without its package `__init__`, which needs "
-                    "flash_attn). Not checked: the binary_kl and tv gates of the rollout correction (the reference "
-                    "has none).")
+                    "flash_attn). On a batch without tokens the loss is 0 / 0 = NaN (batch_num_tokens = 0), "
+                    "listed as the target's error. Not checked: the binary_kl and tv gates of the rollout "
+                    "correction (the reference has none).")
 
     # ---- callers ---------------------------------------------------------------------------------------------
     def _call(self, op, kw, b, **arrays):
@@ -69,10 +71,10 @@ class Target:
     def checks(self) -> list[Check]:
         return self.policy_checks() + self.rollout_checks() + self.dpo_checks()
 
-    def _policy(self, name, knob, module, ref_hp, grid, seq_adv=None, names=None):
+    def _policy(self, name, knob, module, ref_hp, grid, seq_adv=None, names=None, note=""):
         return Check(name, _call_text(module), knob, self.policy_run(**module), ref.policy(name, **ref_hp),
                      ref.policy_grid(names or [name], ref_hp, grid, rows_counted=True, exclude=(name, ref_hp)),
-                     lambda s, f: batch_of(s, f, seq_adv=seq_adv), exact=ref.exact_policy(name, **ref_hp))
+                     lambda s, f: batch_of(s, f, seq_adv=seq_adv), exact=ref.exact_policy(name, **ref_hp), note=note)
 
     def policy_checks(self) -> list[Check]:
         return [
@@ -81,30 +83,40 @@ class Target:
             self._policy("grpo", "token_level_loss=False (sample level)", {"token_level_loss": False},
                          {"beta": 0.0}, AGG_AND_DUAL),
             self._policy("dapo", "clip_eps_high=0.28 (DAPO clip-higher, token_level_loss=True)",
-                         {"clip_eps_high": 0.28}, {}, AGG_AND_DUAL),
+                         {"clip_eps_high": 0.28}, {}, {"agg": ALL_AGG},
+                         note="token_level_loss=True divides by every token of the batch; DAPO Eq. 8 averages each "
+                         "group's tokens, then the groups."),
             self._policy("gspo", "policy_loss_type='gspo', clip 3e-4/4e-4",
                          {"policy_loss_type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}, {},
                          {"agg": ALL_AGG}, seq_adv=True, names=["gspo", "gspo_token"]),
         ]
 
     def rollout_checks(self) -> list[Check]:
-        """The is_correction modes against the registry's rollout_correction where they mean the same."""
+        """The is_correction modes against the registry's rollout_correction where they mean the same; the
+        candidates vary the correction only (the token mean is the ppo rows' finding)."""
         bases = [{}, {"rollout_correction": "mis"}, {"rollout_correction": "seq_mis"}, {"rollout_correction": "tis"},
                  {"rollout_correction": "tis", "tis_cap": 5.0}]
-        cands = [c for base in bases for c in ref.policy_grid(["ppo"], base, {"agg": ALL_AGG}, rows_counted=True)]
+        cands = [ref.policy("ppo", **base) for base in bases]
         out = []
-        for knob, module, hp in (
+        for knob, module, hp, note in (
                 ("token level, mask, ratio in [0.5, 5] (IcePop)",
-                 {"is_correction_level": "token", "is_correction_mode": "mask"}, bases[1]),
+                 {"is_correction_level": "token", "is_correction_mode": "mask"}, bases[1], ""),
                 ("token level, clip, ratio in [0, 2] (TIS)",
                  {"is_correction_level": "token", "is_correction_mode": "clip", "is_correction_threshold": [0.0, 2.0]},
-                 bases[3]),
+                 bases[3], ""),
                 ("token level, clip, ratio in [0.5, 5] (the default band)",
-                 {"is_correction_level": "token", "is_correction_mode": "clip"}, bases[4]),
+                 {"is_correction_level": "token", "is_correction_mode": "clip"}, bases[4],
+                 "The clip mode clamps the weight rho = pi_old / pi_rollout to [0.5, 5] on both sides, raising "
+                 "weights below 0.5 to 0.5; truncated IS only caps it above (with the band [0, C] it agrees: the "
+                 "row above)."),
                 ("sequence level, mask, ratio in [0.5, 5]",
-                 {"is_correction_level": "seq", "is_correction_mode": "mask"}, bases[2])):
-            out.append(Check("ppo", _call_text(module), f"is_correction: {knob}", self.policy_run(**module),
-                             ref.policy("ppo", **hp), cands, rollout_batch, exact=ref.exact_policy("ppo", **hp)))
+                 {"is_correction_level": "seq", "is_correction_mode": "mask"}, bases[2],
+                 "OpenRLHF gates on the geometric mean of a sequence's token weights and weighs each kept token "
+                 "by its own weight; sequence MIS gates on, and weighs every token by, their product.")):
+            conv = ref.policy("ppo", **hp)
+            out.append(Check("ppo", _call_text(module), f"is_correction: {knob}", self.policy_run(**module), conv,
+                             [c for c in cands if c.label != conv.label], rollout_batch,
+                             exact=ref.exact_policy("ppo", **hp), note=note, reads=ROLLOUT_READ))
         return out
 
     def dpo_checks(self) -> list[Check]:
