@@ -8,7 +8,7 @@ import pytest
 
 from harness.conform import conform, conform_command, markdown, shrink, strict_json
 from harness.conform_cases import TOLERANCE, Batch
-from harness.targets import load_target
+from harness.targets import BUILTIN, load_target
 from harness.targets import reference as ref
 
 MODULE = textwrap.dedent('''
@@ -113,7 +113,7 @@ def test_conform_command_writes_markdown_and_json(tmp_path, capsys):
     ("cliplab_user_losses:paper_grpo", "eps_high=0.28", "need algorithm=NAME"),
     ("cliplab_user_losses:paper_grpo", "algorithm=grpo,eps_low=-1", "eps_low: expected a number >= 0"),
     ("megatron", None, "unknown target 'megatron'"),
-    ("", None, "expected one of verl, trl, openrlhf or module:function"),
+    ("", None, f"expected one of {', '.join(BUILTIN)} or module:function"),
     ("verl", "algorithm=grpo", "only a module:function target takes an adapter"),
 ])
 def test_bad_input_names_what_was_expected(target, adapter, words):

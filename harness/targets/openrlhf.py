@@ -13,8 +13,8 @@ The worker's ops (arrays are float64 [B, T] unless said; ``mask`` is 0/1; replie
   consecutive micro-batches; every micro-batch gets dp_size and the step's tokens and non-empty rows over all ranks
   divided by gas = B / (micro_batch_size * dp_size), as OpenRLHF's actor passes them. Reply {"loss": float, "grad":
   [B, T], "micro_losses": [dp_size][gas] floats}: grad is the sum over every micro-batch of d loss_mb / d logp /
-  (gas * dp_size) (DeepSpeed's 1 / gas scaling, then the mean over ranks), loss the same sum of loss_mb. The worker's
-  docstring names the trainer lines it follows.
+  (gas * dp_size) (DeepSpeed's 1 / gas scaling, then the mean over ranks), loss the same sum of loss_mb. Only the
+  policy loss (no KL loss, entropy or aux loss). The worker's docstring names the trainer lines it follows.
 - ``dpo``: kw = DPOLoss's keywords (beta, label_smoothing, ipo); arrays logp, ref_logp, mask with an even B; rows
   2k and 2k + 1 are pair k's chosen and rejected responses, their sequence log-probs the sums over unmasked tokens.
   Reply {"loss": float, "grad": [B, T]}.

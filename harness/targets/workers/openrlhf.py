@@ -35,11 +35,14 @@ def _import_openrlhf():
 LOSS, NORM = _import_openrlhf()
 
 
+def _t(x):
+    return torch.tensor(np.asarray(x, dtype=np.float64))
+
+
 def _tensors(logp, old_logp, adv, mask, rollout_logp=None):
     """Float64 tensors, the log-probs a leaf; the mask as the trainer's bool ``Experience.action_mask``."""
-    t = lambda x: torch.tensor(np.asarray(x, dtype=np.float64))  # noqa: E731
-    leaf = t(logp).requires_grad_(True)
-    return leaf, t(old_logp), t(adv), t(mask) > 0, None if rollout_logp is None else t(rollout_logp)
+    return (_t(logp).requires_grad_(True), _t(old_logp), _t(adv), _t(mask) > 0,
+            None if rollout_logp is None else _t(rollout_logp))
 
 
 def _grad(leaf):
@@ -65,8 +68,9 @@ def policy_step(kw, logp, old_logp, adv, mask, rollout_logp=None):
     - normalisers: the step's tokens and non-empty rows over every rank, divided by gas
       (utils/loss_utils.py:iter_grad_accum_global_norm, _optimizer_step_loss_norm), with dp_size;
     - loss: ``PolicyLoss(**module)(..., dp_size, batch_num_tokens, global_batch_size)`` per micro-batch
-      (ppo_actor.py:training_step); DeepSpeed's backward divides it by gas (engine.py:_scale_loss_by_gas) and the
-      gradients of the ranks are averaged (the all-reduce mean that ``dp_size`` compensates).
+      (ppo_actor.py:training_step); DeepSpeed's backward divides it by gas (deepspeed/runtime/engine.py:
+      DeepSpeedEngine._scale_loss_by_gas) and the gradients of the ranks are averaged (the all-reduce mean that
+      ``dp_size`` compensates). The KL-loss, entropy and aux-loss terms of training_step are not simulated.
 
     So ``grad`` = sum over ranks and micro-batches of d(loss_mb) / d(logp) / (gas * dp_size), in the batch's shape,
     and ``loss`` = the same sum of loss_mb / (gas * dp_size); ``micro_losses[rank][k]`` are PolicyLoss's own values.
@@ -99,7 +103,7 @@ def dpo(kw, logp, ref_logp, mask):
     ``_get_batch_logps`` sums them; rows 2k (chosen) and 2k + 1 (rejected) form pair k."""
     if len(mask) % 2:
         raise ValueError(f"mask: expected an even number of rows (chosen, rejected pairs), got {len(mask)}")
-    leaf, ref, _, m, _ = _tensors(logp, ref_logp, ref_logp, mask)
+    leaf, ref, m = _t(logp).requires_grad_(True), _t(ref_logp), _t(mask)
     seq, ref_seq = (leaf * m).sum(-1), (ref * m).sum(-1)
     loss = LOSS.DPOLoss(**kw)(seq[0::2], seq[1::2], ref_seq[0::2], ref_seq[1::2])[0]
     loss.backward()
