@@ -36,8 +36,9 @@ class Batch(Case):
 
     def to_json(self) -> dict:
         out = {"group_size": self.group_size, "mask": self.mask.astype(int).tolist()}
-        for name in ("logp", "old_logp", "adv", "ref_logp"):
-            out[name] = [[float(v) for v in row] for row in getattr(self, name)]
+        for name, value in (*((n, getattr(self, n)) for n in ("logp", "old_logp", "adv", "ref_logp")),
+                            *self.extra.items()):
+            out[name] = np.asarray(value).tolist()
         return out
 
 

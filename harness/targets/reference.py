@@ -145,3 +145,53 @@ def value_loss(clip: float, agg: str = "token_mean") -> Convention:
         loss.backward()
         return float(loss.detach()), v.grad.numpy()
     return Convention(f"value_loss[clip={clip:g}, agg={agg}]", fn)
+
+
+def _pair_logps(b):
+    """Sequence log-probs (sums over each row's unmasked tokens) of the policy, a leaf in ``logp``, and of the
+    reference (``ref_logp``); rows 2k and 2k + 1 are pair k's chosen and rejected responses."""
+    if len(b.mask) % 2:
+        raise ValueError(f"mask: expected an even number of rows (chosen, rejected pairs), got {len(b.mask)}")
+    logp, mask = t64(b.logp, grad=True), t64(b.mask)
+    seq, ref = (logp * mask).sum(1), (t64(b.ref_logp) * mask).sum(1)
+    return logp, seq[0::2], seq[1::2], ref[0::2], ref[1::2]
+
+
+def _pair_value(loss_fn, b):
+    logp, *pairs = _pair_logps(b)
+    loss = loss_fn(*pairs)
+    loss.backward()
+    return float(loss.detach()), logp.grad.numpy()
+
+
+def dpo(beta: float, smoothing: float = 0.0) -> Convention:
+    """DPO (2305.18290 Eq. 7) of the pairs' sequence log-probs; with ``smoothing`` eps, conservative DPO (Mitchell
+    2023, cDPO note Eq. 3): (1 - eps) times the loss of the pairs plus eps times that of the swapped pairs, a
+    variant that the reference does not name."""
+    def loss(lw, ll, rw, rl):
+        kept = gpu.dpo_loss(lw, ll, rw, rl, beta=beta)[0]
+        if not smoothing:
+            return kept
+        return (1 - smoothing) * kept + smoothing * gpu.dpo_loss(ll, lw, rl, rw, beta=beta)[0]
+
+    fn = lambda b: _pair_value(loss, b)  # noqa: E731
+    if not smoothing:
+        return Convention(label("dpo", {"beta": beta}), fn)
+    return Convention(f"cdpo[beta={beta:g}, label_smoothing={smoothing:g}]", fn, named=False)
+
+
+def ipo(tau: float) -> Convention:
+    """IPO (Azar et al. 2310.12036 Eq. 17): mean of (h - 1 / (2 tau))^2 with h the pair's log-ratio margin, a
+    variant that the reference does not name."""
+    def loss(lw, ll, rw, rl):
+        return (((lw - rw) - (ll - rl) - 1 / (2 * tau)) ** 2).mean()
+    return Convention(f"ipo[tau={tau:g}]", lambda b: _pair_value(loss, b), named=False)
+
+
+def exact_dpo(beta: float):
+    """The exact (sympy) reference DPO loss of a minimal input."""
+    def fn(b):
+        mask = np.asarray(b.mask, dtype=float)
+        seq, ref = (np.asarray(b.logp) * mask).sum(1), (np.asarray(b.ref_logp) * mask).sum(1)
+        return float(spec.dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta=beta)[0])
+    return fn

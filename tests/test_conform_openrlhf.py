@@ -1,0 +1,179 @@
+"""Each difference the conformance report finds in OpenRLHF, reproduced by calling its losses through the worker
+(its own virtualenv), the agreements worked by hand, and the trainer-step handler. Values in the comments are worked
+by hand from the formulas."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import target_worker
+
+import gpu
+import spec
+from harness.conform import run_check
+from harness.targets import load_target
+from harness.targets.remote import TargetError
+
+E = math.e
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = target_worker("openrlhf")
+    yield w
+    w.close()
+
+
+def policy(worker, logp, old, adv, mask, rollout=None, **module):
+    extra = {} if rollout is None else {"rollout_logp": rollout}
+    out = worker.call("policy", module, logp=logp, old_logp=old, adv=adv, mask=mask, **extra)
+    return out["loss"], np.asarray(out["grad"])
+
+
+# ---- the differences -----------------------------------------------------------------------------------------------
+def test_clip_higher_averages_over_all_tokens_of_the_batch_not_per_group(worker):
+    # two groups of one response: 1 token with A = 1 and 3 tokens with A = 0, on-policy (r = 1)
+    logp = [[-1.0, 0, 0], [-1.0, -1.0, -1.0]]
+    adv, mask = [[1.0, 0, 0], [0.0, 0.0, 0.0]], [[1.0, 0, 0], [1.0, 1.0, 1.0]]
+    loss, grad = policy(worker, logp, logp, adv, mask, clip_eps_high=0.28)
+    assert loss == pytest.approx(-0.25)  # -1 / 4 tokens
+    assert grad[0, 0] == pytest.approx(-0.25)
+    eq8, _ = spec.policy_loss("dapo", logp, logp, adv, mask, group_size=1)
+    assert float(eq8) == pytest.approx(-0.5)  # mean over groups of (-1/1, 0/3)
+
+
+def test_the_default_clip_band_raises_rollout_weights_below_one_half(worker):
+    # on-policy (r = 1), A = 1, rho = pi_old / pi_rollout = e^-2 = 0.135: OpenRLHF weighs the token by
+    # clamp(rho, 0.5, 5) = 0.5; truncated IS (min(rho, 5)) keeps rho
+    args = ([[-1.0]], [[-1.0]], [[1.0]], [[1.0]], [[1.0]])
+    loss, grad = policy(worker, *args, is_correction_level="token", is_correction_mode="clip")
+    assert loss == pytest.approx(-0.5) and grad[0, 0] == pytest.approx(-0.5)
+    tis, _ = spec.policy_loss("ppo", *args[:4], rollout_logp=args[4], rollout_correction="tis", tis_cap=5.0)
+    assert float(tis) == pytest.approx(-math.exp(-2))
+    lower_at_0, _ = policy(worker, *args, is_correction_level="token", is_correction_mode="clip",
+                           is_correction_threshold=[0.0, 5.0])
+    assert lower_at_0 == pytest.approx(-math.exp(-2))
+
+
+def test_sequence_mask_gates_the_geometric_mean_and_keeps_each_tokens_weight(worker):
+    # on-policy, A = 1 on two tokens. log rho = (1, -1): geometric mean 1 (kept), each token weighted by its own
+    # rho: -(e + 1/e) / 2; the reference's sequence MIS weighs both by the product rho = 1: -1
+    logp, adv, mask = [[0.0, 0.0]], [[1.0, 1.0]], [[1.0, 1.0]]
+    kw = {"is_correction_level": "seq", "is_correction_mode": "mask"}
+    loss, _ = policy(worker, logp, logp, adv, mask, [[-1.0, 1.0]], **kw)
+    assert loss == pytest.approx(-math.cosh(1.0))
+    seq_mis, _ = spec.policy_loss("ppo", logp, logp, adv, mask, rollout_logp=[[-1.0, 1.0]],
+                                  rollout_correction="seq_mis")
+    assert float(seq_mis) == pytest.approx(-1.0)
+    # log rho = (1, 1): geometric mean e is inside [0.5, 5], the product e^2 = 7.39 is not
+    loss, _ = policy(worker, logp, logp, adv, mask, [[-1.0, -1.0]], **kw)
+    assert loss == pytest.approx(-E)
+    seq_mis, _ = spec.policy_loss("ppo", logp, logp, adv, mask, rollout_logp=[[-1.0, -1.0]],
+                                  rollout_correction="seq_mis")
+    assert float(seq_mis) == 0.0
+
+
+@pytest.mark.parametrize("token_level", [True, False])
+def test_a_batch_without_tokens_gives_nan_with_the_trainers_counts(worker, token_level):
+    # batch_num_tokens (or global_batch_size) = 0 and the masked sum = 0: 0 / 0; the reference gives 0
+    out = worker.call("policy", {"token_level_loss": token_level}, logp=[[-1.0]], old_logp=[[-1.0]], adv=[[1.0]],
+                      mask=[[0.0]])
+    assert math.isnan(out["loss"])
+    assert float(spec.policy_loss("ppo", [[-1.0]], [[-1.0]], [[1.0]], [[0.0]])[0]) == 0.0
+
+
+# ---- agreements, by hand -------------------------------------------------------------------------------------------
+def test_dual_clip_caps_the_loss_of_negative_advantages(worker):
+    # r = e^2, A = -3: PPO's loss is -r*A = 3e^2; the dual clip caps it at -3*A = 9 and its gradient vanishes
+    args = ([[-2.0]], [[-4.0]], [[-3.0]], [[1.0]])
+    loss, grad = policy(worker, *args)
+    assert loss == pytest.approx(3 * E ** 2) and grad[0, 0] == pytest.approx(3 * E ** 2)
+    loss, grad = policy(worker, *args, dual_clip=3.0)
+    assert loss == pytest.approx(9.0) and grad[0, 0] == 0.0
+
+
+def test_sample_level_is_the_mean_over_non_empty_sequences(worker):
+    # on-policy: token loss -A; sequence means -2 and -5, the empty row is not counted: -3.5
+    logp = [[-1.0, -1.0], [-1.0, 0.0], [0.0, 0.0]]
+    adv, mask = [[1.0, 3.0], [5.0, 0.0], [7.0, 7.0]], [[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]]
+    loss, grad = policy(worker, logp, logp, adv, mask, token_level_loss=False)
+    assert loss == pytest.approx(-3.5)
+    np.testing.assert_allclose(grad, [[-0.25, -0.75], [-2.5, 0.0], [0.0, 0.0]])
+
+
+def test_gspo_clips_the_sequence_ratio(worker):
+    # log-ratios 0.1 and 0.3: s = e^0.2 > 1 + 4e-4. A = 1: clipped, loss -(1 + 4e-4), no gradient;
+    # A = -1: the unclipped -s*A wins, loss s, d s / d logp_t = s / 2
+    logp, old, mask = [[-1.0, -1.0]], [[-1.1, -1.3]], [[1.0, 1.0]]
+    kw = {"policy_loss_type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}
+    loss, grad = policy(worker, logp, old, [[1.0, 1.0]], mask, **kw)
+    assert loss == pytest.approx(-(1 + 4e-4)) and np.all(grad == 0.0)
+    loss, grad = policy(worker, logp, old, [[-1.0, -1.0]], mask, **kw)
+    assert loss == pytest.approx(math.exp(0.2))
+    np.testing.assert_allclose(grad, [[math.exp(0.2) / 2] * 2])
+
+
+PAIR = {"logp": [[-1.0, -2.0], [-3.0, -1.0]], "ref_logp": [[-2.0, -2.0], [-2.0, -2.0]], "mask": [[1.0, 1.0]] * 2}
+# chosen -3 vs reference -4, rejected -4 vs -4: margin h = 1
+
+
+@pytest.mark.parametrize("kw, loss, dh", [
+    ({"beta": 0.1}, math.log1p(math.exp(-0.1)), -0.1 / (1 + math.exp(0.1))),
+    ({"beta": 0.1, "label_smoothing": 0.1}, 0.9 * math.log1p(math.exp(-0.1)) + 0.1 * math.log1p(math.exp(0.1)),
+     -0.09 / (1 + math.exp(0.1)) + 0.01 / (1 + math.exp(-0.1))),
+    ({"beta": 0.1, "ipo": True}, 16.0, -8.0),  # (h - 1 / (2 * 0.1))^2, derivative 2 (h - 5)
+])
+def test_dpo_cdpo_and_ipo_in_closed_form(worker, kw, loss, dh):
+    out = worker.call("dpo", kw, **PAIR)
+    assert out["loss"] == pytest.approx(loss)
+    np.testing.assert_allclose(out["grad"], [[dh, dh], [-dh, -dh]])  # d h / d chosen tokens = 1, rejected -1
+
+
+# ---- the trainer step ----------------------------------------------------------------------------------------------
+def test_step_splits_ranks_and_micro_batches_as_the_trainer(worker):
+    # on-policy, A = 1, 3 tokens. dp 1, micro 1: gas 2, batch_num_tokens 3/2: micro losses -2/1.5 and -1/1.5,
+    # each scaled by 1/gas. dp 2, micro 1: gas 1, batch_num_tokens 3, times dp_size 2: -4/3 and -2/3, then the
+    # mean over ranks. Both give the token mean -1 and the gradient -1/3 per token.
+    arrays = {"logp": [[-1.0, -1.0], [-1.0, 0.0]], "old_logp": [[-1.0, -1.0], [-1.0, 0.0]],
+              "adv": [[1.0, 1.0], [1.0, 0.0]], "mask": [[1.0, 1.0], [1.0, 0.0]]}
+    for dp, micro_losses in ((1, [[-4 / 3, -2 / 3]]), (2, [[-4 / 3], [-2 / 3]])):
+        out = worker.call("policy_step", {"micro_batch_size": 1, "dp_size": dp}, **arrays)
+        np.testing.assert_allclose(out["micro_losses"], micro_losses)
+        assert out["loss"] == pytest.approx(-1.0)
+        np.testing.assert_allclose(out["grad"], [[-1 / 3, -1 / 3], [-1 / 3, 0.0]])
+
+
+@pytest.mark.parametrize("token_level, agg", [(True, "token_mean"), (False, "seq_mean_token_mean")])
+def test_step_gradient_is_the_whole_batch_mean_for_any_split(worker, token_level, agg):
+    rng = np.random.default_rng(7)
+    mask = (rng.random((8, 5)) < 0.6).astype(float)
+    logp, adv = rng.normal(-1.0, 0.3, (8, 5)), rng.normal(0.0, 1.0, (8, 5))
+    old = logp + rng.normal(0.0, 0.2, (8, 5))
+    lp = torch.tensor(logp, requires_grad=True)
+    gpu.policy_loss("ppo", lp, torch.tensor(old), torch.tensor(adv), torch.tensor(mask), agg=agg)[0].backward()
+    for dp, micro in ((1, 8), (2, 2), (4, 1), (1, 2)):
+        out = worker.call("policy_step", {"module": {"token_level_loss": token_level}, "micro_batch_size": micro,
+                                          "dp_size": dp}, logp=logp, old_logp=old, adv=adv, mask=mask)
+        np.testing.assert_allclose(out["grad"], lp.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_step_refuses_a_batch_that_does_not_split(worker):
+    one = [[0.0]] * 3
+    with pytest.raises(TargetError, match="openrlhf: ValueError: micro_batch_size: 3 rows do not split"):
+        worker.call("policy_step", {"micro_batch_size": 2, "dp_size": 1}, logp=one, old_logp=one, adv=one, mask=one)
+    with pytest.raises(TargetError, match="dp_size: expected a positive integer, got 0"):
+        worker.call("policy_step", {"micro_batch_size": 1, "dp_size": 0}, logp=one, old_logp=one, adv=one, mask=one)
+
+
+# ---- the target ----------------------------------------------------------------------------------------------------
+def test_engine_finds_the_token_mean_of_clip_higher(worker):
+    from harness.targets.openrlhf import Target
+    check = next(c for c in Target(worker).checks() if c.algorithm == "dapo")
+    rows = run_check(check, seeds=3)
+    assert all(r["status"] == "differs" and "dapo[agg=token_mean]" in r["matches"] for r in rows)
+
+
+def test_missing_environment_names_its_make_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLIPLAB_TARGET_ENVS", str(tmp_path))
+    with pytest.raises(ValueError, match="`make target-openrlhf`"):
+        load_target("openrlhf")
