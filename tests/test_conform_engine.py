@@ -113,7 +113,7 @@ def test_conform_command_writes_markdown_and_json(tmp_path, capsys):
     ("cliplab_user_losses:paper_grpo", "eps_high=0.28", "need algorithm=NAME"),
     ("cliplab_user_losses:paper_grpo", "algorithm=grpo,eps_low=-1", "eps_low: expected a number >= 0"),
     ("megatron", None, "unknown target 'megatron'"),
-    ("", None, "expected one of verl, trl, openrlhf or module:function"),
+    ("", None, "expected one of areal, openrlhf"),
     ("verl", "algorithm=grpo", "only a module:function target takes an adapter"),
 ])
 def test_bad_input_names_what_was_expected(target, adapter, words):
