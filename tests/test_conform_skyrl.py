@@ -75,7 +75,8 @@ def test_clip_cov_selects_on_advantages_already_divided_by_the_token_count(skyrl
     # Clip-Cov detaches both (gradient 0). SkyRL computes them from A / 2 (token_mean): 0.75, outside the window;
     # nothing is selected and the gradient is PPO's, -A / 2 = (-0.75, 0.75)
     logp, adv, mask = [[0.0, -2.0]], [[1.5, -1.5]], [[1.0, 1.0]]
-    loss, grad = policy(skyrl, "clip_cov", "token_mean", logp, logp, adv, mask, config={"clip_cov": {"clip_ratio": 1.0}})
+    loss, grad = policy(skyrl, "clip_cov", "token_mean", logp, logp, adv, mask,
+                        config={"clip_cov": {"clip_ratio": 1.0}})
     _, exact_grad = spec.policy_loss("clip_cov", logp, logp, adv, mask, clip_cov_ratio=1.0)
     assert np.allclose(np.asarray(exact_grad, dtype=float), 0.0)
     assert loss == pytest.approx(0.0) and np.allclose(grad, [[-0.75, 0.75]])

@@ -13,6 +13,9 @@ from .remote import Worker, loss_and_grad
 from .verl import ADV_READS, advantage_batch, rollout_batch
 
 ALL_AGG = [m for m in AGG_MODES if m != "seq_mean"]
+LONE = "SkyRL's grpo estimator gives a prompt with a single response mean 0 and std 1."
+GAE_NOTE = ("SkyRL's GAE runs its recursion over every column, padding included (the last valid token bootstraps "
+            "from the value at the next, padded, position), and whitens the advantages over the mask.")
 ROLLOUT_READS = "logp, old_logp, adv, mask and rollout_logp (the engine's log-probs, old_logp + N(0, 0.5))"
 
 
@@ -141,7 +144,7 @@ class Target:
                 ("rloo_advantage", "rloo", "defaults", self.advantage_run("rloo"), group[3])):
             out.append(Check(algorithm, f"AdvantageEstimatorRegistry.get({call!r})", knob, run, conv,
                              [c for c in group if c is not conv], advantage_batch, families=("typical", "lone"),
-                             reads=ADV_READS))
+                             reads=ADV_READS, note=LONE if call == "grpo" else ""))
         for gamma in (1.0, 0.9):
             out.append(Check("reinforce_pp", "AdvantageEstimatorRegistry.get('reinforce++')", f"gamma={gamma:g}",
                              self.advantage_run("reinforce++", gamma=gamma), ref.reinforce_pp(gamma),
@@ -152,7 +155,7 @@ class Target:
                 cands = [ref.gae(part, gamma, lam, whiten=True)] if part == "advantages" else []
                 out.append(Check("gae", "AdvantageEstimatorRegistry.get('gae')", f"{part}, gamma={gamma:g}, "
                                  f"lambd={lam:g}", self.advantage_run("gae", part, gamma=gamma, lambd=lam),
-                                 ref.gae(part, gamma, lam), cands, families=("typical",),
+                                 ref.gae(part, gamma, lam), cands, families=("typical",), note=GAE_NOTE,
                                  reads="adv * mask as token rewards, ref_logp as values (padding included), mask"))
         return out
 
