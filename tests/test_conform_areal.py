@@ -82,7 +82,7 @@ def test_dpo_is_eq7_on_sequence_sums(areal):
     assert loss == pytest.approx(float(want), rel=1e-6)
 
 
-def test_the_engine_finds_the_token_averaged_gspo():
+def test_the_engine_finds_the_token_averaged_gspo(areal):  # the fixture skips when the environment is not built
     from harness.targets.areal import Target
     target = Target()
     try:

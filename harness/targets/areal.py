@@ -23,8 +23,8 @@ class Target:
                     "decoupled proximal policy off (proximal_logprobs = old_logprobs, rejection_sampling=None); "
                     "DPO as AReaL's DPO engine combines `dpo_pair_logratios` (each row packed after one prompt "
                     "token) and `dpo_preference_loss`, averaged over pairs. Gradient d loss / d log_prob by "
-                    "autograd, float64, in AReaL's own virtualenv (torch only; its package __init__ files "
-                    "bypassed).")
+                    "autograd, float64 (AReaL casts the DPO logits to float32: differences near 1e-7), in AReaL's "
+                    "own virtualenv (torch only; its package __init__ files bypassed).")
 
     def run(self, op, **kw):
         def run(b):
