@@ -10,7 +10,7 @@ import torch
 import gpu
 import spec
 from gpu.aggregation import agg_weights
-from spec.registry import AGG_MODES, PARTS, get_algorithm
+from spec.registry import AGG_MODES, GROUP_AGG_MODES, PARTS, get_algorithm
 
 from ..conform_cases import Convention
 
@@ -40,14 +40,17 @@ def _hp(name, hp, batch):
 def policy_value(name: str, hp: dict, batch, rows_counted: bool = False):
     """Loss and d loss / d logp of a registry algorithm (with the batch's ``rollout_logp`` extra, when it has one,
     for a rollout correction). A variant, not a reference convention: ``rows_counted`` also counts fully masked
-    rows in the mean over sequences."""
+    rows in the mean over sequences (fully masked groups in the mean over groups, for a group mode)."""
     logp = t64(batch.logp, grad=True)
     rollout = batch.extra.get("rollout_logp") if hasattr(batch, "extra") else None
     loss, _ = gpu.policy_loss(name, logp, t64(batch.old_logp), t64(batch.adv), t64(batch.mask),
                               group_size=batch.group_size, ref_logp=t64(batch.ref_logp),
                               rollout_logp=None if rollout is None else t64(rollout), **_hp(name, hp, batch))
     if rows_counted:
-        loss = loss * float((batch.mask.sum(1) > 0).sum()) / max(len(batch.mask), 1)
+        live = batch.mask.sum(1) > 0
+        if hp.get("agg", get_algorithm(name).defaults["agg"]) in GROUP_AGG_MODES:
+            live = live.reshape(-1, batch.group_size).any(1)
+        loss = loss * float(live.sum()) / max(len(live), 1)
     if loss.requires_grad:
         loss.backward()
     grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
@@ -68,16 +71,17 @@ def exact_policy(name: str, **hp):
 def policy_grid(names, base: dict, options: dict, rows_counted: bool = False, exclude=None) -> list:
     """Every combination of ``options`` (None = the registry default) over ``base`` for each algorithm in
     ``names``, less ``exclude`` (name, hp); with ``rows_counted`` also the variant that counts empty rows in the
-    mean over sequences."""
+    mean over sequences, or empty groups in the mean over groups (of ``exclude`` too)."""
     out, keys = [], list(options)
     for name in names:
         for values in itertools.product(*(options[k] for k in keys)):
             hp = {k: v for k, v in {**base, **dict(zip(keys, values))}.items() if v is not None}
-            if exclude is not None and (name, hp) == exclude:
-                continue
-            out.append(Convention(label(name, hp), lambda b, n=name, h=hp: policy_value(n, h, b)))
-            if rows_counted and hp.get("agg", get_algorithm(name).defaults["agg"]) in SEQ_MEANS:
-                out.append(Convention(label(name, hp) + " with empty rows counted in the mean over sequences",
+            if exclude is None or (name, hp) != exclude:
+                out.append(Convention(label(name, hp), lambda b, n=name, h=hp: policy_value(n, h, b)))
+            agg = hp.get("agg", get_algorithm(name).defaults["agg"])
+            if rows_counted and (agg in SEQ_MEANS or agg in GROUP_AGG_MODES):
+                unit = ("groups", "groups") if agg in GROUP_AGG_MODES else ("rows", "sequences")
+                out.append(Convention(label(name, hp) + " with empty {} counted in the mean over {}".format(*unit),
                                       lambda b, n=name, h=hp: policy_value(n, h, b, rows_counted=True), named=False))
     return out
 
@@ -116,8 +120,16 @@ def group_advantage(kind: str = "grpo", unbiased: bool = PARTS["grpo_advantage"]
         else:
             adv = gpu.group_advantages(r, g, kind=kind, unbiased=unbiased, eps=eps)
         return adv.numpy()[:, None] * b.mask, None
-    name = "grpo_advantage" if kind == "grpo" else "dr_grpo_advantage"
+    name = f"{kind}_advantage"
     return Convention(f"{name}[unbiased={unbiased}]" if kind == "grpo" else name, fn)
+
+
+def reinforce_pp(gamma: float = PARTS["reinforce_pp"]["gamma"]) -> Convention:
+    """REINFORCE++ (2501.03262 Sec. 3) advantages without a KL term: each row's outcome reward at its last unmasked
+    token, discounted returns, whitened over the batch's unmasked tokens."""
+    def fn(b):
+        return gpu.reinforce_pp_advantages(t64(b.rewards), t64(b.mask), gamma=gamma).numpy() * b.mask, None
+    return Convention(f"reinforce_pp[gamma={gamma:g}]", fn)
 
 
 def gae(part: str, gamma: float, lam: float, whiten: bool = False) -> Convention:

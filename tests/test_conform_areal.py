@@ -1,0 +1,94 @@
+"""Each difference the conformance report finds in AReaL, reproduced by calling AReaL through its worker (its own
+virtualenv); expected numbers are worked by hand in the comments and checked against spec."""
+import math
+
+import numpy as np
+import pytest
+from conftest import target_worker
+
+import spec
+from harness.conform import run_check
+from harness.targets.remote import loss_and_grad
+
+# Two on-policy responses (r = 1): one token with A = 1, three tokens with A = 0.5 (sequence-level advantages).
+LOGP = [[-1.0, 0.0, 0.0], [-1.0, -2.0, -0.5]]
+ADV = [[1.0, 0.0, 0.0], [0.5, 0.5, 0.5]]
+MASK = [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+
+
+@pytest.fixture(scope="module")
+def areal():
+    worker = target_worker("areal")
+    yield worker
+    worker.close()
+
+
+def call(worker, op, kw, **arrays):
+    return loss_and_grad("areal", worker.call(op, kw, **arrays), np.shape(arrays["logp"]))
+
+
+def test_clip_higher_averages_over_all_tokens_not_per_group(areal):
+    # groups of one response each: DAPO Eq. 8 averages the groups' token means, (-1/1 + 0/3) / 2 = -0.5; AReaL
+    # divides the token sum by the batch's 4 tokens: -1/4
+    adv = [[1.0, 0, 0], [0.0, 0.0, 0.0]]
+    loss, _ = call(areal, "ppo", {"eps_clip": 0.2, "eps_clip_higher": 0.28}, logp=LOGP, old_logp=LOGP, adv=adv,
+                   mask=MASK)
+    eq8, _ = spec.policy_loss("dapo", LOGP, LOGP, adv, MASK, group_size=1)
+    assert float(eq8) == pytest.approx(-0.5)
+    assert loss == pytest.approx(-0.25)
+
+
+def test_gspo_averages_the_sequence_loss_over_tokens(areal):
+    # s_i = 1 on-policy, so the sequence losses are -A_i = -1 and -0.5. GSPO Eq. 5: mean over the 2 sequences,
+    # -0.75, with d/d logp_it = -A_i / (2 |o_i|). AReaL repeats each sequence's loss on its tokens and takes the
+    # token mean: (-1 - 3 * 0.5) / 4 = -0.625, with d/d logp_it = -A_i / 4 (long responses weigh more)
+    kw = {"eps_clip": 3e-4, "eps_clip_higher": 4e-4, "importance_sampling_level": "sequence"}
+    loss, grad = call(areal, "ppo", kw, logp=LOGP, old_logp=LOGP, adv=ADV, mask=MASK)
+    exact, exact_grad = spec.policy_loss("gspo", LOGP, LOGP, ADV, MASK)
+    assert float(exact) == pytest.approx(-0.75)
+    assert np.allclose(np.asarray(exact_grad, dtype=float)[1], [-0.5 / 6] * 3)
+    assert loss == pytest.approx(-0.625)
+    assert np.allclose(grad, [[-0.25, 0, 0], [-0.125] * 3])
+
+
+def test_sapo_averages_over_tokens_not_sequences(areal):
+    # at r = 1 the gate is (4 / tau) * sigmoid(0) = 2 (tau_pos = 1): token losses -2 * A = -2 and -1 (x3).
+    # SAPO Eq. 5 (mean over sequences of token means): (-2 - 1) / 2 = -1.5; AReaL: (-2 - 3) / 4 = -1.25
+    loss, _ = call(areal, "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, logp=LOGP, old_logp=LOGP, adv=ADV, mask=MASK)
+    assert float(spec.policy_loss("sapo", LOGP, LOGP, ADV, MASK)[0]) == pytest.approx(-1.5)
+    assert loss == pytest.approx(-1.25)
+
+
+def test_dual_clip_caps_the_negative_advantage_loss(areal):
+    # r = e^2, A = -3: PPO's loss is -r * A = 3 e^2 = 22.17; with c = 3 it is capped at -c * A = 9, gradient 0
+    loss, grad = call(areal, "ppo", {"eps_clip": 0.2, "c_clip": 3.0}, logp=[[-2.0]], old_logp=[[-4.0]],
+                      adv=[[-3.0]], mask=[[1.0]])
+    assert loss == pytest.approx(9.0) and grad[0, 0] == 0.0
+    plain, _ = call(areal, "ppo", {"eps_clip": 0.2}, logp=[[-2.0]], old_logp=[[-4.0]], adv=[[-3.0]], mask=[[1.0]])
+    assert plain == pytest.approx(3 * math.exp(2))
+
+
+def test_dpo_is_eq7_on_sequence_sums(areal):
+    # chosen: policy -1 - 2 = -3, reference -3.1; rejected (one token): policy -3, reference -2.
+    # margin = (-3 + 3.1) - (-3 + 2) = 1.1; loss = log(1 + exp(-beta * 1.1)); d/d logp(chosen token) =
+    # -beta * sigmoid(-beta * 1.1), the rejected token the opposite. AReaL computes it in float32.
+    logp, ref_logp, mask = [[-1.0, -2.0], [-3.0, -1.0]], [[-1.1, -2.0], [-2.0, -2.0]], [[1.0, 1.0], [1.0, 0.0]]
+    beta = 0.1
+    loss, grad = call(areal, "dpo", {"beta": beta}, logp=logp, ref_logp=ref_logp, mask=mask)
+    assert loss == pytest.approx(math.log1p(math.exp(-0.11)), rel=1e-6)
+    g = beta / (1 + math.exp(0.11))
+    assert np.allclose(grad, [[-g, -g], [g, 0.0]], rtol=1e-6)
+    want, _ = spec.dpo_loss([-3.0], [-3.0], [-3.1], [-2.0], beta=beta)
+    assert loss == pytest.approx(float(want), rel=1e-6)
+
+
+def test_the_engine_finds_the_token_averaged_gspo(areal):  # the fixture skips when the environment is not built
+    from harness.targets.areal import Target
+    target = Target()
+    try:
+        check = next(c for c in target.checks() if c.algorithm == "gspo")
+        row = run_check(check, seeds=3)[0]
+    finally:
+        target.worker.close()
+    assert row["status"] == "differs" and "gspo[agg=token_mean]" in row["matches"]
+    assert row["minimal"]["tokens"] >= 2  # one token per batch cannot tell the two means apart
