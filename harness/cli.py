@@ -129,18 +129,33 @@ def train(config: Path = typer.Option(..., "--config", exists=True, dir_okay=Fal
 def conform(target: str = typer.Argument(..., help="verl, trl, openrlhf, or module:function."),
             json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
             out: Optional[Path] = typer.Option(None, help="Write TARGET.md and TARGET.json here."),
-            seeds: int = typer.Option(30, help="Generated batches per check and case family."),
+            seeds: Optional[int] = typer.Option(None, help="Generated batches per check and case family (30), or "
+                                                "per grid cell with --level step (5)."),
             adapter: Optional[str] = typer.Option(None, help="For module:function: algorithm=NAME,agg=MODE,"
-                                                  "logp=PARAM,old_logp=PARAM,adv=PARAM,mask=PARAM,...")):
+                                                  "logp=PARAM,old_logp=PARAM,adv=PARAM,mask=PARAM,..."),
+            level: str = typer.Option("loss", help="loss: each loss call; step: one optimisation step "
+                                      "(micro-batches, accumulation, ranks), writing OUT/step/TARGET.md and .json.")):
     """Hold an outside implementation (verl, TRL, OpenRLHF or your callable) against the reference.
 
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
     and the named convention the target matches instead."""
     from harness.conform import conform_command
     from spec.records import writable_folder
+    if level not in ("loss", "step"):
+        _user_errors(_bad_level, level)
     if out:
         _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
-    _user_errors(conform_command, target, json_out, out, seeds, adapter)
+    if level == "step":
+        from harness.conform_step import step_command
+        if adapter is not None:
+            _user_errors(_bad_level, "step with --adapter")
+        _user_errors(step_command, target, json_out, out, 5 if seeds is None else seeds)
+    else:
+        _user_errors(conform_command, target, json_out, out, 30 if seeds is None else seeds, adapter)
+
+
+def _bad_level(level: str):
+    raise ValueError(f"level: expected loss or step (step takes verl, trl or openrlhf, no --adapter), got {level!r}")
 
 
 def _user_errors(fn, *args):

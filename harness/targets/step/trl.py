@@ -1,0 +1,118 @@
+"""TRL 1.16's GRPOTrainer for one optimisation step, driven through ``GRPOTrainer._compute_loss`` on the tiny
+model of harness.targets.trl, as the trainer splits and scales it (read in the installed source):
+
+- ``trl/trainer/grpo_trainer.py::GRPOTrainer._prepare_inputs`` generates a local batch of
+  ``per_device_train_batch_size * steps_per_generation`` rows per process and hands out one slice of
+  ``per_device_train_batch_size`` rows per accumulation step;
+- ``GRPOTrainer._generate_and_score_completions`` sets ``num_items_in_batch`` to the completion tokens of the
+  whole generation batch, gathered over the processes;
+- ``GRPOTrainer._compute_loss`` divides by ``current_gradient_accumulation_steps`` (grpo, bnpo, dr_grpo, sapo)
+  or, for dapo and cispo, by ``num_items_in_batch / num_processes * gradient_accumulation_steps /
+  steps_per_generation``;
+- ``transformers/trainer.py::Trainer.training_step`` backpropagates that loss as it is (GRPOTrainer sets
+  ``loss_is_scaled_for_ga = True``; the Accelerator is built with ``num_steps=1``); DDP averages the processes'
+  gradients.
+
+The rank split, the per-step slices and DDP's mean are simulated; the loss and its scaling are TRL's."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...conform_cases import Batch, StepCheck, step_batch
+from .. import reference as ref
+from ..trl import MAX_COMPLETION, VOCAB, _import_trl, loss_and_grad, make_trainer, trainer_inputs
+
+
+class _Processes:
+    """The trainer's Accelerator as one of ``n`` processes sees it (only ``num_processes`` differs)."""
+
+    def __init__(self, accelerator, n: int):
+        self._accelerator, self.num_processes = accelerator, n
+
+    def __getattr__(self, name):
+        return getattr(self._accelerator, name)
+
+
+def with_ids(batch: Batch, seed: int) -> Batch:
+    batch.extra["ids"] = np.random.default_rng(10_000 + seed).integers(0, VOCAB - 4, size=batch.mask.shape)
+    return batch
+
+
+class StepTarget:
+    name = "trl"
+    tolerance = 1e-4  # TRL computes log-probs in float32 (as the loss-level target)
+
+    def __init__(self):
+        trl = _import_trl()
+        import transformers
+        self.versions = {"trl": trl.__version__, "transformers": transformers.__version__,
+                         "torch": torch.__version__.split("+")[0]}
+        self.how = ("Per process, the generation batch is a contiguous share of the rows; an optimisation step "
+                    "uses its first `gradient_accumulation_steps` slices of `per_device_train_batch_size` rows (the "
+                    "micro-batch size). Each slice is `GRPOTrainer._compute_loss` on the tiny Qwen2 model (float64 "
+                    "weights, float32 log-probs) with `current_gradient_accumulation_steps`, "
+                    "`args.steps_per_generation`, `accelerator.num_processes` and `num_items_in_batch` (the "
+                    "generation batch's tokens over all processes) set as `train()` sets them; gradients are "
+                    "summed over slices and averaged over processes. steps_per_generation = "
+                    "gradient_accumulation_steps (TRL's default) unless the knob says otherwise.")
+
+    def run(self, trainer, generations_per_step: int = 1):
+        """``generations_per_step`` > 1: the generation batch spans that many optimisation steps
+        (steps_per_generation = generations_per_step * gradient_accumulation_steps); the step is the first."""
+        cache: dict = {}
+
+        def step(b: Batch, micro, ranks):
+            n = len(b.mask)
+            if n % (ranks * generations_per_step):
+                raise ValueError(f"ranks: {ranks} processes do not divide the generation batch's {n} rows")
+            grad, logps, old, refs = (np.zeros(b.mask.shape) for _ in range(4))
+            used = []
+            accelerator = trainer.accelerator
+            trainer.accelerator = _Processes(accelerator, ranks)
+            try:
+                for local in np.split(np.arange(n), ranks):
+                    rows = local[: len(local) // generations_per_step]
+                    size = micro or len(rows)
+                    if len(rows) % size:
+                        raise ValueError(f"micro: {size} does not divide the {len(rows)} rows per process")
+                    trainer.current_gradient_accumulation_steps = len(rows) // size
+                    trainer.args.steps_per_generation = len(rows) // size * generations_per_step
+                    for mb in np.split(rows, len(rows) // size):
+                        inputs = trainer_inputs(trainer, b.take(rows=mb), cache)
+                        inputs["num_items_in_batch"] = torch.tensor(float(b.mask.sum()))
+                        _, lp, g = loss_and_grad(trainer, inputs)
+                        grad[mb] += g.numpy() * b.mask[mb] / ranks  # DDP: the processes' mean
+                        logps[mb], old[mb] = lp.numpy(), inputs["old_per_token_logps"].numpy()
+                        refs[mb] = inputs["ref_per_token_logps"].numpy()
+                    used.extend(rows)
+            finally:
+                trainer.accelerator = accelerator
+            return grad[used], Batch(logps[used], old[used], b.adv[used], b.mask[used], refs[used], b.group_size)
+        return step
+
+    def step_checks(self) -> list[StepCheck]:
+        seq = {"loss_type": "grpo", "epsilon": 3e-4, "epsilon_high": 4e-4, "importance_sampling_level": "sequence"}
+        return [
+            self._check("grpo", "loss_type='grpo'", {"loss_type": "grpo"}, {"beta": 0.0}),
+            self._check("grpo", "loss_type='bnpo' (token mean per slice)", {"loss_type": "bnpo"},
+                        {"beta": 0.0, "agg": "token_mean"}),
+            self._check("dr_grpo", f"loss_type='dr_grpo', max_completion_length={MAX_COMPLETION}",
+                        {"loss_type": "dr_grpo"}, {"max_len": MAX_COMPLETION}),
+            self._check("dapo", "loss_type='dapo', epsilon_high=0.28 (num_items_in_batch)",
+                        {"loss_type": "dapo", "epsilon_high": 0.28}, {"agg": "token_mean"}),
+            self._check("dapo", "loss_type='dapo', epsilon_high=0.28, steps_per_generation = 2 x "
+                        "gradient_accumulation_steps", {"loss_type": "dapo", "epsilon_high": 0.28},
+                        {"agg": "token_mean"}, generations_per_step=2,
+                        note="The generation batch (16 rows) spans two optimisation steps; the step shown is the "
+                        "first. num_items_in_batch counts the generation batch's tokens."),
+            self._check("gspo", "importance_sampling_level='sequence', loss_type='grpo', epsilon 3e-4/4e-4", seq, {}),
+        ]
+
+    def _check(self, name, knob, config, ref_hp, generations_per_step=1, note=""):
+        trainer = make_trainer(**config)
+        rows = 8 * generations_per_step
+        call = "GRPOTrainer._compute_loss(" + ", ".join(f"{k}={v!r}" for k, v in config.items()) + ") per slice"
+        return StepCheck(name, call, knob, self.run(trainer, generations_per_step), ref.policy(name, **ref_hp),
+                         note=note, tolerance=self.tolerance,
+                         batches=lambda s, f: with_ids(step_batch(s, f, rows=rows), s))

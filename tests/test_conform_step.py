@@ -1,0 +1,176 @@
+"""Step-level conformance (``cliplab conform NAME --level step``): the engine's factor, and each finding reproduced
+through the trainer's own code against a gradient derived by hand. With old = new log-probs every ratio is 1 and
+no clip is active, so the policy gradient's per-token gradient is -A_i times the weight the trainer's
+normalisation gives token (i, t); the hand values below are those weights, from the token and row counts."""
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.conform_cases import STEP_ROWS, step_batch, shards
+from harness.conform_step import MICRO, RANKS, factor, load_step_target
+from harness.targets import reference as ref
+
+
+def on_policy(seed, family, rows=STEP_ROWS):
+    """A step batch with old_logp = logp (every ratio 1)."""
+    b = step_batch(seed, family, rows=rows)
+    b.old_logp = b.logp.copy()
+    return b
+
+
+def token_weights(b, rows, denominator):
+    """-A_i / denominator on the unmasked tokens of ``rows``, zero elsewhere."""
+    out = np.zeros(b.mask.shape)
+    out[rows] = -b.adv[rows] * b.mask[rows] / np.asarray(denominator, float).reshape(-1, 1)
+    return out
+
+
+# ---- engine -------------------------------------------------------------------------------------------------------
+def test_factor_of_a_scaled_gradient_and_of_a_reweighted_one():
+    want = np.array([[1.0, -2.0], [0.5, 0.0]])
+    fit = factor(0.75 * want, want)
+    assert fit["factor"] == pytest.approx(0.75) and fit["residual"] < 1e-15
+    bent = want * np.array([[1.0, 1.0], [2.0, 2.0]])  # row 2 weighted twice: no single factor
+    fit = factor(bent, want)
+    assert fit["residual"] > 0.1 and fit["rel_diff"] == pytest.approx(0.5 / 2.0)
+    assert factor(np.zeros(2), np.zeros(2))["factor"] == 1.0
+
+
+def test_step_batches_and_shards():
+    mixed, masked = step_batch(3, "mixed"), step_batch(3, "masked_rows")
+    lens = mixed.mask.sum(1)
+    assert lens.min() == 1 and lens.max() == mixed.max_len and len(set(lens)) > 2
+    assert (masked.mask.sum(1) == 0).sum() == 2
+    assert [[list(m) for m in r] for r in shards(8, 2, 2)] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert [len(r) for r in shards(8, None, 2)] == [1, 1]
+    with pytest.raises(ValueError, match="micro"):
+        shards(8, 3, 1)
+    with pytest.raises(ValueError, match="ranks"):
+        shards(8, 1, 3)
+
+
+def test_cli_level_is_checked():
+    runner = CliRunner()
+    bad = runner.invoke(app, ["conform", "verl", "--level", "batch"])
+    assert bad.exit_code == 2 and "level: expected loss or step" in bad.output
+    unknown = runner.invoke(app, ["conform", "nosuch", "--level", "step"])
+    assert unknown.exit_code == 2 and "--level step covers" in unknown.output and "verl" in unknown.output
+
+
+# ---- verl ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def verl():
+    pytest.importorskip("verl")
+    return load_step_target("verl")
+
+
+def verl_step(verl, mode):
+    from verl.workers.config.actor import PolicyLossConfig
+    return verl.run(loss_agg_mode=mode, clip_ratio_c=1e9, policy_loss=PolicyLossConfig(loss_mode="vanilla"))
+
+
+def test_verl_token_mean_is_the_global_token_mean_at_every_split(verl):
+    """batch_num_tokens (all-reduced) x dp_size, summed over micro-batches and averaged over ranks: -A_i / N."""
+    step = verl_step(verl, "token-mean")
+    b = on_policy(1, "mixed")
+    want = token_weights(b, np.arange(len(b.mask)), [b.mask.sum()] * len(b.mask))
+    for micro in MICRO:
+        for ranks in RANKS:
+            np.testing.assert_allclose(step(b, micro, ranks)[0], want, rtol=1e-12, atol=1e-15)
+
+
+def test_verl_seq_mean_divides_by_every_row_of_the_mini_batch(verl):
+    """Finding: global_batch_size = ppo_mini_batch_size * rollout.n counts fully masked rows, so with 2 of 8 rows
+    masked the sequence mean divides by 8, not by the 6 rows with tokens: factor 6 / 8 at every split."""
+    step = verl_step(verl, "seq-mean-token-mean")
+    b = on_policy(2, "masked_rows")
+    lens = b.mask.sum(1)
+    rows = np.flatnonzero(lens > 0)
+    want = token_weights(b, rows, lens[rows] * len(b.mask))
+    for micro, ranks in ((1, 2), (None, 1)):
+        grad = step(b, micro, ranks)[0]
+        np.testing.assert_allclose(grad, want, rtol=1e-12, atol=1e-15)
+        reference = ref.policy("grpo", beta=0.0).fn(b)[1]
+        assert factor(grad, reference)["factor"] == pytest.approx(len(rows) / len(b.mask)) == pytest.approx(0.75)
+
+
+# ---- TRL ----------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trl():
+    pytest.importorskip("trl")
+    return load_step_target("trl")
+
+
+def trl_step(trl, generations_per_step=1, **config):
+    from harness.targets.trl import make_trainer
+    return trl.run(make_trainer(**config), generations_per_step)
+
+
+def with_ids(b, seed=0):
+    from harness.targets.step.trl import with_ids as add
+    return add(b, seed)
+
+
+def test_trl_bnpo_takes_a_token_mean_per_slice(trl):
+    """Finding: bnpo divides each slice by its own tokens and by gradient_accumulation_steps: token (i, t) of slice s
+    on one of P processes gets -A_i / (P * GA * N_s), not -A_i / N; not proportional when slices differ."""
+    step = trl_step(trl, loss_type="bnpo")
+    b = with_ids(on_policy(4, "mixed"))
+    grad, used = step(b, 2, 2)  # 2 processes x GA 2 slices of 2 rows
+    want = np.zeros(b.mask.shape)
+    for process in shards(len(b.mask), 2, 2):
+        for rows in process:
+            want += token_weights(b, rows, [2 * 2 * b.mask[rows].sum()] * len(rows))
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-7)
+    assert factor(grad, ref.policy("grpo", beta=0.0, agg="token_mean").fn(used)[1])["residual"] > 1e-2
+
+
+def test_trl_dapo_num_items_in_batch_is_exact_when_a_generation_is_one_step(trl):
+    step = trl_step(trl, loss_type="dapo", epsilon_high=0.28)
+    b = with_ids(on_policy(5, "masked_rows"))
+    grad, _ = step(b, 1, 2)
+    np.testing.assert_allclose(grad, token_weights(b, np.arange(8), [b.mask.sum()] * 8), rtol=1e-4, atol=1e-7)
+
+
+def test_trl_dapo_with_two_steps_per_generation_divides_by_half_the_generation_tokens(trl):
+    """Finding: num_items_in_batch counts the generation batch (two optimisation steps here), rescaled by
+    gradient_accumulation_steps / steps_per_generation = 1/2: each step divides by N_gen / 2, not by its own
+    tokens N_step, so the factor is 2 N_step / N_gen, which varies from batch to batch."""
+    step = trl_step(trl, generations_per_step=2, loss_type="dapo", epsilon_high=0.28)
+    b = with_ids(on_policy(6, "mixed", rows=16))
+    grad, used = step(b, 2, 2)
+    rows = np.r_[0:4, 8:12]  # each process's first half of its 8-row share
+    n_gen, n_step = b.mask.sum(), b.mask[rows].sum()
+    np.testing.assert_allclose(grad, token_weights(b, rows, [n_gen / 2] * 8)[rows], rtol=1e-4, atol=1e-7)
+    fit = factor(grad, ref.policy("dapo", agg="token_mean").fn(used)[1])
+    assert n_step * 2 != n_gen and fit["factor"] == pytest.approx(2 * n_step / n_gen, rel=1e-4)
+
+
+def test_trl_grpo_counts_masked_rows_in_its_sequence_mean(trl):
+    """Finding (also at loss level): mask.sum(-1).clamp(min=1) keeps fully masked rows in the mean: -A_i /
+    (|o_i| * 8) with 2 of 8 rows masked, a factor 6 / 8 at every split."""
+    step = trl_step(trl, loss_type="grpo")
+    b = with_ids(on_policy(7, "masked_rows"))
+    lens = b.mask.sum(1)
+    rows = np.flatnonzero(lens > 0)
+    grad, used = step(b, 1, 2)
+    np.testing.assert_allclose(grad, token_weights(b, rows, lens[rows] * 8), rtol=1e-4, atol=1e-7)
+    assert factor(grad, ref.policy("grpo", beta=0.0).fn(used)[1])["factor"] == pytest.approx(0.75, rel=1e-4)
+
+
+# ---- OpenRLHF -----------------------------------------------------------------------------------------------------
+def test_openrlhf_sample_level_loss_divides_by_the_rows_with_tokens():
+    """OpenRLHF's step normalisers (non-empty rows over every rank, / gas) give -A_i / (|o_i| * rows with tokens)
+    at every split: no factor where verl and TRL give 6 / 8."""
+    from conftest import target_worker
+    target_worker("openrlhf").close()  # skips when the environment is not built
+    openrlhf = load_step_target("openrlhf")
+    step = openrlhf.run(token_level_loss=False)
+    b = on_policy(2, "masked_rows")
+    lens = b.mask.sum(1)
+    rows = np.flatnonzero(lens > 0)
+    want = token_weights(b, rows, lens[rows] * len(rows))
+    for micro, ranks in ((1, 2), (2, 1), (None, 2)):
+        np.testing.assert_allclose(step(b, micro, ranks)[0], want, rtol=1e-12, atol=1e-15)
+    openrlhf.worker.close()
