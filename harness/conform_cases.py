@@ -86,12 +86,17 @@ class Check:
     reads: str = "logp, old_logp, adv, mask (policy log-probs, sampling log-probs, advantages, response mask)"
 
 
+class NotApplicable(ValueError):
+    """A grid cell the trainer cannot be configured for (e.g. fewer accumulation steps than generations)."""
+
+
 @dataclass
 class StepCheck:
     """One algorithm x mode of a trainer's optimisation step: ``step(batch, micro, ranks) -> (grad, used)`` splits
     ``batch`` over ``ranks`` data-parallel ranks and micro-batches of ``micro`` rows per rank (None: one
     micro-batch per rank) as the trainer does, and returns the gradient w.r.t. the per-token log-probs after
-    accumulation and the ranks' mean, with the batch whose rows it used (a step may use part of ``batch``)."""
+    accumulation and the ranks' mean, with the batch whose rows it used (a step may use part of ``batch``); it raises
+    NotApplicable for a split the trainer does not allow."""
 
     algorithm: str
     call: str

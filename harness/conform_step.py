@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .conform import file_stem, strict_json
-from .conform_cases import STEP_FAMILIES, STEP_ROWS, StepCheck, step_batch
+from .conform_cases import STEP_FAMILIES, STEP_ROWS, NotApplicable, StepCheck, step_batch
 
 MICRO = (1, 2, 4, None)  # rows per micro-batch and rank; None: the rank's whole share
 RANKS = (1, 2)
@@ -37,16 +37,18 @@ def run_cell(check: StepCheck, family: str, micro, ranks: int, seeds: int) -> di
     range), or not proportional (largest relative difference)."""
     make = check.batches or step_batch
     fits, errors = [], []
+    cell = {"micro": "whole" if micro is None else micro, "ranks": ranks}
     for seed in range(seeds):
         batch = make(seed, family)
         try:
             grad, used = check.step(batch, micro, ranks)
+        except NotApplicable as exc:
+            return {**cell, "cases": 0, "target_errors": [], "status": "n/a", "why": str(exc)}
         except Exception as exc:  # noqa: BLE001 (the target is outside code and may raise anything)
             errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
             continue
         fits.append(factor(grad, check.reference.fn(used)[1]))
-    cell = {"micro": "whole" if micro is None else micro, "ranks": ranks, "cases": len(fits),
-            "target_errors": sorted(set(errors))}
+    cell.update(cases=len(fits), target_errors=sorted(set(errors)))
     if not fits:
         return {**cell, "status": "error"}
     tol = check.tolerance
@@ -66,8 +68,9 @@ def run_step_check(check: StepCheck, seeds: int) -> list[dict]:
     rows = []
     for family in STEP_FAMILIES:
         grid = [run_cell(check, family, m, r, seeds) for r in RANKS for m in MICRO]
-        status = "agrees" if all(c["status"] == "exact" for c in grid) else (
-            "error" if all(c["status"] == "error" for c in grid) else "differs")
+        ran = [c for c in grid if c["status"] != "n/a"]
+        status = "agrees" if all(c["status"] == "exact" for c in ran) else (
+            "error" if all(c["status"] == "error" for c in ran) else "differs")
         rows.append({"algorithm": check.algorithm, "call": check.call, "knob": check.knob, "family": family,
                      "reference": check.reference.label, "note": check.note, "status": status, "matches": [],
                      "tolerance": check.tolerance, "grid": grid})
@@ -107,6 +110,8 @@ def cell_text(cell: dict, tolerance: float = 0.0) -> str:
     """``1``, one factor, mean +- standard error (range), ``not proportional (...)`` or the target's error."""
     if cell["status"] == "error":
         return "error: " + "; ".join(cell["target_errors"])
+    if cell["status"] == "n/a":
+        return "n/a"
     if cell["status"] == "exact":
         return "1"
     if cell["status"] == "not proportional":
@@ -128,7 +133,8 @@ def markdown(report: dict) -> str:
              "batch), fitted by least squares per batch: `1` when c = 1 within the check's tolerance on every "
              "batch; a single number when c is the same on every batch; mean +- standard error and range when it "
              "varies with the batch; `not proportional` when the least-squares residual exceeds the tolerance "
-             "(the largest |target - reference| / max |reference| is shown). Micro-batch sizes are rows per "
+             "(the largest |target - reference| / max |reference| is shown); `n/a` where the trainer cannot be "
+             "configured so. Micro-batch sizes are rows per "
              "micro-batch on each rank; the rank count divides the batch into contiguous shares, and the ranks' "
              "gradients are averaged as DDP/FSDP's all-reduce does.", ""]
     findings = [r for r in report["rows"] if r["status"] != "agrees"]
@@ -155,11 +161,11 @@ def _summary(row: dict) -> str:
     """Where the grid differs from 1, cells with the same text grouped: ``0.75 at every split`` or per cell."""
     texts: dict = {}
     for c in row["grid"]:
-        if c["status"] != "exact":
-            texts.setdefault(cell_text(c, row["tolerance"]), []).append(f"{c['micro']}x{c['ranks']}")
+        if c["status"] not in ("exact", "n/a"):
+            texts.setdefault(cell_text(c, row["tolerance"]), []).append(f"m={c['micro']} r={c['ranks']}")
     if len(texts) == 1 and len(next(iter(texts.values()))) == len(row["grid"]):
         return f"{next(iter(texts))} at every micro-batch size and rank count (vs `{row['reference']}`)"
-    return (f"vs `{row['reference']}`, by micro-batch size x ranks: "
+    return (f"vs `{row['reference']}`, by micro-batch rows m and ranks r: "
             + "; ".join(f"{', '.join(cells)}: {text}" for text, cells in texts.items())
             + ("; 1 elsewhere" if any(c["status"] == "exact" for c in row["grid"]) else ""))
 

@@ -2,6 +2,8 @@
 through the trainer's own code against a gradient derived by hand. With old = new log-probs every ratio is 1 and
 no clip is active, so the policy gradient's per-token gradient is -A_i times the weight the trainer's
 normalisation gives token (i, t); the hand values below are those weights, from the token and row counts."""
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -102,9 +104,9 @@ def trl():
     return load_step_target("trl")
 
 
-def trl_step(trl, generations_per_step=1, **config):
+def trl_step(trl, spg=Fraction(1), **config):
     from harness.targets.trl import make_trainer
-    return trl.run(make_trainer(**config), generations_per_step)
+    return trl.run(make_trainer(**config), spg)
 
 
 def with_ids(b, seed=0):
@@ -137,7 +139,7 @@ def test_trl_dapo_with_two_steps_per_generation_divides_by_half_the_generation_t
     """Finding: num_items_in_batch counts the generation batch (two optimisation steps here), rescaled by
     gradient_accumulation_steps / steps_per_generation = 1/2: each step divides by N_gen / 2, not by its own
     tokens N_step, so the factor is 2 N_step / N_gen, which varies from batch to batch."""
-    step = trl_step(trl, generations_per_step=2, loss_type="dapo", epsilon_high=0.28)
+    step = trl_step(trl, spg=Fraction(2), loss_type="dapo", epsilon_high=0.28)
     b = with_ids(on_policy(6, "mixed", rows=16))
     grad, used = step(b, 2, 2)
     rows = np.r_[0:4, 8:12]  # each process's first half of its 8-row share
@@ -145,6 +147,24 @@ def test_trl_dapo_with_two_steps_per_generation_divides_by_half_the_generation_t
     np.testing.assert_allclose(grad, token_weights(b, rows, [n_gen / 2] * 8)[rows], rtol=1e-4, atol=1e-7)
     fit = factor(grad, ref.policy("dapo", agg="token_mean").fn(used)[1])
     assert n_step * 2 != n_gen and fit["factor"] == pytest.approx(2 * n_step / n_gen, rel=1e-4)
+
+
+def test_trl_dapo_with_two_generations_per_step_averages_their_token_means(trl):
+    """Finding: with steps_per_generation = gradient_accumulation_steps / 2 each generation batch g divides by
+    its own tokens N_g (num_items_in_batch / num_processes * GA / SPG = 2 N_g / P per slice, then DDP's 1 / P):
+    token (i, t) of generation g gets -A_i / (2 N_g), the mean of two token means, not -A_i / N."""
+    step = trl_step(trl, spg=Fraction(1, 2), loss_type="dapo", epsilon_high=0.28)
+    b = with_ids(on_policy(8, "mixed"))
+    grad, used = step(b, 1, 2)  # 2 processes x 4 slices of 1 row; generation 0 = slices 0-1 of each process
+    want = np.zeros(b.mask.shape)
+    for rows in (np.r_[0:2, 4:6], np.r_[2:4, 6:8]):
+        want += token_weights(b, rows, [2 * b.mask[rows].sum()] * len(rows))
+    assert b.mask[0:2].sum() + b.mask[4:6].sum() != b.mask[2:4].sum() + b.mask[6:8].sum()
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-7)
+    assert factor(grad, ref.policy("dapo", agg="token_mean").fn(used)[1])["residual"] > 1e-2
+    from harness.conform_cases import NotApplicable
+    with pytest.raises(NotApplicable):
+        step(b, None, 1)  # one accumulation step cannot hold two generation batches
 
 
 def test_trl_grpo_counts_masked_rows_in_its_sequence_mean(trl):

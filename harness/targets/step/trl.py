@@ -16,10 +16,12 @@ model of harness.targets.trl, as the trainer splits and scales it (read in the i
 The rank split, the per-step slices and DDP's mean are simulated; the loss and its scaling are TRL's."""
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import torch
 
-from ...conform_cases import Batch, StepCheck, step_batch
+from ...conform_cases import STEP_ROWS, Batch, NotApplicable, StepCheck, step_batch
 from .. import reference as ref
 from ..trl import MAX_COMPLETION, VOCAB, _import_trl, loss_and_grad, make_trainer, trainer_inputs
 
@@ -57,37 +59,46 @@ class StepTarget:
                     "summed over slices and averaged over processes. steps_per_generation = "
                     "gradient_accumulation_steps (TRL's default) unless the knob says otherwise.")
 
-    def run(self, trainer, generations_per_step: int = 1):
-        """``generations_per_step`` > 1: the generation batch spans that many optimisation steps
-        (steps_per_generation = generations_per_step * gradient_accumulation_steps); the step is the first."""
+    def run(self, trainer, spg: Fraction = Fraction(1)):
+        """``spg`` = steps_per_generation / gradient_accumulation_steps: 1 is TRL's default (one generation batch
+        per optimisation step); 2, a generation batch spans two steps (the batch holds both, the step is the
+        first); 1/2, a step takes two generation batches, each with its own num_items_in_batch."""
         cache: dict = {}
 
         def step(b: Batch, micro, ranks):
-            n = len(b.mask)
-            if n % (ranks * generations_per_step):
+            n, span = len(b.mask), max(int(spg), 1)  # the batch holds `span` optimisation steps' rows
+            if n % (ranks * span):
                 raise ValueError(f"ranks: {ranks} processes do not divide the generation batch's {n} rows")
+            shares = [local[: len(local) // span] for local in np.split(np.arange(n), ranks)]
+            size = micro or len(shares[0])
+            accumulation = len(shares[0]) // size
+            if len(shares[0]) % size or (accumulation * spg).denominator != 1:
+                raise NotApplicable(f"{len(shares[0])} rows per process do not make {1 / spg} generation batches "
+                                    f"of micro-batches of {size}")
+            per_generation = int(accumulation * spg) if spg < 1 else accumulation  # slices per generation batch
+            slices = [np.split(rows, accumulation) for rows in shares]
+            # num_items_in_batch: the tokens of the generation batch over all processes (with spg >= 1 the whole
+            # batch; with spg < 1 generation g is slices g * per_generation ... of every process)
+            items = [b.mask.sum()] if spg >= 1 else [
+                sum(b.mask[np.concatenate(p[g * per_generation:(g + 1) * per_generation])].sum() for p in slices)
+                for g in range(accumulation // per_generation)]
             grad, logps, old, refs = (np.zeros(b.mask.shape) for _ in range(4))
-            used = []
             accelerator = trainer.accelerator
             trainer.accelerator = _Processes(accelerator, ranks)
+            trainer.current_gradient_accumulation_steps = accumulation
+            trainer.args.steps_per_generation = int(accumulation * spg)
             try:
-                for local in np.split(np.arange(n), ranks):
-                    rows = local[: len(local) // generations_per_step]
-                    size = micro or len(rows)
-                    if len(rows) % size:
-                        raise ValueError(f"micro: {size} does not divide the {len(rows)} rows per process")
-                    trainer.current_gradient_accumulation_steps = len(rows) // size
-                    trainer.args.steps_per_generation = len(rows) // size * generations_per_step
-                    for mb in np.split(rows, len(rows) // size):
+                for process in slices:
+                    for k, mb in enumerate(process):
                         inputs = trainer_inputs(trainer, b.take(rows=mb), cache)
-                        inputs["num_items_in_batch"] = torch.tensor(float(b.mask.sum()))
+                        inputs["num_items_in_batch"] = torch.tensor(float(items[k // per_generation]))
                         _, lp, g = loss_and_grad(trainer, inputs)
                         grad[mb] += g.numpy() * b.mask[mb] / ranks  # DDP: the processes' mean
                         logps[mb], old[mb] = lp.numpy(), inputs["old_per_token_logps"].numpy()
                         refs[mb] = inputs["ref_per_token_logps"].numpy()
-                    used.extend(rows)
             finally:
                 trainer.accelerator = accelerator
+            used = np.concatenate(shares)
             return grad[used], Batch(logps[used], old[used], b.adv[used], b.mask[used], refs[used], b.group_size)
         return step
 
@@ -103,16 +114,22 @@ class StepTarget:
                         {"loss_type": "dapo", "epsilon_high": 0.28}, {"agg": "token_mean"}),
             self._check("dapo", "loss_type='dapo', epsilon_high=0.28, steps_per_generation = 2 x "
                         "gradient_accumulation_steps", {"loss_type": "dapo", "epsilon_high": 0.28},
-                        {"agg": "token_mean"}, generations_per_step=2,
+                        {"agg": "token_mean"}, spg=Fraction(2),
                         note="The generation batch (16 rows) spans two optimisation steps; the step shown is the "
                         "first. num_items_in_batch counts the generation batch's tokens."),
+            self._check("dapo", "loss_type='dapo', epsilon_high=0.28, steps_per_generation = "
+                        "gradient_accumulation_steps / 2", {"loss_type": "dapo", "epsilon_high": 0.28},
+                        {"agg": "token_mean"}, spg=Fraction(1, 2),
+                        note="The step takes two generation batches (the first and second half of each process's "
+                        "slices), each with its own num_items_in_batch; a split with one accumulation step cannot "
+                        "be configured so (n/a)."),
             self._check("gspo", "importance_sampling_level='sequence', loss_type='grpo', epsilon 3e-4/4e-4", seq, {}),
         ]
 
-    def _check(self, name, knob, config, ref_hp, generations_per_step=1, note=""):
+    def _check(self, name, knob, config, ref_hp, spg=Fraction(1), note=""):
         trainer = make_trainer(**config)
-        rows = 8 * generations_per_step
+        rows = STEP_ROWS * max(int(spg), 1)
         call = "GRPOTrainer._compute_loss(" + ", ".join(f"{k}={v!r}" for k, v in config.items()) + ") per slice"
-        return StepCheck(name, call, knob, self.run(trainer, generations_per_step), ref.policy(name, **ref_hp),
+        return StepCheck(name, call, knob, self.run(trainer, spg), ref.policy(name, **ref_hp),
                          note=note, tolerance=self.tolerance,
                          batches=lambda s, f: with_ids(step_batch(s, f, rows=rows), s))
