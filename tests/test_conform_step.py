@@ -2,6 +2,7 @@
 through the trainer's own code against a gradient derived by hand. With old = new log-probs every ratio is 1 and
 no clip is active, so the policy gradient's per-token gradient is -A_i times the weight the trainer's
 normalisation gives token (i, t); the hand values below are those weights, from the token and row counts."""
+import json
 from fractions import Fraction
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.conform_cases import STEP_ROWS, step_batch, shards
+from harness.conform_cases import STEP_ROWS, StepCheck, shards, step_batch
 from harness.conform_step import MICRO, RANKS, factor, load_step_target
 from harness.targets import reference as ref
 
@@ -50,6 +51,37 @@ def test_step_batches_and_shards():
         shards(8, 3, 1)
     with pytest.raises(ValueError, match="ranks"):
         shards(8, 1, 3)
+
+
+class HalfTarget:
+    """A stand-in trainer whose step gives half the reference gradient on rank counts above one and, with
+    micro-batches of one row, weighs the first row twice."""
+    name, versions, how = "half", {"half": "0"}, "A test double."
+
+    def step_checks(self):
+        conv = ref.policy("dapo", agg="token_mean")
+
+        def step(b, micro, ranks):
+            grad = conv.fn(b)[1] / ranks
+            if micro == 1:
+                grad[0] *= 2.0
+            return grad, b
+        return [StepCheck("dapo", "half()", "a knob", step, conv, note="Halves per rank.")]
+
+
+def test_step_command_writes_grids_and_findings(tmp_path, monkeypatch, capsys):
+    import harness.conform_step as cs
+    monkeypatch.setattr(cs, "load_step_target", lambda target: HalfTarget())
+    report = cs.step_command("half", out=tmp_path, seeds=2)
+    grid = {(c["micro"], c["ranks"]): c for c in report["rows"][0]["grid"]}
+    assert grid[("whole", 1)]["status"] == "exact" and grid[(2, 2)]["factor_mean"] == pytest.approx(0.5)
+    assert grid[(1, 1)]["status"] == "not proportional"
+    page = (tmp_path / "step" / "half.md").read_text()
+    assert "| mixed | 2 | not proportional" in page and "| 0.5 | 0.5 | 0.5 |" in page
+    assert json.loads((tmp_path / "step" / "half.json").read_text())["rows"][0]["status"] == "differs"
+    findings = (tmp_path / "step" / "README.md").read_text()
+    assert "[half](half.md)" in findings and "Halves per rank." in findings
+    assert "a knob" in capsys.readouterr().out
 
 
 def test_cli_level_is_checked():

@@ -35,12 +35,14 @@ class StepTarget:
         gspo = {"policy_loss_type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}
         return [
             self._check("ppo", "token_level_loss=True (default)", {}, {}),
-            self._check("grpo", "token_level_loss=False", {"token_level_loss": False}, {"beta": 0.0}),
+            self._check("grpo", "token_level_loss=False", {"token_level_loss": False}, {"beta": 0.0},
+                        note="global_batch_size counts the step's rows with tokens over every rank "
+                        "(`_optimizer_step_loss_norm`): no factor in masked_rows, where verl's and TRL's is 6/8."),
             self._check("dapo", "clip_eps_high=0.28, token_level_loss=True", {"clip_eps_high": 0.28},
                         {"agg": "token_mean"}),
             self._check("gspo", "policy_loss_type='gspo', clip 3e-4/4e-4", gspo, {}),
         ]
 
-    def _check(self, name, knob, module, ref_hp):
+    def _check(self, name, knob, module, ref_hp, note=""):
         call = "PolicyLoss(" + ", ".join(f"{k}={v!r}" for k, v in module.items()) + ") per micro-batch"
-        return StepCheck(name, call, knob, self.run(**module), ref.policy(name, **ref_hp))
+        return StepCheck(name, call, knob, self.run(**module), ref.policy(name, **ref_hp), note=note)

@@ -26,6 +26,10 @@ from .. import reference as ref
 from ..trl import MAX_COMPLETION, VOCAB, _import_trl, loss_and_grad, make_trainer, trainer_inputs
 
 
+ROWS_NOTE = ("`mask.sum(-1).clamp(min=1.0)` keeps fully masked rows in each slice's mean over rows: factor = rows "
+             "with tokens / rows (6/8 in masked_rows) at every split, as at loss level.")
+
+
 class _Processes:
     """The trainer's Accelerator as one of ``n`` processes sees it (only ``num_processes`` differs)."""
 
@@ -104,26 +108,35 @@ class StepTarget:
 
     def step_checks(self) -> list[StepCheck]:
         seq = {"loss_type": "grpo", "epsilon": 3e-4, "epsilon_high": 4e-4, "importance_sampling_level": "sequence"}
+        dapo = {"loss_type": "dapo", "epsilon_high": 0.28}
+        token = {"agg": "token_mean"}
         return [
-            self._check("grpo", "loss_type='grpo'", {"loss_type": "grpo"}, {"beta": 0.0}),
+            self._check("grpo", "loss_type='grpo'", {"loss_type": "grpo"}, {"beta": 0.0}, note=ROWS_NOTE),
             self._check("grpo", "loss_type='bnpo' (token mean per slice)", {"loss_type": "bnpo"},
-                        {"beta": 0.0, "agg": "token_mean"}),
+                        {"beta": 0.0, "agg": "token_mean"},
+                        note="Each slice's own token mean, divided by gradient_accumulation_steps, then DDP's mean: "
+                        "token (i, t) of slice s weighs 1 / (P x GA x N_s) instead of 1 / N; equal only with one "
+                        "slice on one process."),
             self._check("dr_grpo", f"loss_type='dr_grpo', max_completion_length={MAX_COMPLETION}",
-                        {"loss_type": "dr_grpo"}, {"max_len": MAX_COMPLETION}),
-            self._check("dapo", "loss_type='dapo', epsilon_high=0.28 (num_items_in_batch)",
-                        {"loss_type": "dapo", "epsilon_high": 0.28}, {"agg": "token_mean"}),
+                        {"loss_type": "dr_grpo"}, {"max_len": MAX_COMPLETION},
+                        note="Each slice divides by its rows x max_completion_length, masked rows included: factor "
+                        "= rows with tokens / rows (6/8 in masked_rows), as at loss level."),
+            self._check("dapo", "loss_type='dapo', epsilon_high=0.28 (num_items_in_batch)", dapo, token,
+                        note="num_items_in_batch / num_processes x GA / steps_per_generation is the step's token "
+                        "count per process when steps_per_generation = GA: exact at every split."),
             self._check("dapo", "loss_type='dapo', epsilon_high=0.28, steps_per_generation = 2 x "
-                        "gradient_accumulation_steps", {"loss_type": "dapo", "epsilon_high": 0.28},
-                        {"agg": "token_mean"}, spg=Fraction(2),
+                        "gradient_accumulation_steps", dapo, token, spg=Fraction(2),
                         note="The generation batch (16 rows) spans two optimisation steps; the step shown is the "
-                        "first. num_items_in_batch counts the generation batch's tokens."),
+                        "first. num_items_in_batch counts the generation batch's N_gen tokens and is halved: the "
+                        "factor is 2 N_step / N_gen (1 on average over the two steps, not per step)."),
             self._check("dapo", "loss_type='dapo', epsilon_high=0.28, steps_per_generation = "
-                        "gradient_accumulation_steps / 2", {"loss_type": "dapo", "epsilon_high": 0.28},
-                        {"agg": "token_mean"}, spg=Fraction(1, 2),
+                        "gradient_accumulation_steps / 2", dapo, token, spg=Fraction(1, 2),
                         note="The step takes two generation batches (the first and second half of each process's "
-                        "slices), each with its own num_items_in_batch; a split with one accumulation step cannot "
-                        "be configured so (n/a)."),
-            self._check("gspo", "importance_sampling_level='sequence', loss_type='grpo', epsilon 3e-4/4e-4", seq, {}),
+                        "slices), each normalised by twice its own tokens N_g: the mean of two token means, "
+                        "proportional only when N_1 = N_2. One accumulation step cannot hold two generation "
+                        "batches (n/a)."),
+            self._check("gspo", "importance_sampling_level='sequence', loss_type='grpo', epsilon 3e-4/4e-4", seq, {},
+                        note=ROWS_NOTE),
         ]
 
     def _check(self, name, knob, config, ref_hp, spg=Fraction(1), note=""):

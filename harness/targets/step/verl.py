@@ -26,6 +26,13 @@ from ..reference import t64
 from ..verl import INSTALL, actor_config
 
 NO_DUAL = {"clip_ratio_c": 1e9}  # verl's dual clip (c = 3) off: the paper's losses have none
+ROWS_NOTE = ("The trainer passes global_batch_size = ppo_mini_batch_size x rollout.n, every row of the mini-batch, so "
+             "fully masked rows count in the mean over sequences: factor = rows with tokens / rows (6/8 in "
+             "masked_rows). One loss call without the trainer's counts (the loss-level report) counts only rows "
+             "with tokens and agrees. Such rows occur in verl itself: `trainer/ppo/padding_utils.py::"
+             "upsample_batch_to_divisible_size` appends rows with an all-zero response_mask to make the batch "
+             "divisible by the data-parallel size (as read; not driven here).")
+TOKENS_NOTE = "batch_num_tokens is the all-reduced token count and dp_size undoes FSDP's mean: exact at every split."
 
 
 def _micro_batch_input(b, rows):
@@ -97,21 +104,22 @@ class StepTarget:
                 ("seq-mean-token-sum-norm", "seq_mean_token_sum_norm", {"loss_scale_factor": 8}, {"max_len": 8})):
             knob = f"loss_agg_mode={mode}" + "".join(f", {k}={v}" for k, v in extra.items())
             out.append(self._check("grpo", "vanilla", knob, {"loss_agg_mode": mode, **extra, **NO_DUAL},
-                                   {"beta": 0.0, "agg": agg, **hp}))
+                                   {"beta": 0.0, "agg": agg, **hp}, TOKENS_NOTE if mode == "token-mean" else ROWS_NOTE))
         out += [
             self._check("dapo", "vanilla", "clip_ratio_high=0.28, loss_agg_mode=token-mean",
-                        {"loss_agg_mode": "token-mean", "clip_ratio_high": 0.28, **NO_DUAL}, {"agg": "token_mean"}),
+                        {"loss_agg_mode": "token-mean", "clip_ratio_high": 0.28, **NO_DUAL}, {"agg": "token_mean"},
+                        TOKENS_NOTE),
             self._check("dr_grpo", "vanilla", "loss_agg_mode=seq-mean-token-sum-norm (loss_scale_factor unset)",
-                        {"loss_agg_mode": "seq-mean-token-sum-norm", **NO_DUAL}, {"max_len": STEP_WIDTH}),
+                        {"loss_agg_mode": "seq-mean-token-sum-norm", **NO_DUAL}, {"max_len": STEP_WIDTH}, ROWS_NOTE),
             self._check("gspo", "gspo", "clip 3e-4/4e-4 (gspo aggregates with seq-mean-token-mean itself)",
                         {"loss_agg_mode": "seq-mean-token-mean", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},
-                        {}),
+                        {}, ROWS_NOTE),
         ]
         return out
 
-    def _check(self, name, loss_mode, knob, cfg, ref_hp):
+    def _check(self, name, loss_mode, knob, cfg, ref_hp, note):
         from verl.workers.config.actor import PolicyLossConfig
         call = (f"ppo_loss per micro-batch (loss_mode {loss_mode!r}) with dp_size, batch_num_tokens, "
                 "global_batch_size = mini-batch rows")
         return StepCheck(name, call, knob, self.run(policy_loss=PolicyLossConfig(loss_mode=loss_mode), **cfg),
-                         ref.policy(name, **ref_hp))
+                         ref.policy(name, **ref_hp), note=note)
