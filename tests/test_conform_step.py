@@ -99,9 +99,9 @@ def verl():
     return load_step_target("verl")
 
 
-def verl_step(verl, mode):
+def verl_step(verl, mode, loss_mode="vanilla", **cfg):
     from verl.workers.config.actor import PolicyLossConfig
-    return verl.run(loss_agg_mode=mode, clip_ratio_c=1e9, policy_loss=PolicyLossConfig(loss_mode="vanilla"))
+    return verl.run(loss_agg_mode=mode, clip_ratio_c=1e9, policy_loss=PolicyLossConfig(loss_mode=loss_mode), **cfg)
 
 
 def test_verl_token_mean_is_the_global_token_mean_at_every_split(verl):
@@ -114,18 +114,27 @@ def test_verl_token_mean_is_the_global_token_mean_at_every_split(verl):
             np.testing.assert_allclose(step(b, micro, ranks)[0], want, rtol=1e-12, atol=1e-15)
 
 
-def test_verl_seq_mean_divides_by_every_row_of_the_mini_batch(verl):
+@pytest.mark.parametrize("mode, loss_mode, cfg, per_row, name, hp", [
+    ("seq-mean-token-mean", "vanilla", {}, "length", "grpo", {"beta": 0.0}),
+    ("seq-mean-token-sum", "vanilla", {}, 1, "grpo", {"beta": 0.0, "agg": "seq_mean_token_sum"}),
+    ("seq-mean-token-sum-norm", "vanilla", {}, 6, "dr_grpo", {"max_len": 6}),
+    ("seq-mean-token-sum-norm", "vanilla", {"loss_scale_factor": 8}, 8, "dr_grpo", {"max_len": 8}),
+    ("seq-mean-token-mean", "gspo", {}, "length", "gspo", {})])
+def test_verl_seq_means_divide_by_every_row_of_the_mini_batch(verl, mode, loss_mode, cfg, per_row, name, hp):
     """Finding: global_batch_size = ppo_mini_batch_size * rollout.n counts fully masked rows, so with 2 of 8 rows
-    masked the sequence mean divides by 8, not by the 6 rows with tokens: factor 6 / 8 at every split."""
-    step = verl_step(verl, "seq-mean-token-mean")
+    masked the mean over sequences divides by 8, not by the 6 rows with tokens: -A_i / (d_i * 8) with d_i the
+    row's own divisor (its length, 1, the padded width 6 or loss_scale_factor 8); factor 6 / 8 at every split.
+    (On policy GSPO's sequence ratio exp(mean_t log r) has gradient 1 / |o_i| per token, as a token mean.)"""
+    step = verl_step(verl, mode, loss_mode, **cfg)
     b = on_policy(2, "masked_rows")
     lens = b.mask.sum(1)
     rows = np.flatnonzero(lens > 0)
-    want = token_weights(b, rows, lens[rows] * len(b.mask))
+    divisor = lens[rows] if per_row == "length" else np.full(len(rows), float(per_row))
+    want = token_weights(b, rows, divisor * len(b.mask))
     for micro, ranks in ((1, 2), (None, 1)):
         grad = step(b, micro, ranks)[0]
         np.testing.assert_allclose(grad, want, rtol=1e-12, atol=1e-15)
-        reference = ref.policy("grpo", beta=0.0).fn(b)[1]
+        reference = ref.policy(name, **hp).fn(b)[1]
         assert factor(grad, reference)["factor"] == pytest.approx(len(rows) / len(b.mask)) == pytest.approx(0.75)
 
 
@@ -199,16 +208,23 @@ def test_trl_dapo_with_two_generations_per_step_averages_their_token_means(trl):
         step(b, None, 1)  # one accumulation step cannot hold two generation batches
 
 
-def test_trl_grpo_counts_masked_rows_in_its_sequence_mean(trl):
-    """Finding (also at loss level): mask.sum(-1).clamp(min=1) keeps fully masked rows in the mean: -A_i /
-    (|o_i| * 8) with 2 of 8 rows masked, a factor 6 / 8 at every split."""
-    step = trl_step(trl, loss_type="grpo")
+@pytest.mark.parametrize("config, per_row, name, hp", [
+    ({"loss_type": "grpo"}, "length", "grpo", {"beta": 0.0}),
+    ({"loss_type": "grpo", "epsilon": 3e-4, "epsilon_high": 4e-4, "importance_sampling_level": "sequence"},
+     "length", "gspo", {}),
+    ({"loss_type": "dr_grpo"}, 8, "dr_grpo", {"max_len": 8})])
+def test_trl_sequence_means_count_masked_rows(trl, config, per_row, name, hp):
+    """Finding (also at loss level): grpo's mask.sum(-1).clamp(min=1) and dr_grpo's per_token_loss.size(0) keep
+    fully masked rows in each slice's row count: -A_i / (d_i * 8) with d_i = |o_i| or max_completion_length 8,
+    2 of 8 rows masked: a factor 6 / 8 at every split."""
+    step = trl_step(trl, **config)
     b = with_ids(on_policy(7, "masked_rows"))
     lens = b.mask.sum(1)
     rows = np.flatnonzero(lens > 0)
+    divisor = lens[rows] if per_row == "length" else np.full(len(rows), float(per_row))
     grad, used = step(b, 1, 2)
-    np.testing.assert_allclose(grad, token_weights(b, rows, lens[rows] * 8), rtol=1e-4, atol=1e-7)
-    assert factor(grad, ref.policy("grpo", beta=0.0).fn(used)[1])["factor"] == pytest.approx(0.75, rel=1e-4)
+    np.testing.assert_allclose(grad, token_weights(b, rows, divisor * 8), rtol=1e-4, atol=1e-7)
+    assert factor(grad, ref.policy(name, **hp).fn(used)[1])["factor"] == pytest.approx(0.75, rel=1e-4)
 
 
 # ---- OpenRLHF -----------------------------------------------------------------------------------------------------
