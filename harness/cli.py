@@ -142,20 +142,21 @@ def conform(target: str = typer.Argument(..., help="verl, trl, openrlhf, or modu
     from harness.conform import conform_command
     from spec.records import writable_folder
     if level not in ("loss", "step"):
-        _user_errors(_bad_level, level)
+        _user_errors(_refuse, f"level: expected loss or step, got {level!r}")
     if out:
         _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
     if level == "step":
         from harness.conform_step import step_command
         if adapter is not None:
-            _user_errors(_bad_level, "step with --adapter")
+            _user_errors(_refuse, "adapter: --level step drives a trainer (verl, trl or openrlhf); a module:function "
+                                  "target has no optimisation step")
         _user_errors(step_command, target, json_out, out, 5 if seeds is None else seeds)
     else:
         _user_errors(conform_command, target, json_out, out, 30 if seeds is None else seeds, adapter)
 
 
-def _bad_level(level: str):
-    raise ValueError(f"level: expected loss or step (step takes verl, trl or openrlhf, no --adapter), got {level!r}")
+def _refuse(message: str):
+    raise ValueError(message)
 
 
 def _user_errors(fn, *args):

@@ -88,6 +88,8 @@ def test_cli_level_is_checked():
     runner = CliRunner()
     bad = runner.invoke(app, ["conform", "verl", "--level", "batch"])
     assert bad.exit_code == 2 and "level: expected loss or step" in bad.output
+    adapter = runner.invoke(app, ["conform", "m:f", "--level", "step", "--adapter", "algorithm=grpo"])
+    assert adapter.exit_code == 2 and "adapter: --level step drives a trainer" in adapter.output
     unknown = runner.invoke(app, ["conform", "nosuch", "--level", "step"])
     assert unknown.exit_code == 2 and "--level step covers" in unknown.output and "verl" in unknown.output
 
