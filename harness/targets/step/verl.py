@@ -71,7 +71,8 @@ class StepTarget:
                     "micro-batch's loss with the dp_size, all-reduced batch_num_tokens and global_batch_size that "
                     "`FSDPEngine.forward_backward_batch` and `RayPPOTrainer._update_actor` set; the losses' "
                     "gradients are summed per rank (backward per micro-batch) and averaged over ranks (FSDP). "
-                    "float64, gradient w.r.t. the per-token log-probs.")
+                    "float64, gradient w.r.t. the per-token log-probs. Not driven: use_dynamic_bsz=True "
+                    "(token-balanced micro-batches, which needs a process group), the KL-loss and entropy terms.")
 
     def run(self, **cfg):
         config = actor_config(**cfg)
