@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.conform_cases import STEP_ROWS, StepCheck, shards, step_batch
+from harness.conform_cases import STEP_ROWS, NotApplicable, StepCheck, shards, step_batch
 from harness.conform_step import MICRO, RANKS, factor, load_step_target
 from harness.targets import reference as ref
 
@@ -55,13 +55,15 @@ def test_step_batches_and_shards():
 
 class HalfTarget:
     """A stand-in trainer whose step gives half the reference gradient on rank counts above one and, with
-    micro-batches of one row, weighs the first row twice."""
+    micro-batches of one row, weighs the first row twice; it cannot be split into 2 ranks of micro-batches of 4."""
     name, versions, how = "half", {"half": "0"}, "A test double."
 
     def step_checks(self):
         conv = ref.policy("dapo", agg="token_mean")
 
         def step(b, micro, ranks):
+            if (micro, ranks) == (4, 2):
+                raise NotApplicable("no such split")
             grad = conv.fn(b)[1] / ranks
             if micro == 1:
                 grad[0] *= 2.0
@@ -75,9 +77,10 @@ def test_step_command_writes_grids_and_findings(tmp_path, monkeypatch, capsys):
     report = cs.step_command("half", out=tmp_path, seeds=2)
     grid = {(c["micro"], c["ranks"]): c for c in report["rows"][0]["grid"]}
     assert grid[("whole", 1)]["status"] == "exact" and grid[(2, 2)]["factor_mean"] == pytest.approx(0.5)
+    assert grid[(4, 2)]["status"] == "n/a"
     assert grid[(1, 1)]["status"] == "not proportional"
     page = (tmp_path / "step" / "half.md").read_text()
-    assert "| mixed | 2 | not proportional" in page and "| 0.5 | 0.5 | 0.5 |" in page
+    assert "| mixed | 2 | not proportional" in page and "| 0.5 | n/a | 0.5 |" in page
     assert json.loads((tmp_path / "step" / "half.json").read_text())["rows"][0]["status"] == "differs"
     findings = (tmp_path / "step" / "README.md").read_text()
     assert "[half](half.md)" in findings and "Halves per rank." in findings
@@ -205,7 +208,6 @@ def test_trl_dapo_with_two_generations_per_step_averages_their_token_means(trl):
     assert b.mask[0:2].sum() + b.mask[4:6].sum() != b.mask[2:4].sum() + b.mask[6:8].sum()
     np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-7)
     assert factor(grad, ref.policy("dapo", agg="token_mean").fn(used)[1])["residual"] > 1e-2
-    from harness.conform_cases import NotApplicable
     with pytest.raises(NotApplicable):
         step(b, None, 1)  # one accumulation step cannot hold two generation batches
 
