@@ -133,9 +133,12 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
                                          "README.md in --out), or module:function."),
             json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
             out: Optional[Path] = typer.Option(None, help="Write TARGET.md and TARGET.json here."),
-            seeds: int = typer.Option(30, help="Generated batches per check and case family."),
+            seeds: Optional[int] = typer.Option(None, help="Generated batches per check and case family (30), or "
+                                                "per grid cell with --level step (5)."),
             adapter: Optional[str] = typer.Option(None, help="For module:function: algorithm=NAME,agg=MODE,"
-                                                  "logp=PARAM,old_logp=PARAM,adv=PARAM,mask=PARAM,...")):
+                                                  "logp=PARAM,old_logp=PARAM,adv=PARAM,mask=PARAM,..."),
+            level: str = typer.Option("loss", help="loss: each loss call; step: one optimisation step "
+                                      "(micro-batches, accumulation, ranks), writing OUT/step/TARGET.md and .json.")):
     """Hold an outside implementation (verl, TRL, OpenRLHF or your callable) against the reference.
 
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
@@ -143,16 +146,27 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
     from harness.conform import conform_command
     from harness.conform_matrix import conform_all
     from spec.records import writable_folder
+    if level not in ("loss", "step"):
+        _user_errors(_refuse, f"level: expected loss or step, got {level!r}")
     if out:
         _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
     if target == "all":
         if out is None or adapter is not None or json_out:
-            typer.echo("error: target: `all` writes every report and the matrix to --out DIR; it takes no "
-                       "--adapter or --json", err=True)
-            raise typer.Exit(2)
+            _user_errors(_refuse, "target: `all` writes every report (both levels) and the matrix to --out DIR; it "
+                                  "takes no --adapter or --json")
         console.print(f"matrix: {_user_errors(conform_all, out, seeds)}")
-        return
-    _user_errors(conform_command, target, json_out, out, seeds, adapter)
+    elif level == "step":
+        from harness.conform_step import step_command
+        if adapter is not None:
+            _user_errors(_refuse, "adapter: --level step drives a trainer (verl, trl or openrlhf); a module:function "
+                                  "target has no optimisation step")
+        _user_errors(step_command, target, json_out, out, 5 if seeds is None else seeds)
+    else:
+        _user_errors(conform_command, target, json_out, out, 30 if seeds is None else seeds, adapter)
+
+
+def _refuse(message: str):
+    raise ValueError(message)
 
 
 def _user_errors(fn, *args):

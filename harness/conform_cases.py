@@ -10,6 +10,11 @@ import numpy as np
 
 from .cases import Case, make_case
 
+#: Step-level batches: rows (groups of STEP_GROUP responses) and padded width; mixed lengths in every batch.
+STEP_ROWS, STEP_GROUP, STEP_WIDTH = 8, 4, 6
+STEP_FAMILIES = {"mixed": "mixed response lengths (1 to 6 tokens; every row has tokens)",
+                 "masked_rows": "mixed lengths with 2 of every 8 rows fully masked (as overlong filtering or masked "
+                                "truncated completions leave them)"}
 #: max |target - reference| / max(1, max |reference|) under which float64 results agree. Outside code adds
 #: stabilisers (1e-8 in denominators, clamps far outside these inputs' range) that stay below it.
 TOLERANCE = 1e-6
@@ -80,3 +85,54 @@ class Check:
     note: str = ""
     tolerance: float = TOLERANCE
     reads: str = "logp, old_logp, adv, mask (policy log-probs, sampling log-probs, advantages, response mask)"
+
+
+class NotApplicable(ValueError):
+    """A grid cell the trainer cannot be configured for (e.g. fewer accumulation steps than generations)."""
+
+
+@dataclass
+class StepCheck:
+    """One algorithm x mode of a trainer's optimisation step: ``step(batch, micro, ranks) -> (grad, used)`` splits
+    ``batch`` over ``ranks`` data-parallel ranks and micro-batches of ``micro`` rows per rank (None: one
+    micro-batch per rank) as the trainer does, and returns the gradient w.r.t. the per-token log-probs after
+    accumulation and the ranks' mean, with the batch whose rows it used (a step may use part of ``batch``); it raises
+    NotApplicable for a split the trainer does not allow."""
+
+    algorithm: str
+    call: str
+    knob: str
+    step: Callable
+    reference: Convention
+    note: str = ""
+    tolerance: float = TOLERANCE
+    batches: Callable | None = None
+
+
+def step_batch(seed: int, family: str = "mixed", rows: int = STEP_ROWS) -> Batch:
+    """A step-level batch: ``rows`` responses in groups of STEP_GROUP, one advantage per response, contiguous
+    response masks of mixed lengths (the shortest has 1 token, the longest STEP_WIDTH), typical ratios."""
+    if family not in STEP_FAMILIES:
+        raise ValueError(f"family: unknown step-level family {family!r}; expected one of {', '.join(STEP_FAMILIES)}")
+    rng = np.random.default_rng(30_000 + seed)
+    case = make_case(seed, prompts=rows // STEP_GROUP, group_size=STEP_GROUP, length=STEP_WIDTH, extreme=False,
+                     small_q=False, seq_adv=True)
+    lens = rng.integers(1, STEP_WIDTH + 1, size=rows)
+    lens[rng.choice(rows, 2, replace=False)] = (1, STEP_WIDTH)
+    if family == "masked_rows":
+        lens[rng.choice(rows, 2 * rows // STEP_ROWS, replace=False)] = 0
+    mask = (np.arange(STEP_WIDTH)[None, :] < lens[:, None]).astype(float)
+    return Batch(case.logp, case.old_logp, case.adv, mask, case.ref_logp, STEP_GROUP)
+
+
+def shards(n_rows: int, micro: int | None, ranks: int) -> list[list[np.ndarray]]:
+    """Row indices per data-parallel rank (contiguous blocks, as a dispatcher chunks a batch) and, within each,
+    per micro-batch of ``micro`` rows (None: the rank's whole share in one micro-batch)."""
+    if ranks < 1 or n_rows % ranks:
+        raise ValueError(f"ranks: expected a positive divisor of the batch's {n_rows} rows, got {ranks!r}")
+    per = n_rows // ranks
+    size = per if micro is None else micro
+    if size < 1 or per % size:
+        raise ValueError(f"micro: expected a positive divisor of the {per} rows per rank, got {micro!r}")
+    return [[np.arange(r * per + k * size, r * per + (k + 1) * size) for k in range(per // size)]
+            for r in range(ranks)]

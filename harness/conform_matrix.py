@@ -10,6 +10,7 @@ from pathlib import Path
 from spec.records import write_text
 
 from .conform import conform, diff_anchor, verdict, write_report
+from .conform_step import findings_page, step_command, step_targets
 from .targets import BUILTIN
 
 RANK = {"agrees": 0, "no reference": 1, "differs": 2, "error": 3}
@@ -93,16 +94,24 @@ def write_matrix(folder: str | Path, step: str | None = None) -> Path:
     return folder / "README.md"
 
 
-def conform_all(out: str | Path, seeds: int = 30) -> Path:
+def conform_all(out: str | Path, seeds: int | None = None) -> Path:
     """Every built-in target whose environment is here (the others are named, with the make target that builds
-    them), each report written to ``out``, then the matrix ``out/README.md``."""
+    them) at loss level, the trainers of ``--level step``, each report written to ``out``, then the matrix
+    ``out/README.md`` with the step-level findings."""
     for name in BUILTIN:
         try:
-            report = conform(name, seeds=seeds)
+            report = conform(name, seeds=seeds or 30)
         except ValueError as exc:
             print(f"{name}: skipped ({exc})")
             continue
         write_report(report, out)
         print(f"{name}: " + ", ".join(f"{s} {sum(r['status'] == s for r in report['rows'])}"
                                       for s in ("agrees", "differs", "no reference", "error")))
-    return write_matrix(out)
+    for name in step_targets():
+        try:
+            step_command(name, out=out, seeds=seeds or 5)
+        except ValueError as exc:
+            print(f"{name} --level step: skipped ({exc})")
+    step = Path(out) / "step"
+    return write_matrix(out, findings_page(step).replace("# Step-level", "## Step-level", 1)
+                        if step.is_dir() else None)
