@@ -10,7 +10,8 @@ import torch
 import gpu
 import spec
 from gpu.aggregation import agg_weights
-from spec.registry import AGG_MODES, PARTS, get_algorithm
+from spec.contract import resolve_hparams
+from spec.registry import AGG_MODES, PARTS, RELEASED, get_algorithm
 
 from ..conform_cases import Convention
 
@@ -28,8 +29,25 @@ def label(name: str, hp: dict) -> str:
     agg = hp.get("agg", defaults.get("agg"))
     shown = {k: v for k, v in hp.items() if (k != "max_len" and (k == "agg" or v != defaults.get(k)))
              or (k == "max_len" and agg == "seq_mean_token_sum_norm")}
-    return name + ("[" + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+    text = name + ("[" + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in sorted(shown.items())) + "]" if shown else "")
+    return f"{RELEASED[name]['label']} ({text})" if is_released(name, hp) else text
+
+
+def is_released(name: str, hp: dict) -> bool:
+    """Whether ``hp`` is the setting of ``name``'s released code (registry RELEASED), defaults resolved."""
+    if name not in RELEASED:
+        return False
+    strip = lambda h: {k: v for k, v in h.items() if k != "max_len"}  # noqa: E731
+    try:
+        return strip(resolve_hparams(name, strip(hp))) == strip(resolve_hparams(name, dict(RELEASED[name]["hp"])))
+    except ValueError:
+        return False
+
+
+def released(name: str) -> list:
+    """The convention of ``name``'s released code, if the registry names one."""
+    return [policy(name, **RELEASED[name]["hp"])] if name in RELEASED else []
 
 
 def _hp(name, hp, batch):
