@@ -124,8 +124,8 @@ def kl(kind: str) -> Convention:
 
 def group_advantage(kind: str = "grpo", unbiased: bool = PARTS["grpo_advantage"]["unbiased"],
                     eps: float = PARTS["grpo_advantage"]["eps"]) -> Convention:
-    """GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2) or Dr.GRPO R - mean (2503.20783 Eq. 3) per group,
-    broadcast over each row's unmasked tokens; a lone response (G = 1) has R - mean = 0."""
+    """GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2), Dr.GRPO R - mean (2503.20783 Eq. 3) or RLOO
+    R - mean of the others (2402.14740 Sec. 3) per group, broadcast over each row's unmasked tokens; a lone response (G = 1) has R - mean = 0."""
     def fn(b):
         r = t64(b.rewards)
         g = b.group_size
@@ -134,8 +134,22 @@ def group_advantage(kind: str = "grpo", unbiased: bool = PARTS["grpo_advantage"]
         else:
             adv = gpu.group_advantages(r, g, kind=kind, unbiased=unbiased, eps=eps)
         return adv.numpy()[:, None] * b.mask, None
-    name = "grpo_advantage" if kind == "grpo" else "dr_grpo_advantage"
+    name = f"{kind}_advantage"
     return Convention(f"{name}[unbiased={unbiased}]" if kind == "grpo" else name, fn)
+
+
+def sequence_sum_ratio(eps_low: float, eps_high: float) -> Convention:
+    """A variant: PPO-clip (1707.06347 Eq. 7) on the sequence ratio exp(sum_t log r_t), averaged over every row,
+    empty ones included; GSPO (2507.18071 Eq. 7) divides the summed log-ratio by |o_i| instead."""
+    def fn(b):
+        logp = t64(b.logp, grad=True)
+        r = torch.exp(((logp - t64(b.old_logp)) * t64(b.mask)).sum(1))
+        adv = t64(b.adv[:, 0] if b.adv.size else np.zeros(len(b.mask)))
+        loss = -torch.min(r * adv, torch.clamp(r, 1 - eps_low, 1 + eps_high) * adv).mean()
+        loss.backward()
+        return float(loss.detach()), logp.grad.numpy()
+    return Convention(f"PPO-clip on exp(sum_t log r_t) [eps {eps_low:g}/{eps_high:g}], mean over all rows", fn,
+                      named=False)
 
 
 def gae(part: str, gamma: float, lam: float, whiten: bool = False) -> Convention:
