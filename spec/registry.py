@@ -147,9 +147,9 @@ RELEASED: Mapping[str, Mapping[str, object]] = MappingProxyType({
     "dcpo": MappingProxyType({
         "label": "DCPO's released code",
         "hp": MappingProxyType(dcpo_released_hparams(10.0)),
-        "sas_unbiased": True,  # its SAS divides by the unbiased per-step std (the reference: the population std)
-        "source": "lime-RL/DCPO (a verl fork), its DCPO script: clip_type='dynamic', clip_ratio_c 10, SAS on, "
-                  "loss_agg_mode only-token-mean"}),
+        "source": "lime-RL/DCPO (a verl fork), its DCPO script: clip_type='dynamic', clip_ratio_c 10, "
+                  "loss_agg_mode only-token-mean, SAS on with the unbiased per-step std (the reference's SAS, "
+                  "gpu.SmoothAdvantage, uses the population std)"}),
 })
 
 

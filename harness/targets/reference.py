@@ -125,7 +125,8 @@ def kl(kind: str) -> Convention:
 def group_advantage(kind: str = "grpo", unbiased: bool = PARTS["grpo_advantage"]["unbiased"],
                     eps: float = PARTS["grpo_advantage"]["eps"]) -> Convention:
     """GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2), Dr.GRPO R - mean (2503.20783 Eq. 3) or RLOO
-    R - mean of the others (2402.14740 Sec. 3) per group, broadcast over each row's unmasked tokens; a lone response (G = 1) has R - mean = 0."""
+    R - mean of the others (2402.14740 Sec. 3) per group, broadcast over each row's unmasked tokens; a lone
+    response (G = 1) has R - mean = 0."""
     def fn(b):
         r = t64(b.rewards)
         g = b.group_size
