@@ -56,7 +56,8 @@ class _Rewards:
         self.values: list = []
 
     def __call__(self, completions, **kwargs):
-        assert len(completions) == len(self.values)
+        if len(completions) != len(self.values):
+            raise ValueError(f"completions: expected {len(self.values)} (one per reward set), got {len(completions)}")
         return list(self.values)
 
 
@@ -122,8 +123,8 @@ class Target:
 
     def checks(self) -> list[Check]:
         out = []
-        for eps, cfg in ((0.2, {}), (0.28, {"epsilon_high": 0.28})):
-            eh = 0.28 if cfg else 0.2
+        for eh in (0.2, 0.28):
+            cfg = {} if eh == 0.2 else {"epsilon_high": eh}
             cands = [ref.sequence_sum_ratio(0.2, e) for e in (0.2, 0.28)]
             cands += ref.policy_grid(["gspo", "grpo"], {"beta": 0.0, "eps_low": 0.2, "eps_high": eh},
                                      {"agg": ["seq_mean_token_sum", "seq_mean_token_mean", "token_mean"]},
