@@ -84,3 +84,15 @@ def test_two_processes_give_the_gradient_of_one(tmp_path):
     for run in runs:  # TRL's log-probs are float32: agreement to float32 rounding, relative to the whole gradient
         a, b = (torch.cat([g.flatten() for g in grads[run].values()]) for grads in (one, two))
         assert float(a.norm()) > 0 and float((a - b).norm() / a.norm()) < 1e-5, (run, float((a - b).norm() / a.norm()))
+
+
+def test_each_process_is_weighted_by_its_share_of_units(plugin):
+    """P * u_p / sum_q u_q, with the other process's units given by a stand-in for accelerate's reduce."""
+    from types import SimpleNamespace
+    mask = torch.tensor([[1.0, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])  # 7 tokens, 2 rows, 1 group of 2 here
+    cases = [("token_mean", None, 3.0, 2 * 7 / 10), ("seq_mean_token_mean", None, 1.0, 2 * 2 / 3),
+             ("group_token_mean", 2, 1.0, 1.0)]  # (mode, G, the other process's units, the share)
+    for agg, group_size, other, share in cases:
+        acc = SimpleNamespace(num_processes=2, reduce=lambda t, reduction, o=other: t + o)
+        got = plugin.CliplabGRPOTrainer._process_share(SimpleNamespace(accelerator=acc), mask, agg, group_size)
+        assert float(got) == pytest.approx(share)

@@ -1,7 +1,8 @@
 """The verl plug-in through verl 0.9.1's own actor update on the CPU: the FSDP2 engine's ``forward_backward_batch``
 (what ``TrainingWorker.train_batch`` runs through ``engine.train_batch``, before the optimizer step) with verl's
-``ppo_loss`` and a cliplab loss mode, in one gloo process (tests/verl_actor_worker.py); its gradient equals autograd
-through the same model and gpu.policy_loss on the same batch.
+``ppo_loss`` and a cliplab loss mode, in one gloo process (tests/verl_actor_worker.py), the batch of 4 responses in
+two micro-batches of 7 and 5 tokens; the accumulated gradient equals autograd through the same model and
+gpu.policy_loss on the whole batch.
 
 verl 0.9.1 stops without a GPU here, and the worker gets past each stop as follows:
 1. verl/plugin/platform/platform_manager.py:_detect_platform_name falls back to 'nvidia' (verl has no CPU
@@ -64,7 +65,8 @@ def test_verls_actor_engine_gives_cliplabs_gradient(tmp_path, loss_mode, clip, a
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     verl = torch.load(tmp_path / f"{loss_mode}.pt")
     loss, logp, want = reference_grads(algorithm, eps_low=clip[0], eps_high=clip[1], **hp)
-    assert torch.allclose(verl["logp"], logp, atol=1e-5) and verl["loss"] == pytest.approx(loss, rel=1e-5)
+    assert torch.allclose(torch.cat(verl["logp"]), logp, atol=1e-5)
+    assert verl["loss"] == pytest.approx(loss, rel=1e-5)  # the micro-batches' losses add up to the batch's
     got = verl["grads"]
     assert set(got) == set(want)
     a = torch.cat([want[n].flatten() for n in sorted(want)])

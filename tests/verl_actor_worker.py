@@ -1,5 +1,5 @@
 """verl 0.9.1's FSDP2 actor engine on the CPU, one process (gloo): ``forward_backward_batch`` with verl's
-``ppo_loss`` and a cliplab loss mode on a fixed batch, the gradient saved to OUT/NAME.pt. What verl needs to get this
+``ppo_loss`` and a cliplab loss mode on a fixed batch in two micro-batches, the gradient saved to OUT/NAME.pt. What verl needs to get this
 far without a GPU is set up here and listed in tests/test_verl_actor_cpu.py.
 
 Usage: python tests/verl_actor_worker.py OUT LOSS_MODE CLIP_LOW CLIP_HIGH"""
@@ -12,11 +12,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-B, W, LENGTHS, PROMPT = 4, 6, (6, 1, 4, 3), (1, 2, 3)
+B, MICRO, W, LENGTHS, PROMPT = 4, 2, 6, (6, 1, 2, 3), (1, 2, 3)  # two micro-batches of one group: 7 and 5 tokens
 
 
 def batch():
-    """Responses of 6, 1, 4 and 3 tokens; one advantage per response; old log-probs near the tiny model's."""
+    """Responses of 6, 1, 2 and 3 tokens; one advantage per response; old log-probs near the tiny model's."""
     rng = np.random.default_rng(0)
     responses = torch.as_tensor(rng.integers(4, 60, (B, W)))
     mask = torch.as_tensor([[1] * n + [0] * (W - n) for n in LENGTHS])
@@ -104,7 +104,7 @@ def main(out: str, loss_mode: str, low: str, high: str):
         engine_config=FSDPEngineConfig(strategy="fsdp2", model_dtype="fp32", dtype="float32", use_torch_compile=False,
                                        mixed_precision=dict.fromkeys(("param_dtype", "reduce_dtype", "buffer_dtype"),
                                                                      "fp32"),  # verl's default computes in bf16
-                                       use_dynamic_bsz=False, micro_batch_size_per_gpu=B),
+                                       use_dynamic_bsz=False, micro_batch_size_per_gpu=MICRO),
         optimizer_config=FSDPOptimizerConfig(lr=1.0, optimizer="SGD"), checkpoint_config=CheckpointConfig())
     engine.initialize()
 
@@ -117,21 +117,21 @@ def main(out: str, loss_mode: str, low: str, high: str):
         meta_info={"temperature": 1.0})
     td = left_right_2_no_padding(data.to_tensordict())  # as RayPPOTrainer._update_actor converts the batch
     tu.assign_non_tensor(td, calculate_entropy=False, global_batch_size=B, use_remove_padding=True,
-                         use_dynamic_bsz=False, micro_batch_size_per_gpu=B, max_token_len_per_gpu=None,
+                         use_dynamic_bsz=False, micro_batch_size_per_gpu=MICRO, max_token_len_per_gpu=None,
                          use_fused_kernels=False)  # what TrainingWorker.train_batch injects
-    config = ActorConfig(strategy="fsdp2", rollout_n=2, ppo_mini_batch_size=B, ppo_micro_batch_size_per_gpu=B,
+    config = ActorConfig(strategy="fsdp2", rollout_n=2, ppo_mini_batch_size=B, ppo_micro_batch_size_per_gpu=MICRO,
                          clip_ratio_low=float(low), clip_ratio_high=float(high), entropy_coeff=0.0,
                          use_kl_loss=False, policy_loss={"loss_mode": loss_mode})
     seen = {}
 
     def loss_fn(model_output, data, dp_group=None):  # verl's ppo_loss, keeping the log-probs and loss it saw
-        seen["logp"] = no_padding_2_padding(model_output["log_probs"], data).detach().clone()
+        seen.setdefault("logp", []).append(no_padding_2_padding(model_output["log_probs"], data).detach().clone())
         loss, metrics = ppo_loss(config, model_output, data, dp_group)
-        seen["loss"] = float(loss.detach())
+        seen["loss"] = seen.get("loss", 0.0) + float(loss.detach())  # each micro-batch's loss is scaled to the batch
         return loss, metrics
     with engine.train_mode():  # the gradients are zeroed when the context exits
         engine.optimizer_zero_grad()
-        output = engine.forward_backward_batch(td, loss_fn, forward_only=False)
+        engine.forward_backward_batch(td, loss_fn, forward_only=False)
         grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
                  for name, p in engine.module.named_parameters()}
     torch.save({"grads": grads, **seen}, os.path.join(out, f"{loss_mode}.pt"))
