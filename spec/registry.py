@@ -135,6 +135,24 @@ PARTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
                                                       "masked IS); verl rollout_correction"}),
 })
 
+def dcpo_released_hparams(clip_ratio_c: float = 10.0) -> dict:
+    """lime-RL/DCPO's loss settings for its ``clip_ratio_c``: eps 0.2 / 0.28, upper bound capped at
+    max(clip_ratio_c, 10), dual clip c = clip_ratio_c for A < 0, only-token-mean = a token mean over the batch."""
+    return {"eps_low": 0.2, "eps_high": 0.28, "r_max": max(float(clip_ratio_c), 10.0),
+            "dual_clip": float(clip_ratio_c), "agg": "token_mean"}
+
+
+#: Algorithms as their authors' released code runs them: a named convention apart from the paper's defaults.
+RELEASED: Mapping[str, Mapping[str, object]] = MappingProxyType({
+    "dcpo": MappingProxyType({
+        "label": "DCPO's released code",
+        "hp": MappingProxyType(dcpo_released_hparams(10.0)),
+        "source": "lime-RL/DCPO (a verl fork), its DCPO script: clip_type='dynamic', clip_ratio_c 10, "
+                  "loss_agg_mode only-token-mean, SAS on with the unbiased per-step std (the reference's SAS, "
+                  "gpu.SmoothAdvantage, uses the population std)"}),
+})
+
+
 #: Advantage estimators the training loops offer, by the name algorithms give in ``Algorithm.advantage``.
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "gpg", "sas", "gae", "reinforce_pp", "reinforce_pp_baseline")
 

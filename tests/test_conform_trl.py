@@ -113,3 +113,50 @@ def test_the_engine_reports_the_empty_row_convention():
     assert row["status"] == "differs"
     assert any("empty rows counted" in m for m in row["matches"])
     assert 0 in [sum(r) for r in row["minimal"]["input"]["mask"]]  # the minimal input has an empty completion
+
+
+# RLOOTrainer (the trl_rloo target)
+
+def rloo(log_ratio, adv, mask, **config):
+    """RLOOTrainer's loss and d loss / d per-token log-prob on a batch given by its log-ratios."""
+    from harness.targets.trl_rloo import loss_run, rloo_trainer
+    key = ("rloo",) + tuple(sorted(config.items()))
+    if key not in TRAINERS:
+        TRAINERS[key] = rloo_trainer(**config)
+    mask = np.array(mask, float)
+    adv = np.repeat(np.array(adv, float)[:, None], mask.shape[1], 1)
+    ids = np.arange(mask.size).reshape(mask.shape) % 50 + 4
+    b = Batch(np.zeros_like(mask), -np.array(log_ratio, float), adv, mask, np.zeros_like(mask), 1, {"ids": ids})
+    loss, grad, _ = loss_run(TRAINERS[key])(b)
+    return loss, grad
+
+
+def test_rloo_clips_the_summed_sequence_log_ratio():
+    # two tokens with log r = 0.1 each, A = 1: the sequence ratio is e^0.2 = 1.221 > 1.2, clipped: loss -1.2, no
+    # gradient; GSPO's length-normalised ratio e^0.1 = 1.105 would not be clipped
+    loss, grad = rloo([[0.1, 0.1]], [1.0], [[1, 1]])
+    assert loss == pytest.approx(-1.2, rel=1e-6) and np.abs(grad).max() == 0.0
+    gspo = exact("gspo", Batch(np.array([[0.1, 0.1]]), np.zeros((1, 2)), np.ones((1, 2)), np.ones((1, 2)),
+                               np.zeros((1, 2)), 1), eps_low=0.2, eps_high=0.2)
+    assert gspo[0] == pytest.approx(-np.exp(0.1))
+    loss, grad = rloo([[0.1, 0.1]], [1.0], [[1, 1]], epsilon_high=0.28)  # inside 1.28: r A, gradient r A per token
+    assert loss == pytest.approx(-np.exp(0.2), rel=1e-6) and grad == pytest.approx(-np.exp(0.2) * np.ones((1, 2)))
+
+
+def test_rloo_on_policy_is_reinforce_summed_over_tokens_and_averaged_over_every_row():
+    # on-policy, A = (2, -1, 1) with the third completion empty: the gradient is -A_i / 3 on each token of row i
+    # (REINFORCE on the sequence log-prob, 2402.14740 Sec. 3); the empty row adds -A_3 / 3 to the loss value
+    loss, grad = rloo(np.zeros((3, 2)), [2.0, -1.0, 1.0], [[1, 1], [1, 0], [0, 0]])
+    assert grad == pytest.approx(np.array([[-2 / 3, -2 / 3], [1 / 3, 0.0], [0.0, 0.0]]), rel=1e-6)
+    assert loss == pytest.approx(-(2.0 - 1.0 + 1.0) / 3, rel=1e-6)
+
+
+def test_rloo_advantage_is_the_leave_one_out_baseline():
+    from harness.targets.trl_rloo import advantage_run
+    # rewards (1, 0, 0) in one group of 3: R_i - mean of the other two = (1, -0.5, -0.5)
+    mask = np.ones((3, 2))
+    adv = np.array([[1.0, 1], [0, 0], [0, 0]])
+    got, _, _ = advantage_run(Batch(np.zeros((3, 2)), np.zeros((3, 2)), adv, mask, np.zeros((3, 2)), 3,
+                                    {"ids": np.full((3, 2), 5)}))
+    assert got[:, 0] == pytest.approx([1.0, -0.5, -0.5], rel=1e-6)
+    assert got[:, 0] == pytest.approx(np.asarray(spec.group_advantages([1.0, 0, 0], 3, kind="rloo"), float))

@@ -58,3 +58,41 @@ def test_bad_settings_fail_before_a_model_is_built(plugin):
         plugin.CliplabGRPOTrainer(algorithm="dapo", hparams={"agg": "sum"})
     with pytest.raises(ValueError, match="beta > 0 needs reference log-probs"):
         make_trainer(plugin.CliplabGRPOTrainer, {"algorithm": "grpo", "hparams": {"beta": 0.04}})
+
+
+def test_two_processes_give_the_gradient_of_one(tmp_path):
+    """``accelerate launch`` with 2 CPU processes (gloo DDP): after one backward on a global batch whose halves hold
+    7 and 3 tokens (and 2 and 1 non-empty completions), the averaged gradient equals one process's on the whole
+    batch, for a token mean, a mean over sequences and both group means (tests/trl_ddp_worker.py)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parent.parent
+    runs = ["dapo:token_mean", "grpo", "dapo", "dcpo"]
+    env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    worker = str(repo / "tests" / "trl_ddp_worker.py")
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+              str(29500 + os.getpid() % 1000), worker, str(tmp_path), "two", *runs]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for cmd in (launch, [sys.executable, worker, str(tmp_path), "one", *runs])]
+    for p in procs:
+        out = p.communicate(timeout=300)[0]
+        assert p.returncode == 0, out[-3000:]
+    one, two = (torch.load(tmp_path / f"{name}.pt") for name in ("one", "two"))
+    for run in runs:  # TRL's log-probs are float32: agreement to float32 rounding, relative to the whole gradient
+        a, b = (torch.cat([g.flatten() for g in grads[run].values()]) for grads in (one, two))
+        assert float(a.norm()) > 0 and float((a - b).norm() / a.norm()) < 1e-5, (run, float((a - b).norm() / a.norm()))
+
+
+def test_each_process_is_weighted_by_its_share_of_units(plugin):
+    """P * u_p / sum_q u_q, with the other process's units given by a stand-in for accelerate's reduce."""
+    from types import SimpleNamespace
+    mask = torch.tensor([[1.0, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])  # 7 tokens, 2 rows, 1 group of 2 here
+    cases = [("token_mean", None, 3.0, 2 * 7 / 10), ("seq_mean_token_mean", None, 1.0, 2 * 2 / 3),
+             ("group_token_mean", 2, 1.0, 1.0)]  # (mode, G, the other process's units, the share)
+    for agg, group_size, other, share in cases:
+        acc = SimpleNamespace(num_processes=2, reduce=lambda t, reduction, o=other: t + o)
+        got = plugin.CliplabGRPOTrainer._process_share(SimpleNamespace(accelerator=acc), mask, agg, group_size)
+        assert float(got) == pytest.approx(share)

@@ -6,7 +6,11 @@
 Generation, rewards and TRL's advantages are TRL's; the loss is cliplab's. G is ``num_generations`` (each
 micro-batch must hold whole groups for the group aggregations); Dr.GRPO's L is ``max_completion_length``; a KL
 term is added only when ``hparams`` sets ``beta`` (cliplab's k-estimators, inside the token sum). Logged per step:
-``clip_ratio/region_mean`` (cliplab's clip_frac), ``entropy``, ``cliplab/rur`` and ``kl``."""
+``clip_ratio/region_mean`` (cliplab's clip_frac), ``entropy``, ``cliplab/rur`` and ``kl``.
+
+Across processes (DDP averages gradients) each process's loss is weighted by its share of the aggregation's units
+(tokens, non-empty rows or groups), so the gradient equals one process's on the global batch; micro-batches of
+one step under gradient accumulation are still weighted equally."""
 from __future__ import annotations
 
 import torch
@@ -15,6 +19,7 @@ from trl import GRPOTrainer
 from spec.contract import resolve_hparams
 from spec.registry import GROUP_AGG_MODES, get_algorithm
 
+from ..aggregation import agg_units
 from ..losses import policy_loss
 
 
@@ -49,6 +54,7 @@ class CliplabGRPOTrainer(GRPOTrainer):
         loss, stats = policy_loss(self.cliplab_algorithm, logps, old, inputs["advantages"], mask.to(logps.dtype),
                                   group_size=group_size, ref_logp=inputs.get("ref_per_token_logps"),
                                   **self.cliplab_hparams)
+        loss = loss * self._process_share(mask.to(logps.dtype), agg, group_size)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["clip_ratio/region_mean"].append(stats["clip_frac"])
         self._metrics[mode]["entropy"].append(float((entropies.detach() * mask).sum() / mask.sum().clamp(min=1)))
@@ -59,3 +65,11 @@ class CliplabGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["kl"].append(stats["kl_mean"])
         return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
 
+    def _process_share(self, mask, agg, group_size):
+        """P * u_p / sum_q u_q: DDP's mean over P processes of these weighted losses is the mean over all units."""
+        procs = self.accelerator.num_processes
+        if procs == 1:
+            return 1.0
+        units = agg_units(mask, agg, group_size)
+        total = self.accelerator.reduce(units.detach().clone(), reduction="sum")
+        return procs * units / total.clamp(min=1.0)

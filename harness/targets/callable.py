@@ -151,6 +151,7 @@ class CallableTarget:
             conv = ref.policy(self.algorithm, **self.hp)
             cands = ref.policy_grid([self.algorithm], self.hp, {"agg": aggs, "dual_clip": [None, 3.0]},
                                     rows_counted=True, exclude=(self.algorithm, self.hp))
+            cands += [c for c in ref.released(self.algorithm) if not ref.is_released(self.algorithm, self.hp)]
         others = [a for a in POLICY_ALGORITHMS if a != self.algorithm]
         cands += ref.policy_grid(others, {"beta": 0.0}, {"agg": aggs})
         return [Check(self.algorithm or "unknown", self.name, ", ".join(f"{k}={v}" for k, v in self.hp.items())

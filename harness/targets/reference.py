@@ -10,7 +10,8 @@ import torch
 import gpu
 import spec
 from gpu.aggregation import agg_weights
-from spec.registry import AGG_MODES, GROUP_AGG_MODES, PARTS, get_algorithm
+from spec.contract import resolve_hparams
+from spec.registry import AGG_MODES, GROUP_AGG_MODES, PARTS, RELEASED, get_algorithm
 
 from ..conform_cases import Convention
 
@@ -28,8 +29,25 @@ def label(name: str, hp: dict) -> str:
     agg = hp.get("agg", defaults.get("agg"))
     shown = {k: v for k, v in hp.items() if (k != "max_len" and (k == "agg" or v != defaults.get(k)))
              or (k == "max_len" and agg == "seq_mean_token_sum_norm")}
-    return name + ("[" + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+    text = name + ("[" + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in sorted(shown.items())) + "]" if shown else "")
+    return f"{RELEASED[name]['label']} ({text})" if is_released(name, hp) else text
+
+
+def is_released(name: str, hp: dict) -> bool:
+    """Whether ``hp`` is the setting of ``name``'s released code (registry RELEASED), defaults resolved."""
+    if name not in RELEASED:
+        return False
+    strip = lambda h: {k: v for k, v in h.items() if k != "max_len"}  # noqa: E731
+    try:
+        return strip(resolve_hparams(name, strip(hp))) == strip(resolve_hparams(name, dict(RELEASED[name]["hp"])))
+    except ValueError:
+        return False
+
+
+def released(name: str) -> list:
+    """The convention of ``name``'s released code, if the registry names one."""
+    return [policy(name, **RELEASED[name]["hp"])] if name in RELEASED else []
 
 
 def _hp(name, hp, batch):
@@ -110,8 +128,9 @@ def kl(kind: str) -> Convention:
 
 def group_advantage(kind: str = "grpo", unbiased: bool = PARTS["grpo_advantage"]["unbiased"],
                     eps: float = PARTS["grpo_advantage"]["eps"]) -> Convention:
-    """GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2) or Dr.GRPO R - mean (2503.20783 Eq. 3) per group,
-    broadcast over each row's unmasked tokens; a lone response (G = 1) has R - mean = 0."""
+    """GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2), Dr.GRPO R - mean (2503.20783 Eq. 3) or RLOO
+    R - mean of the others (2402.14740 Sec. 3) per group, broadcast over each row's unmasked tokens; a lone
+    response (G = 1) has R - mean = 0."""
     def fn(b):
         r = t64(b.rewards)
         g = b.group_size
@@ -130,6 +149,20 @@ def reinforce_pp(gamma: float = PARTS["reinforce_pp"]["gamma"]) -> Convention:
     def fn(b):
         return gpu.reinforce_pp_advantages(t64(b.rewards), t64(b.mask), gamma=gamma).numpy() * b.mask, None
     return Convention(f"reinforce_pp[gamma={gamma:g}]", fn)
+
+
+def sequence_sum_ratio(eps_low: float, eps_high: float) -> Convention:
+    """A variant: PPO-clip (1707.06347 Eq. 7) on the sequence ratio exp(sum_t log r_t), averaged over every row,
+    empty ones included; GSPO (2507.18071 Eq. 7) divides the summed log-ratio by |o_i| instead."""
+    def fn(b):
+        logp = t64(b.logp, grad=True)
+        r = torch.exp(((logp - t64(b.old_logp)) * t64(b.mask)).sum(1))
+        adv = t64(b.adv[:, 0] if b.adv.size else np.zeros(len(b.mask)))
+        loss = -torch.min(r * adv, torch.clamp(r, 1 - eps_low, 1 + eps_high) * adv).mean()
+        loss.backward()
+        return float(loss.detach()), logp.grad.numpy()
+    return Convention(f"PPO-clip on exp(sum_t log r_t) [eps {eps_low:g}/{eps_high:g}], mean over all rows", fn,
+                      named=False)
 
 
 def gae(part: str, gamma: float, lam: float, whiten: bool = False) -> Convention:

@@ -69,24 +69,27 @@ def tiny_dataset(n: int = 4):
     return Dataset.from_dict({"prompt": [" ".join(f"t{i}" for i in PROMPT)] * n})
 
 
-def grpo_args(trl, **kw):
-    """A GRPOConfig for CPU, no logging or saving, 2 responses per prompt, completions of at most 8 tokens."""
+def grpo_args(trl, config_cls=None, **kw):
+    """A GRPOConfig (or ``config_cls``, e.g. RLOOConfig) for CPU, no logging or saving, 2 responses per prompt,
+    completions of at most 8 tokens."""
     base = dict(output_dir=tempfile.mkdtemp(prefix="cliplab-trl-"), per_device_train_batch_size=2,
                 num_generations=2, max_completion_length=MAX_COMPLETION, report_to=[], use_cpu=True, bf16=False,
                 save_strategy="no", logging_strategy="no")
-    return trl.GRPOConfig(**{**base, **kw})
+    return (config_cls or trl.GRPOConfig)(**{**base, **kw})
 
 
 def zero_reward(completions, **kwargs):
     return [0.0] * len(completions)
 
 
-def make_trainer(trainer_cls=None, trainer_kwargs=None, reward=zero_reward, freeze=True, **config):
-    """A GRPOTrainer (or subclass) on the tiny model; frozen, it is ready for ``_compute_loss`` outside
-    ``train()`` (the loss then depends on the per-token log-probs only, which is all conformance needs)."""
+def make_trainer(trainer_cls=None, trainer_kwargs=None, reward=zero_reward, freeze=True, config_cls=None,
+                 **config):
+    """A GRPOTrainer (or subclass, or RLOOTrainer with its config class) on the tiny model; frozen, it is ready for
+    ``_compute_loss`` outside ``train()`` (the loss then depends on the per-token log-probs only, which is all
+    conformance needs)."""
     trl = _import_trl()
     cls = trainer_cls or trl.GRPOTrainer
-    trainer = cls(model=tiny_model(), reward_funcs=reward, args=grpo_args(trl, **config),
+    trainer = cls(model=tiny_model(), reward_funcs=reward, args=grpo_args(trl, config_cls, **config),
                   train_dataset=tiny_dataset(), processing_class=tiny_tokenizer(), **(trainer_kwargs or {}))
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by train()
     if freeze:
