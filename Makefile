@@ -60,21 +60,22 @@ lock:
 
 # Conformance targets run in virtualenvs of their own (their pins conflict with cliplab's and with each other):
 # .venv-targets/NAME holds what harness/targets/envs/NAME.lock lists, installed without re-resolving, and reads
-# torch (and numpy) from the shared .venv-targets/torch through a .pth file, so torch is installed once.
+# torch and its dependencies, the very files of cliplab's venv, from .venv-targets/torch (a folder of links that
+# harness/targets/envs/link_torch.py makes) through a .pth file, so torch is installed once.
 # `make target-NAME` builds one; `make targets` builds all (make test does). A lock's pins are taken as they are
 # (--ignore-requires-python: skyrl 0.4.0's wheel asks for 3.12, the functions driven run on 3.11).
-TARGETS := $(basename $(notdir $(filter-out %/torch.lock,$(wildcard harness/targets/envs/*.lock))))
+TARGETS := $(basename $(notdir $(wildcard harness/targets/envs/*.lock)))
 TENVS := .venv-targets
 PURELIB := -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
-$(TENVS)/torch/.installed: harness/targets/envs/torch.lock
-	rm -rf $(TENVS)/torch && $(PYTHON) -m venv $(TENVS)/torch
-	$(TENVS)/torch/bin/python -m pip install -q --no-deps -r $<
+$(TENVS)/torch/.installed: $(STAMP) harness/targets/envs/link_torch.py
+	rm -rf $(TENVS)/torch
+	$(PY) harness/targets/envs/link_torch.py $(TENVS)/torch
 	touch $@
 
 $(TENVS)/%/.installed: harness/targets/envs/%.lock $(TENVS)/torch/.installed
 	rm -rf $(TENVS)/$* && $(PYTHON) -m venv $(TENVS)/$*
-	$(TENVS)/torch/bin/python $(PURELIB) > "$$($(TENVS)/$*/bin/python $(PURELIB))/_cliplab_torch_base.pth"
+	echo "$(abspath $(TENVS))/torch" > "$$($(TENVS)/$*/bin/python $(PURELIB))/_cliplab_torch_base.pth"
 	$(TENVS)/$*/bin/python -m pip install -q --no-deps --ignore-requires-python -r $<
 	touch $@
 
