@@ -15,6 +15,9 @@ from .unsloth import AGGS, far_ref_batch, grpo_check, loss_type_checks, row_adva
 
 VOCAB, HIDDEN = 32, 8
 TOLERANCE = 1e-4  # Liger computes log-probs and the loss in float32 whatever the input dtype
+BIAS_NOTE = ("With the reference log-probs 20 nats or more above the policy's, Liger's float32 gradient of the "
+             "bias-corrected term r * k3 is lost to cancellation: r * k3 and r * (1 - e^(ref - logp)) are each "
+             "about e^20 times larger than their sum, which float32 keeps to about 1e-7 of them.")
 
 
 @functools.lru_cache(maxsize=1)
@@ -102,4 +105,4 @@ class Target:
     def checks(self) -> list[Check]:
         defaults = self._check("dapo", "defaults (loss_type 'dapo', epsilon 0.2 / 0.2, beta 0.04)", {}, {},
                                {"agg": AGGS, "eps_high": [0.28, 0.2], "beta": [0.0, 0.04]})
-        return [defaults] + loss_type_checks(self._check)
+        return [defaults] + loss_type_checks(self._check, bias_note=BIAS_NOTE)
