@@ -1,7 +1,11 @@
 """Liger-Kernel's ``LigerFusedLinearGRPOLoss`` (compiled=False, torch only), driven out of process
 (``.venv-targets/liger``, ``workers/liger.py``) through a known output layer: fixed weight W [V, H], hidden states
 h [B, T, H] and token ids drawn per batch. The reference sees the log-probs log_softmax(h W^T)[id] computed here
-in float64; the gradient w.r.t. each token's log-prob is read back from Liger's gradient w.r.t. h."""
+in float64; the gradient w.r.t. each token's log-prob is read back from Liger's gradient w.r.t. h.
+
+The worker's op ``loss``: kw = LigerFusedLinearGRPOLoss's keywords (compiled=False always); arrays hidden [B, T, H],
+weight [V, H], ids [B, T] (int), mask, old_logp, ref_logp [B, T] and adv [B]. Reply {"loss": float,
+"grad_hidden": [B, T, H], "grad_weight": [V, H]}."""
 from __future__ import annotations
 
 import functools

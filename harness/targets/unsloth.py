@@ -1,6 +1,10 @@
 """Unsloth's GRPO loss, ``unsloth_zoo.rl_replacements.grpo_compute_loss``, for each loss_type it implements and
 importance_sampling_level, driven out of process (``.venv-targets/unsloth``, ``workers/unsloth.py``) on the
-generated batches' per-token log-probs; the gradient is d loss / d per-token log-prob."""
+generated batches' per-token log-probs; the gradient is d loss / d per-token log-prob.
+
+The worker's op ``loss``: kw = grpo_compute_loss's keywords plus ``beta`` (num_items_in_batch defaults to the
+batch's token count); arrays logp, old_logp, ref_logp, mask (float64 [B, T]) and adv ([B], one per response).
+Reply {"loss": float, "grad": [B, T] d loss / d logp}."""
 from __future__ import annotations
 
 import numpy as np
