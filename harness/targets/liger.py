@@ -104,7 +104,8 @@ class Target:
         call = "LigerFusedLinearGRPOLoss(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
         cases = layer_batch(far_ref_batch if far_ref else seq_batch)
         return grpo_check(name, call, knob, self.run(kw), ref_hp, grid, names, note, cases=cases,
-                          tolerance=self.tolerance)
+                          tolerance=self.tolerance, reads_more="; logp is the layer's log-prob of the drawn ids at "
+                          "the drawn hidden states, old_logp and ref_logp keep their offsets from it")
 
     def checks(self) -> list[Check]:
         defaults = self._check("dapo", "defaults (loss_type 'dapo', epsilon 0.2 / 0.2, beta 0.04)", {}, {},

@@ -76,13 +76,14 @@ class Target:
 
 
 def grpo_check(name, call, knob, run, ref_hp, grid, names=None, note="", far_ref=False, cases=None,
-               tolerance=None) -> Check:
+               tolerance=None, reads_more="") -> Check:
     """A check against registry algorithm ``name`` with ``ref_hp`` (Dr.GRPO's L = MAX_COMPLETION), candidates
     over ``grid`` (and with empty rows counted), on ``cases`` (default: one advantage per row; with ``far_ref``,
     far reference log-probs in the extreme family)."""
     hp = {"max_len": MAX_COMPLETION, **ref_hp}
     cands = ref.policy_grid(names or [name], hp, grid, rows_counted=True, exclude=(name, hp))
-    reads = "logp, old_logp, adv[:, 0] (one advantage per response), mask" + (", ref_logp" if hp.get("beta") else "")
+    reads = ("logp, old_logp, adv[:, 0] (one advantage per response), mask" + (", ref_logp" if hp.get("beta") else "")
+             + reads_more)
     return Check(name, call, knob, run, ref.policy(name, **hp), cands,
                  cases or (far_ref_batch if far_ref else seq_batch), exact=ref.exact_policy(name, **hp),
                  note=note, reads=reads, **({"tolerance": tolerance} if tolerance else {}))
