@@ -104,3 +104,26 @@ def test_sequence_level_with_the_dapo_loss_weights_sequences_by_length(worker):
     # GSPO Eq. 5: the mean over sequences of -s_i A_i, s_1 = e^1e-4, s_2 = 1; Liger weights each by its tokens
     assert exact("gspo", *case)[0] == pytest.approx((1 - np.exp(1e-4)) / 2)
     assert loss == pytest.approx((3 - np.exp(1e-4)) / 4, rel=1e-6)
+
+
+def test_the_log_prob_gradient_is_read_back_from_the_layer_gradients():
+    # gradients of sum(g * logp(h, W)) by autograd through log_softmax(h W^T): the target reads g back from them,
+    # and refuses a weight gradient that g does not imply
+    import torch
+
+    from harness.targets.liger import layer, logp_grad, output_weight, with_layer
+    from harness.targets.remote import TargetError
+    from harness.targets.unsloth import seq_batch
+    b = with_layer(seq_batch(3, "typical"), 3)
+    hidden, ids = b.extra["hidden"], b.extra["ids"]
+    g = np.random.default_rng(0).normal(size=ids.shape)
+    h = torch.tensor(hidden, requires_grad=True)
+    w = torch.tensor(output_weight(), requires_grad=True)
+    logp = torch.log_softmax(h @ w.T, -1).gather(-1, torch.as_tensor(ids)[..., None])[..., 0]
+    (torch.tensor(g) * logp).sum().backward()
+    out = {"grad_hidden": h.grad.numpy(), "grad_weight": w.grad.numpy()}
+    _, jac, probs = layer(hidden, ids)
+    assert logp_grad("liger", out, hidden, ids, jac, probs, 1e-9) == pytest.approx(g, rel=1e-9, abs=1e-12)
+    out["grad_weight"] = out["grad_weight"] * 1.01
+    with pytest.raises(TargetError, match="gradient w.r.t. the weight"):
+        logp_grad("liger", out, hidden, ids, jac, probs, 1e-4)

@@ -3,7 +3,8 @@ importance_sampling_level, driven out of process (``.venv-targets/unsloth``, ``w
 generated batches' per-token log-probs; the gradient is d loss / d per-token log-prob.
 
 The worker's op ``loss``: kw = grpo_compute_loss's keywords plus ``beta`` (num_items_in_batch defaults to the
-batch's token count); arrays logp, old_logp, ref_logp, mask (float64 [B, T]) and adv ([B], one per response).
+batch's token count); arrays logp, old_logp, ref_logp, mask (float64 [B, T]), adv ([B], one per response) and
+optionally rollout_logp (the rollout engine's log-probs, passed as sampling_per_token_logps).
 Reply {"loss": float, "grad": [B, T] d loss / d logp}."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from ..conform_cases import Batch, Check, batch_of
 from . import reference as ref
 from .remote import Worker, loss_and_grad
+from .verl import rollout_batch
 
 MAX_COMPLETION = 8  # max_completion_length passed to dr_grpo: Dr.GRPO's constant L
 AGGS = ["token_mean", "group_token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",
@@ -35,6 +37,13 @@ def row_advantages(b: Batch) -> np.ndarray:
 def seq_batch(seed: int, family: str) -> Batch:
     """A generated batch with one advantage per response."""
     return batch_of(seed, family, seq_adv=True)
+
+
+def rollout_seq_batch(seed: int, family: str) -> Batch:
+    """A generated batch with one advantage per response and the rollout engine's log-probs (verl's cases)."""
+    b = rollout_batch(seed, family)
+    b.adv = np.repeat(row_advantages(b)[:, None], b.mask.shape[1], 1)
+    return b
 
 
 def far_ref_batch(seed: int, family: str) -> Batch:
@@ -61,8 +70,9 @@ class Target:
 
     def run(self, kw: dict):
         def run(b: Batch):
+            rollout = {"rollout_logp": b.extra["rollout_logp"]} if "rollout_logp" in b.extra else {}
             out = self.worker.call("loss", kw, logp=b.logp, old_logp=b.old_logp, ref_logp=b.ref_logp,
-                                   adv=row_advantages(b), mask=b.mask)
+                                   adv=row_advantages(b), mask=b.mask, **rollout)
             value, grad = loss_and_grad(self.name, out, b.logp.shape)
             return value, grad, b
         return run
@@ -72,7 +82,29 @@ class Target:
         return grpo_check(name, call, knob, self.run(kw), ref_hp, grid, names, note, far_ref)
 
     def checks(self) -> list[Check]:
-        return loss_type_checks(self._check, kl_note=KL_NOTE)
+        return loss_type_checks(self._check, kl_note=KL_NOTE) + self.rollout_checks()
+
+    def rollout_checks(self) -> list[Check]:
+        """vLLM importance-sampling correction (use_vllm, vllm_importance_sampling_correction) by mode, on the bnpo
+        loss (a token mean, which the reference shares: the sequence means' empty-row difference stays apart)."""
+        on = {"loss_type": "bnpo", "beta": 0.0, "use_vllm": True, "vllm_importance_sampling_correction": True}
+        grid = {"agg": AGGS, "rollout_correction": ["tis", "mis", "seq_mis"]}
+        out = []
+        for knob, kw, hp in (
+                ("mode 'token_truncate', clip_max 2", {"vllm_importance_sampling_mode": "token_truncate",
+                                                       "vllm_importance_sampling_clip_max": 2.0},
+                 {"rollout_correction": "tis", "tis_cap": 2.0}),
+                ("mode 'token_mask', clip 0.5 / 5", {"vllm_importance_sampling_mode": "token_mask",
+                                                     "vllm_importance_sampling_clip_min": 0.5,
+                                                     "vllm_importance_sampling_clip_max": 5.0},
+                 {"rollout_correction": "mis"}),
+                ("Unsloth's defaults: mode 'sequence_mask', clip_max 3, no clip_min", {},
+                 {"rollout_correction": "seq_mis", "mis_low": 0.0, "mis_high": 3.0})):
+            call = "grpo_compute_loss(" + ", ".join(f"{k}={v!r}" for k, v in {**on, **kw}.items()) + ")"
+            out.append(grpo_check("grpo", call, "vLLM importance sampling, " + knob, self.run({**on, **kw}),
+                                  {"beta": 0.0, "agg": "token_mean", **hp}, grid, cases=rollout_seq_batch,
+                                  reads_more=", rollout_logp (the rollout engine's log-probs)"))
+        return out
 
 
 def grpo_check(name, call, knob, run, ref_hp, grid, names=None, note="", far_ref=False, cases=None,

@@ -25,15 +25,17 @@ _bare_package("unsloth_zoo.temporary_patches")
 from unsloth_zoo.rl_replacements import grpo_compute_loss  # noqa: E402
 
 
-def loss(kw: dict, logp, old_logp, ref_logp, adv, mask) -> dict:
-    """``grpo_compute_loss(ref, new, old, None, input_ids, mask, beta, advantages, **kw)`` as Unsloth's GRPO
-    trainer calls it for one micro-batch (advantages one per row; num_items_in_batch the batch's token count)."""
+def loss(kw: dict, logp, old_logp, ref_logp, adv, mask, rollout_logp=None) -> dict:
+    """``grpo_compute_loss(ref, new, old, sampling_per_token_logps, input_ids, mask, beta, advantages, **kw)`` as
+    Unsloth's GRPO trainer calls it for one micro-batch (advantages one per row; num_items_in_batch the batch's
+    token count; sampling_per_token_logps the rollout engine's log-probs, when given)."""
     new = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
     mask_t = torch.tensor(mask, dtype=torch.float64)
     kw = {"num_items_in_batch": mask_t.sum(), **kw}
     beta = kw.pop("beta", 0.0)
     out = grpo_compute_loss(torch.tensor(ref_logp, dtype=torch.float64), new,
-                            torch.tensor(old_logp, dtype=torch.float64), None,
+                            torch.tensor(old_logp, dtype=torch.float64),
+                            None if rollout_logp is None else torch.tensor(rollout_logp, dtype=torch.float64),
                             torch.zeros(np.shape(logp), dtype=torch.long), mask_t, beta,
                             torch.tensor(adv, dtype=torch.float64), **kw)
     value = out[0]
