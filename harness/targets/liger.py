@@ -109,5 +109,7 @@ class Target:
 
     def checks(self) -> list[Check]:
         defaults = self._check("dapo", "defaults (loss_type 'dapo', epsilon 0.2 / 0.2, beta 0.04)", {}, {},
-                               {"agg": AGGS, "eps_high": [0.28, 0.2], "beta": [0.0, 0.04]})
+                               {"agg": AGGS, "eps_high": [0.28, 0.2], "beta": [0.0, 0.04]},
+                               note="The module's own defaults, which a direct caller gets; a trainer passes its own "
+                               "(TRL's GRPOConfig: beta 0, loss_type 'dapo', epsilon 0.2).")
         return [defaults] + loss_type_checks(self._check, bias_note=BIAS_NOTE)

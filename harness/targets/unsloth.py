@@ -63,10 +63,12 @@ class Target:
     def __init__(self):
         self.worker = Worker(self.name, timeout_s=180.0)  # the first call waits for transformers and datasets
         self.versions = self.worker.versions()
-        self.how = ("Each loss is `grpo_compute_loss(ref, new, old, None, input_ids, mask, beta, advantages, "
-                    "**kw)` as Unsloth's GRPO trainer calls it for one micro-batch (one advantage per response, "
-                    "num_items_in_batch the batch's token count, gradient accumulation 1), in float64 in its own "
-                    "virtualenv; the gradient is d loss / d new by autograd. " + FAMILIES_NOTE)
+        self.how = ("Each loss is `grpo_compute_loss(ref, new, old, sampling_per_token_logps, input_ids, mask, beta, "
+                    "advantages, **kw)` as Unsloth's GRPO trainer calls it for one micro-batch (one advantage per "
+                    "response, num_items_in_batch the batch's token count, gradient accumulation 1; "
+                    "sampling_per_token_logps None except in the vLLM importance-sampling checks, which pass the "
+                    "rollout engine's log-probs), in float64 in its own virtualenv (unsloth_zoo imported past its "
+                    "package __init__); the gradient is d loss / d new by autograd. " + FAMILIES_NOTE)
 
     def run(self, kw: dict):
         def run(b: Batch):

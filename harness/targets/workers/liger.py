@@ -9,8 +9,8 @@ from _serve import serve
 
 
 def loss(kw: dict, hidden, weight, ids, mask, adv, old_logp, ref_logp) -> dict:
-    """``LigerFusedLinearGRPOLoss(compiled=False, **kw)(hidden, weight, ids, mask, adv, ...)`` as TRL's
-    ``use_liger_kernel`` path calls it (advantages one per row, completion mask as integers)."""
+    """``LigerFusedLinearGRPOLoss(compiled=False, **kw)(hidden, weight, ids, mask, adv, ...)`` with one advantage
+    per row and the completion mask as integers, as a GRPO trainer passes them."""
     h = torch.tensor(hidden, dtype=torch.float64, requires_grad=True)
     w = torch.tensor(weight, dtype=torch.float64, requires_grad=True)
     f64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731

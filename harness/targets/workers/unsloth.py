@@ -1,7 +1,10 @@
 """Worker of the ``unsloth`` conformance target: unsloth-zoo's ``rl_replacements.grpo_compute_loss`` on given
 per-token log-probs, float64, with the gradient w.r.t. the policy's log-probs. unsloth_zoo's package __init__
 refuses to load without unsloth (and a GPU), and its ``temporary_patches`` package __init__ patches dozens of
-models at import: both are registered as bare packages, so only the modules rl_replacements imports are loaded."""
+models at import: both are registered as bare packages, so only the modules rl_replacements imports are loaded.
+Of ``datasets`` those import two class names only (for a dataset helper the loss never calls): a stub module
+stands in for it, which keeps pyarrow and pandas out of the environment."""
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import sys
@@ -20,8 +23,17 @@ def _bare_package(name: str) -> None:
     sys.modules[name] = module
 
 
+def _datasets_stub() -> None:
+    module = types.ModuleType("datasets")
+    module.__spec__ = importlib.machinery.ModuleSpec("datasets", None)
+    module.Dataset = type("Dataset", (), {})
+    module.IterableDataset = type("IterableDataset", (), {})
+    sys.modules["datasets"] = module
+
+
 _bare_package("unsloth_zoo")
 _bare_package("unsloth_zoo.temporary_patches")
+_datasets_stub()
 from unsloth_zoo.rl_replacements import grpo_compute_loss  # noqa: E402
 
 
