@@ -127,3 +127,10 @@ def test_the_log_prob_gradient_is_read_back_from_the_layer_gradients():
     out["grad_weight"] = out["grad_weight"] * 1.01
     with pytest.raises(TargetError, match="gradient w.r.t. the weight"):
         logp_grad("liger", out, hidden, ids, jac, probs, 1e-4)
+
+
+def test_the_worker_runs_the_locked_version(worker):
+    from harness.targets.remote import ROOT
+    lock = (ROOT / "harness/targets/envs/liger.lock").read_text()
+    pin = next(line.split("==")[1] for line in lock.splitlines() if line.startswith("liger_kernel=="))
+    assert worker.versions()["liger"] == f"kernel {pin}"

@@ -102,3 +102,10 @@ def test_sequence_level_with_the_dapo_loss_weights_sequences_by_length(worker):
     # Unsloth weights each sequence by its tokens: (-1 * e^1e-4 + 3 * 1) / 4
     assert loss == pytest.approx((3 - np.exp(1e-4)) / 4, rel=1e-9)
     assert loss == pytest.approx(exact("gspo", *case, agg="token_mean")[0], rel=1e-9)
+
+
+def test_the_worker_runs_the_locked_version(worker):
+    from harness.targets.remote import ROOT
+    lock = (ROOT / "harness/targets/envs/unsloth.lock").read_text()
+    pin = next(line.split("==")[1] for line in lock.splitlines() if line.startswith("unsloth_zoo=="))
+    assert worker.versions()["unsloth"] == f"zoo {pin}"

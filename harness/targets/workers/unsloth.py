@@ -56,7 +56,8 @@ def loss(kw: dict, logp, old_logp, ref_logp, adv, mask, rollout_logp=None) -> di
 
 
 def versions() -> dict:
-    return {"unsloth_zoo": importlib.metadata.version("unsloth_zoo"), "torch": torch.__version__.split("+")[0]}
+    """Keyed by the target's name, as the conformance matrix reads it."""
+    return {"unsloth": "zoo " + importlib.metadata.version("unsloth_zoo"), "torch": torch.__version__.split("+")[0]}
 
 
 serve({"loss": loss}, versions)
