@@ -1,0 +1,136 @@
+"""Each difference the conformance report finds in Liger-Kernel's LigerFusedLinearGRPOLoss, reproduced through the
+worker (its own virtualenv) against values computed by hand or by the exact reference (spec). The output layer is
+the identity on two tokens with hidden states 0: every token's log-prob is -log 2 and d logp / d h = (1/2, -1/2),
+so the gradient w.r.t. a token's log-prob is twice that w.r.t. its first hidden unit."""
+import numpy as np
+import pytest
+from conftest import target_worker
+
+import spec
+
+LOGP = -np.log(2.0)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = target_worker("liger")
+    yield w
+    w.close()
+
+
+def call(worker, kw, log_ratio, adv, mask, ref_offset=None):
+    """Liger's loss and d loss / d logp on log-probs LOGP, old = LOGP - log_ratio, ref = LOGP + ref_offset."""
+    mask = np.array(mask, float)
+    logp = np.full(mask.shape, LOGP)
+    ref = logp + (0.0 if ref_offset is None else np.array(ref_offset, float))
+    out = worker.call("loss", kw, hidden=np.zeros(mask.shape + (2,)),
+                      weight=np.eye(2), ids=np.zeros(mask.shape, int), mask=mask, adv=np.array(adv, float),
+                      old_logp=logp - np.array(log_ratio, float), ref_logp=ref)
+    grad_h = np.array(out["grad_hidden"])
+    assert grad_h[..., 1] == pytest.approx(-grad_h[..., 0], abs=1e-6)  # along d logp / d h only
+    return out["loss"], 2.0 * grad_h[..., 0]
+
+
+def exact(name, log_ratio, adv, mask, ref_offset=None, **hp):
+    """The exact (sympy) reference loss and gradient of the same batch, groups of one."""
+    mask = np.array(mask, float)
+    logp = np.full(mask.shape, LOGP)
+    ref = logp + (0.0 if ref_offset is None else np.array(ref_offset, float))
+    adv = np.repeat(np.array(adv, float)[:, None], mask.shape[1], 1)
+    loss, grad = spec.policy_loss(name, logp, logp - np.array(log_ratio, float), adv, mask, group_size=1,
+                                  ref_logp=ref, **hp)
+    return float(loss), grad.astype(float)
+
+
+@pytest.mark.parametrize("kw, name, hp", [
+    ({"loss_type": "grpo"}, "grpo", {"beta": 0.0}),
+    ({"loss_type": "sapo"}, "sapo", {}),
+    ({"loss_type": "dr_grpo", "max_completion_length": 8}, "dr_grpo", {"max_len": 8}),
+    ({"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon_low": 3e-4, "epsilon_high": 4e-4},
+     "gspo", {}),
+])
+def test_sequence_means_count_empty_completions(worker, kw, name, hp):
+    # two completions, the second fully masked: the reference averages over the one non-empty completion, Liger
+    # divides by both
+    case = ([[0.1, -0.1], [0.0, 0.0]], [1.0, 1.0], [[1, 1], [0, 0]])
+    loss, grad = call(worker, {**kw, "beta": 0.0}, *case)
+    want, want_grad = exact(name, *case, **hp)
+    assert abs(want) > 0.1
+    assert loss == pytest.approx(want / 2, rel=1e-6)
+    assert grad == pytest.approx(want_grad / 2, rel=1e-6, abs=1e-7)
+
+
+def test_dapo_divides_by_the_batch_tokens_not_per_group(worker):
+    # groups of one: 1 token with A = 1, 3 tokens with A = 0, on-policy
+    case = ([[0.0, 0, 0], [0.0, 0.0, 0.0]], [1.0, 0.0], [[1, 0, 0], [1, 1, 1]])
+    loss, _ = call(worker, {"loss_type": "dapo", "epsilon_high": 0.28, "beta": 0.0}, *case)
+    assert exact("dapo", *case)[0] == pytest.approx(-0.5)  # DAPO Eq. 8: the mean of the groups' token means
+    assert loss == pytest.approx(-0.25) == pytest.approx(exact("dapo", *case, agg="token_mean")[0])
+
+
+def test_the_defaults_are_dapo_without_clip_higher_and_with_a_kl_penalty(worker):
+    # log r = 0.22 (1.2 < r = 1.25 < 1.28), A = 1, ref = logp + 0.2: Liger's defaults clip at 1.2 (no gradient) and add
+    # 0.04 * k3 = 0.04 * (e^0.2 - 1.2), whose gradient is 0.04 * (1 - e^0.2); DAPO's clip-higher 0.28 would not
+    # clip, and its beta is 0
+    loss, grad = call(worker, {}, [[0.22]], [1.0], [[1]], [[0.2]])
+    assert loss == pytest.approx(-1.2 + 0.04 * (np.exp(0.2) - 1.2), rel=1e-6)
+    assert grad[0, 0] == pytest.approx(0.04 * (1 - np.exp(0.2)), rel=1e-5)
+    assert exact("dapo", [[0.22]], [1.0], [[1]])[1][0, 0] == pytest.approx(-np.exp(0.22))
+
+
+def test_cispo_caps_the_weight_at_epsilon_high_itself(worker):
+    # r = e^2 = 7.39, A = 1: Liger's weight is min(r, 4) = 4 (loss -4 * A * logp = 4 log 2); MiniMax-M1 Eq. 5 caps
+    # it at 1 + 4 = 5
+    loss, grad = call(worker, {"loss_type": "cispo", "epsilon_high": 4.0, "beta": 0.0}, [[2.0]], [1.0], [[1]])
+    assert loss == pytest.approx(4 * np.log(2.0), rel=1e-6) and grad[0, 0] == pytest.approx(-4.0, rel=1e-6)
+    assert exact("cispo", [[2.0]], [1.0], [[1]])[1][0, 0] == pytest.approx(-5.0)
+
+
+def test_the_bias_corrected_kl_gradient_is_lost_in_float32_far_from_the_reference(worker):
+    # log r = 2, A = -1, ref = logp + 25: the policy term's gradient is r, the KL term's 0.04 * r * (k3 + 1 - e^25)
+    # = -0.04 * 25 * r, so the exact gradient is 0; Liger's float32 forms r * e^25 = 5e11 twice and subtracts
+    loss, grad = call(worker, {"loss_type": "grpo", "beta": 0.04, "use_bias_correction_kl": True},
+                      [[2.0]], [-1.0], [[1]], [[25.0]])
+    want, want_grad = exact("grpo", [[2.0]], [-1.0], [[1]], [[25.0]], beta=0.04, kl="k3_unbiased")
+    assert want_grad[0, 0] == pytest.approx(0.0, abs=1e-3)
+    assert loss == pytest.approx(want, rel=1e-6)
+    assert abs(grad[0, 0]) > 100.0
+
+
+def test_sequence_level_with_the_dapo_loss_weights_sequences_by_length(worker):
+    case = ([[1e-4, 0, 0], [-1e-4, 1e-4, 0.0]], [1.0, -1.0], [[1, 0, 0], [1, 1, 1]])
+    loss, _ = call(worker, {"loss_type": "dapo", "importance_sampling_level": "sequence", "epsilon_low": 3e-4,
+                            "epsilon_high": 4e-4, "beta": 0.0}, *case)
+    # GSPO Eq. 5: the mean over sequences of -s_i A_i, s_1 = e^1e-4, s_2 = 1; Liger weights each by its tokens
+    assert exact("gspo", *case)[0] == pytest.approx((1 - np.exp(1e-4)) / 2)
+    assert loss == pytest.approx((3 - np.exp(1e-4)) / 4, rel=1e-6)
+
+
+def test_the_log_prob_gradient_is_read_back_from_the_layer_gradients():
+    # gradients of sum(g * logp(h, W)) by autograd through log_softmax(h W^T): the target reads g back from them,
+    # and refuses a weight gradient that g does not imply
+    import torch
+
+    from harness.targets.liger import layer, logp_grad, output_weight, with_layer
+    from harness.targets.remote import TargetError
+    from harness.targets.unsloth import seq_batch
+    b = with_layer(seq_batch(3, "typical"), 3)
+    hidden, ids = b.extra["hidden"], b.extra["ids"]
+    g = np.random.default_rng(0).normal(size=ids.shape)
+    h = torch.tensor(hidden, requires_grad=True)
+    w = torch.tensor(output_weight(), requires_grad=True)
+    logp = torch.log_softmax(h @ w.T, -1).gather(-1, torch.as_tensor(ids)[..., None])[..., 0]
+    (torch.tensor(g) * logp).sum().backward()
+    out = {"grad_hidden": h.grad.numpy(), "grad_weight": w.grad.numpy()}
+    _, jac, probs = layer(hidden, ids)
+    assert logp_grad("liger", out, hidden, ids, jac, probs, 1e-9) == pytest.approx(g, rel=1e-9, abs=1e-12)
+    out["grad_weight"] = out["grad_weight"] * 1.01
+    with pytest.raises(TargetError, match="gradient w.r.t. the weight"):
+        logp_grad("liger", out, hidden, ids, jac, probs, 1e-4)
+
+
+def test_the_worker_runs_the_locked_version(worker):
+    from harness.targets.remote import ROOT
+    lock = (ROOT / "harness/targets/envs/liger.lock").read_text()
+    pin = next(line.split("==")[1] for line in lock.splitlines() if line.startswith("liger_kernel=="))
+    assert worker.versions()["liger"] == f"kernel {pin}"
