@@ -5,6 +5,7 @@ findings. Built from the ``NAME.json`` reports that ``cliplab conform NAME --out
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from spec.records import write_text
@@ -99,6 +100,7 @@ def conform_all(out: str | Path, seeds: int | None = None) -> Path:
     them) at loss level, the trainers of ``--level step``, each report written to ``out``, then the matrix
     ``out/README.md`` with the step-level findings."""
     for name in BUILTIN:
+        start = time.perf_counter()
         try:
             report = conform(name, seeds=seeds or 30)
         except ValueError as exc:
@@ -106,12 +108,16 @@ def conform_all(out: str | Path, seeds: int | None = None) -> Path:
             continue
         write_report(report, out)
         print(f"{name}: " + ", ".join(f"{s} {sum(r['status'] == s for r in report['rows'])}"
-                                      for s in ("agrees", "differs", "no reference", "error")))
+                                      for s in ("agrees", "differs", "no reference", "error"))
+              + f" ({time.perf_counter() - start:.0f} s)")
     for name in step_targets():
+        start = time.perf_counter()
         try:
             step_command(name, out=out, seeds=seeds or 5)
         except ValueError as exc:
             print(f"{name} --level step: skipped ({exc})")
+            continue
+        print(f"{name} --level step: {time.perf_counter() - start:.0f} s")
     step = Path(out) / "step"
     return write_matrix(out, findings_page(step).replace("# Step-level", "## Step-level", 1)
                         if step.is_dir() else None)
