@@ -12,9 +12,10 @@ import numpy as np
 from sim.metrics import summarise_run
 from spec.records import read_json, read_jsonl
 
+from .evidence import ALGOS as ORDER
 from .rundirs import ALIASES, fmt, md
 
-TAIL = 0.3  # accuracy and reward: mean over the last 30% of steps (the simulator's summary takes 10% of 300 steps)
+TAIL = 0.3  # accuracy, pass@k: the last 30% of steps, at least one (the simulator's summary: 10% of 300 steps)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 #: (summary key, what it is) of the per-algorithm table
 TABLE = (("accuracy_first", "accuracy, first 30% of steps"), ("accuracy", "accuracy, last 30%"),
@@ -124,9 +125,6 @@ def algo_table(ev: Evidence) -> list[str]:
     return lines
 
 
-ORDER = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo", "clip_cov")
-
-
 def paired_lines(ev: Evidence, base: str = "grpo") -> list[str]:
     """Each algorithm against ``base``, paired by seed (same seed: same prompt pool, same first batch): the
     differences whose 95% interval excludes 0, then how many do not."""
@@ -191,7 +189,7 @@ def sim_cell(summary: dict | None, rows: list, prefix: str, nums: tuple) -> str:
     """The simulator's verdicts on the claim (its report's rows starting with ``prefix``) and its numbers."""
     if summary is None:
         return "no summary"
-    verdicts = [f"**{v}**" + (f" ({md(r)})" if r else "") for c, r, _, v in rows if c.startswith(prefix)]
+    verdicts = [f"**{v}**" + (f" ({r})" if r else "") for c, r, _, v in rows if c.startswith(prefix)]  # markdown
     num = "; ".join(_sim_num(summary, a, k, pct) for a, k, pct in nums)
     return (", ".join(verdicts) if verdicts else "no claim row in reports/sim/report.md") + f": {num} " \
         f"({summary.get('seeds', summary.get('algorithms', {}).get('grpo', {}).get('seeds', '?'))} seeds, " \
@@ -205,41 +203,41 @@ def _pd(ev, a, b, key, pct=False) -> str:
 
 def real_dcpo_tcr(ev: Evidence) -> str:
     if not ev.has("dcpo", "grpo", "dapo"):
-        return "not run"
+        return "not run", "no runs"
     d, g, p = (t_interval(ev.vals(a, "clip_frac"))[0] for a in ("dcpo", "grpo", "dapo"))
     ok = d * 10 <= min(g, p)
     v = "reproduced" if ok and g > 0 else "not reproduced" if g > 0 else "not testable here"
-    return (f"**{v}**: TCR dcpo {ev.cell('dcpo', 'clip_frac', True)}, grpo {ev.cell('grpo', 'clip_frac', True)}, "
+    return (v, f"TCR dcpo {ev.cell('dcpo', 'clip_frac', True)}, grpo {ev.cell('grpo', 'clip_frac', True)}, "
             f"dapo {ev.cell('dapo', 'clip_frac', True)}; paired {_pd(ev, 'grpo', 'dcpo', 'clip_frac', True)}")
 
 
 def real_dcpo_rur(ev: Evidence) -> str:
     if not ev.has("dcpo", "grpo"):
-        return "not run"
+        return "not run", "no runs"
     m, h, n, s = paired(ev.s["grpo"], ev.s["dcpo"], "rur")
     v = "reproduced" if s and m > 0 else "reversed" if s else "no effect"
-    return (f"**{v}**: RUR dcpo {ev.cell('dcpo', 'rur', True)} vs grpo {ev.cell('grpo', 'rur', True)}; paired "
+    return (v, f"RUR dcpo {ev.cell('dcpo', 'rur', True)} vs grpo {ev.cell('grpo', 'rur', True)}; paired "
             f"{_pd(ev, 'grpo', 'dcpo', 'rur', True)}. SAS needs a prompt's second visit: pool "
             f"{ev.cfg()['data']['n']} prompts, {ev.cfg()['run']['steps']} steps")
 
 
 def real_gspo(ev: Evidence) -> str:
     if not ev.has("gspo", "grpo"):
-        return "not run"
+        return "not run", "no runs"
     g, r = t_interval(ev.vals("gspo", "clip_frac"))[0], t_interval(ev.vals("grpo", "clip_frac"))[0]
     m, h, n, s = paired(ev.s["grpo"], ev.s["gspo"], "clip_frac")
     v = "reproduced" if s and g >= 10 * r else "partly" if s and m > 0 else "no effect"
     times = f"{g / r:.3g}x" if r > 0 else "GRPO clips nothing"
-    return (f"**{v}**: TCR gspo {ev.cell('gspo', 'clip_frac', True)} vs grpo {ev.cell('grpo', 'clip_frac', True)} "
+    return (v, f"TCR gspo {ev.cell('gspo', 'clip_frac', True)} vs grpo {ev.cell('grpo', 'clip_frac', True)} "
             f"({times}); paired {_pd(ev, 'grpo', 'gspo', 'clip_frac', True)}")
 
 
 def real_clip_higher(ev: Evidence) -> str:
     if not ev.has("dapo", "grpo"):
-        return "not run"
+        return "not run", "no runs"
     m, h, n, s = paired(ev.s["grpo"], ev.s["dapo"], "entropy_final")
     v = "consistent" if s and m > 0 else "reversed" if s else "no effect"
-    return (f"**{v}** (confounded): final entropy dapo {ev.cell('dapo', 'entropy_final')} vs grpo "
+    return (v + " (confounded)", f"final entropy dapo {ev.cell('dapo', 'entropy_final')} vs grpo "
             f"{ev.cell('grpo', 'entropy_final')}, paired {_pd(ev, 'grpo', 'dapo', 'entropy_final')}; DAPO's "
             f"up-clipped share {ev.cell('dapo', 'clip_up_frac', True)}, their median pi_old "
             f"{ev.cell('dapo', 'upclip_pold_median')}, share with pi_old < 0.2 "
@@ -250,31 +248,33 @@ def real_clip_higher(ev: Evidence) -> str:
 
 def real_drgrpo(ev: Evidence) -> str:
     if not ev.has("dr_grpo", "grpo"):
-        return "not run"
+        return "not run", "no runs"
     m, h, n, s = paired(ev.s["grpo"], ev.s["dr_grpo"], "len_wrong")
     trunc = t_interval(ev.vals("grpo", "truncated"))[0]
     v = ("not testable here" if trunc > 0.5 else "reproduced" if s and m < 0 else "reversed" if s else "no effect")
-    why = (f"; {fmt(trunc, pct=True)} of GRPO's responses stop at the {ev.cfg()['rollout']['max_new_tokens']}-token budget, so wrong answers "
-           f"cannot grow: needs a budget of 128+ tokens and 50+ steps" if trunc > 0.5 else "")
-    return (f"**{v}**: length of wrong answers dr_grpo {ev.cell('dr_grpo', 'len_wrong')} vs grpo "
+    budget = ev.cfg()["rollout"]["max_new_tokens"]
+    why = (f"; {fmt(trunc, pct=True)} of GRPO's responses stop at the {budget}-token budget, so wrong answers cannot "
+           f"grow: needs a budget of 128+ tokens and 50+ steps" if trunc > 0.5 else "")
+    return (v, f"length of wrong answers dr_grpo {ev.cell('dr_grpo', 'len_wrong')} vs grpo "
             f"{ev.cell('grpo', 'len_wrong')}; paired {_pd(ev, 'grpo', 'dr_grpo', 'len_wrong')}{why}")
 
 
 def real_dynamic_sampling(ev: Evidence) -> str:
     if not ev.has("dapo"):
-        return "not run"
+        return "not run", "no runs"
     m, h, n = t_interval(ev.vals("dapo", "gen_per_trained"))
     v = "reproduced" if n >= 2 and m - h > 1 else "no effect" if n >= 2 else "not testable here"
-    return (f"**{v}**: dapo generates {ci(m, h)} responses per trained response (at most "
-            f"{ev.cfg('dapo')['rollout']['max_rounds']} rounds a step); all-equal groups {ev.cell('dapo', 'zero_grad_frac', True)}")
+    rounds = ev.cfg("dapo")["rollout"]["max_rounds"]
+    return (v, f"dapo generates {ci(m, h)} responses per trained response (at most {rounds} rounds a step); "
+            f"all-equal groups {ev.cell('dapo', 'zero_grad_frac', True)}")
 
 
 def real_sapo(ev: Evidence) -> str:
     if not ev.has("sapo"):
-        return "not run"
+        return "not run", "no runs"
     dev = t_interval(ev.vals("sapo", "ratio_dev_median"))[0]
     slopes = [1 / math.cosh(t * dev / 2) ** 2 for t in (1.0, 1.05)]
-    return (f"**not testable here**: only the default temperatures (tau_pos 1.0, tau_neg 1.05) ran; median |r - 1| "
+    return ("not testable here", f"only the default temperatures (tau_pos 1.0, tau_neg 1.05) ran; median |r - 1| "
             f"{fmt(dev)}, where the gate slopes sech^2(tau (r - 1) / 2) are {slopes[0]:.4f} and {slopes[1]:.4f}: "
             f"no instability to damp. Needs reversed temperatures (and a stress: lr x10, 4 epochs) x 3 seeds, "
             f"100+ steps a run (about {6 * 100 * ev.step_s() / 3600:.0f} h here)")
@@ -316,18 +316,17 @@ def claims_lines(ev: Evidence, sim_dir) -> list[str]:
              "|---|---|---|---|---|"]
     for claim, published, prefix, nums, real in CLAIMS:
         sims = [sim_cell(summaries[env], rows.get(env, []), prefix, nums) for env, _ in SIM_ENVS]
-        lines.append(f"| {md(claim)} | {md(published)} | " + " | ".join(sims) + f" | {md_keep_bold(real(ev))} |")
+        verdict, text = real(ev)
+        lines.append(f"| {md(claim)} | {md(published)} | " + " | ".join(sims) + f" | **{verdict}**: {md(text)} |")
     return lines
 
 
-def md_keep_bold(text: str) -> str:
-    """``md`` of a cell whose verdict is in **bold**: the bold markers survive."""
-    return md(text).replace("\\*\\*", "**")
-
-
 def section(evidence_dir, sim_dir) -> list[str]:
-    """The evidence section of the real-model README (markdown lines)."""
+    """The evidence section of the real-model README (markdown lines); ``evidence_dir``/NOTES.md, when present,
+    follows the setting (what the numbers cannot show, the budget)."""
     ev = Evidence(evidence_dir)
+    notes_path = Path(evidence_dir) / "NOTES.md"
+    notes = [notes_path.read_text().strip(), ""] if notes_path.exists() else []
     c = ev.cfg()
     n_runs = sum(len(by) for by in ev.runs.values())
     steps = {len(r["records"]) for by in ev.runs.values() for r in by.values()}
@@ -342,6 +341,7 @@ def section(evidence_dir, sim_dir) -> list[str]:
         f" optimiser steps per rollout batch, so the ratio moves away from 1 within a batch). Each algorithm keeps "
         f"its paper's reward, advantage and registry defaults (configs/evidence/).",
         "",
+        *notes,
         f"Metrics have the simulator's names and definitions (sim/metrics.py; gpu/step_metrics.py). Accuracy and "
         f"pass@k: over the last {TAIL:.0%} of steps (first: the first {TAIL:.0%}); entropy: the last step; the rest "
         f"are means over all steps. Each cell: mean ± 95% confidence half-width over seeds (Student t, n - 1 degrees "

@@ -69,7 +69,8 @@ def test_readme_regenerates_with_claims(evidence, tmp_path):
     for env, rur in (("toy_lm", 0.98), ("feature_lm", 0.6)):
         (sim / f"summary_{env}.json").write_text(json.dumps({"env": env, "steps": 300, "algorithms": {
             "dcpo": {"rur": rur, "rur_std": 0.01, "seeds": 5}, "grpo": {"rur": 0.3, "rur_std": 0.02, "seeds": 5}}}))
-    (sim / "report.md").write_text("### toy_lm\n\n| claim | regime | measured | verdict | why |\n|---|---|---|---|---|\n"
+    (sim / "report.md").write_text("### toy_lm\n\n| claim | regime | measured | verdict | why |\n"
+                                   "|---|---|---|---|---|\n"
                                    "| DCPO's RUR is well above GRPO's: 71.8% vs 43.8% |  | x | **reproduced** | y |\n"
                                    "### feature_lm\n")
     readme = tmp_path / "out" / "README.md"
@@ -88,7 +89,8 @@ def test_readme_regenerates_with_claims(evidence, tmp_path):
     gspo = next(line for line in text.splitlines() if line.startswith("| GSPO clips"))
     assert "**reproduced**" in gspo and "(25x)" in gspo  # 50% vs 2%
     ds = next(line for line in text.splitlines() if line.startswith("| Dynamic sampling"))
-    assert "**reproduced**: dapo generates 1.67 ± 0.414" in ds  # seed means 1.5, 1.667, 1.833: sd 1/6, 4.303 sd / sqrt 3
+    # seed means 1.5, 1.667, 1.833: sd 1/6, half-width 4.303 sd / sqrt 3
+    assert "**reproduced**: dapo generates 1.67 ± 0.414" in ds
     assert "- seed 0: entropy differs from step 2 on (largest gap 0.05)" in text
     assert "- dcpo - grpo, rur: 0.4 ± 0.248 (n = 3 seeds)" in text
     assert (readme.parent / "evidence_curves.png").stat().st_size > 1000
