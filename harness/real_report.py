@@ -14,7 +14,7 @@ from .rundirs import Groups, check_dirs, fmt, load_runs, md, output_file
 PANELS = ("accuracy", "reward", "entropy", "clip_frac", "rur", "kl_ref", "resp_len", "gap_mean_abs")
 COLUMNS = (("accuracy", "first"), ("accuracy", "last"), ("reward", "first"), ("reward", "last"),
            ("entropy", "final"), ("tcr", "all"), ("rur", "all"), ("len_mean", "all"), ("gap_mean_abs", "all"),
-           ("ds_generated_per_trained", "all"), ("step_time_s", "all"), ("tokens_per_s", "all"),
+           ("gen_per_trained", "all"), ("step_time_s", "all"), ("tokens_per_s", "all"),
            ("peak_mem_mb", "final"))
 
 
