@@ -17,7 +17,7 @@ from pathlib import Path
 from spec.records import read_jsonl
 
 ALGOS = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo", "clip_cov")
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)
 
 
 def jobs(algos=ALGOS, seeds=SEEDS, lane: int = 0, lanes: int = 1) -> list[tuple[str, int]]:
