@@ -259,8 +259,8 @@ class Trainer:
             old_logp = self._no_grad_pass(self.model, batch, all_rows)
         adv, old_values, returns = self._advantages(rewards, probs, batch, old_logp, ref_logp)
         stats, ent, first_logp = [], [], torch.zeros_like(batch.mask)
-        clips = StepClips(c.algo.name, resolve_hparams(c.algo.name, self.hp))
-        agg = resolve_hparams(c.algo.name, self.hp)["agg"]
+        hp = resolve_hparams(c.algo.name, self.hp)
+        clips, agg = StepClips(c.algo.name, hp), hp["agg"]
         for epoch, mbs in enumerate(plan):
             for micro in mbs:
                 # each micro-batch weighs its share of the minibatch's aggregation units: exact accumulation
