@@ -124,7 +124,7 @@ def write_readme(readme="reports/real/README.md", evidence="reports/real/evidenc
              "Regenerate this file from the committed run folders (reports/real/evidence, reports/real/runs) and the "
              "simulator's summaries (reports/sim): `python -m harness.real_report`. The evidence runs themselves: "
              "`reports/real/run_evidence.sh` (resumable; configs/evidence).", "",
-             "## Evidence runs: several updates per rollout batch, three seeds", "",
+             "## Evidence runs: several updates per rollout batch, every algorithm over seeds", "",
              *section(evidence, sim), "", f"Curves (mean over seeds, min-max band): ![evidence]({png.name})", "",
              "## Earlier runs: one update per batch, one seed (reports/real/runs)", "",
              *run_lines([runs], readme.with_name(readme.stem + "_curves.png"), notes, level="###"), KEEP]
