@@ -172,7 +172,7 @@ def _sim_rows(report_md: Path) -> dict:
         if head:
             env = head.group(1)
         elif env and line.startswith("| ") and not line.startswith("| claim") and line.count("|") >= 6:
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # at unescaped pipes
             rows.setdefault(env, []).append((cells[0], cells[1], cells[2], cells[3].strip("*")))
     return rows
 
