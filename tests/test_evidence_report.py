@@ -71,7 +71,8 @@ def test_readme_regenerates_with_claims(evidence, tmp_path):
             "dcpo": {"rur": rur, "rur_std": 0.01, "seeds": 5}, "grpo": {"rur": 0.3, "rur_std": 0.02, "seeds": 5}}}))
     (sim / "report.md").write_text("### toy_lm\n\n| claim | regime | measured | verdict | why |\n"
                                    "|---|---|---|---|---|\n"
-                                   "| DCPO's RUR is well above GRPO's: 71.8% vs 43.8% |  | median \\|r - 1\\| 0 | **reproduced** | y |\n"
+                                   "| DCPO's RUR is well above GRPO's: 71.8% vs 43.8% |  | median \\|r - 1\\| 0 "
+                                   "| **reproduced** | y |\n"
                                    "### feature_lm\n")
     readme = tmp_path / "out" / "README.md"
     readme.parent.mkdir()
