@@ -17,10 +17,12 @@ from pathlib import Path
 from spec.records import read_jsonl
 
 ALGOS = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo", "clip_cov")
+#: settings that test one claim each: SAPO's temperatures reversed; clip-higher on GRPO without its KL penalty
+VARIANTS = ("sapo_tau_reversed", "grpo_beta0", "grpo_beta0_eps_high028")
 SEEDS = (0, 1, 2, 3, 4)
 
 
-def jobs(algos=ALGOS, seeds=SEEDS, lane: int = 0, lanes: int = 1) -> list[tuple[str, int]]:
+def jobs(algos=ALGOS + VARIANTS, seeds=SEEDS, lane: int = 0, lanes: int = 1) -> list[tuple[str, int]]:
     """(algo, seed) pairs seed-major (every algorithm's first seed before any second seed), every lanes-th."""
     if not 0 <= lane < lanes:
         raise ValueError(f"lane: expected 0 <= lane < lanes ({lanes}), got {lane}")
@@ -53,9 +55,11 @@ def publish(run_dir: Path, dest: Path, commit: bool) -> None:
     print(f"publish: could not commit {dest}; the files are copied", flush=True)
 
 
-def run_lane(config_dir, out_root, copy_root, lane: int = 0, lanes: int = 1, algos=ALGOS, seeds=SEEDS,
+def run_lane(config_dir, out_root, copy_root, lane: int = 0, lanes: int = 1, algos=ALGOS + VARIANTS,
+             seeds=SEEDS,
              commit: bool = True) -> None:
-    """Train this lane's (algo, seed) runs one after another, sharing one rollout engine."""
+    """Train this lane's (name, seed) runs (configs/evidence/<name>.yaml) one after another, sharing one rollout
+    engine."""
     from gpu.config import load_config
     from gpu.train import Trainer
     engine = None
@@ -81,7 +85,7 @@ def main(argv=None) -> None:
     p.add_argument("--copy-to", default="reports/real/evidence")
     p.add_argument("--lane", type=int, default=0)
     p.add_argument("--lanes", type=int, default=1)
-    p.add_argument("--algos", nargs="+", default=list(ALGOS))
+    p.add_argument("--algos", nargs="+", default=list(ALGOS + VARIANTS), help="configs/evidence/<name>.yaml names")
     p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     p.add_argument("--no-commit", action="store_true")
     a = p.parse_args(argv)
