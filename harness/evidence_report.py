@@ -12,9 +12,10 @@ import numpy as np
 from sim.metrics import summarise_run
 from spec.records import read_json, read_jsonl
 
-from .evidence import ALGOS as ORDER
+from .evidence import ALGOS, VARIANTS
 from .rundirs import ALIASES, fmt, md
 
+ORDER = ALGOS + VARIANTS
 TAIL = 0.3  # accuracy, pass@k: the last 30% of steps, at least one (the simulator's summary: 10% of 300 steps)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 #: (summary key, what it is) of the per-algorithm table
@@ -81,15 +82,16 @@ def load_run(folder: Path) -> dict:
 
 
 class Evidence:
-    """The evidence runs under ``evidence_dir`` (<algo>/seed<k>/ with config.json and metrics.jsonl): the runs
-    ``runs[algo][seed]`` and their summaries ``s[algo][seed]``."""
+    """The evidence runs under ``evidence_dir`` (<name>/seed<k>/ with config.json and metrics.jsonl; the name is
+    the algorithm or a variant of it, configs/evidence/<name>.yaml): ``runs[name][seed]`` and their summaries
+    ``s[name][seed]``."""
 
     def __init__(self, evidence_dir):
         self.dir = Path(evidence_dir)
         self.runs = {}
         for cfg_path in sorted(self.dir.glob("*/seed*/config.json")):
             run = load_run(cfg_path.parent)
-            self.runs.setdefault(run["cfg"]["algo"]["name"], {})[run["cfg"]["run"]["seed"]] = run
+            self.runs.setdefault(cfg_path.parent.parent.name, {})[run["cfg"]["run"]["seed"]] = run
         if not self.runs:
             raise ValueError(f"evidence: no <algo>/seed<k>/ run folders with config.json and metrics.jsonl under "
                              f"{self.dir}")
@@ -131,7 +133,7 @@ def paired_lines(ev: Evidence, base: str = "grpo") -> list[str]:
     if base not in ev.s:
         return [f"No {base} runs: nothing to pair against."]
     sig, nonsig = [], 0
-    for a in [a for a in ORDER if a in ev.s and a != base]:
+    for a in [a for a in ORDER if a in ev.s and a != base] + sorted(set(ev.s) - set(ORDER)):
         for key in PAIRED:
             m, h, n, significant = paired(ev.s[base], ev.s[a], key)
             if m != m:
@@ -246,6 +248,14 @@ def real_gspo(ev: Evidence):
 
 
 def real_clip_higher(ev: Evidence):
+    lo, hi = "grpo_beta0", "grpo_beta0_eps_high028"
+    if ev.has(lo, hi):  # the clean test: eps_high alone changes
+        m, h, n, s = paired(ev.s[lo], ev.s[hi], "entropy_final")
+        return (verdict(m, s, +1), f"GRPO without KL, final entropy eps_high 0.28 {ev.cell(hi, 'entropy_final')} "
+                f"vs 0.2 {ev.cell(lo, 'entropy_final')}, paired {_pd(ev, lo, hi, 'entropy_final')}; at 0.2 the "
+                f"upper bound clips {ev.cell(lo, 'clip_up_frac', True)} of tokens, their median pi_old "
+                f"{ev.cell(lo, 'upclip_pold_median')}, share with pi_old < 0.2 {ev.cell(lo, 'upclip_pold_lt02', True)}"
+                f"; at 0.28 {ev.cell(hi, 'clip_up_frac', True)}. {_entropy_budget(ev)}")
     if not ev.has("dapo", "grpo"):
         return "not run", "no runs"
     m, h, n, s = paired(ev.s["grpo"], ev.s["dapo"], "entropy_final")
@@ -254,8 +264,12 @@ def real_clip_higher(ev: Evidence):
             f"up-clipped share {ev.cell('dapo', 'clip_up_frac', True)}, their median pi_old "
             f"{ev.cell('dapo', 'upclip_pold_median')}, share with pi_old < 0.2 "
             f"{ev.cell('dapo', 'upclip_pold_lt02', True)}. DAPO also changes reward, loss, KL and sampling: the "
-            f"clean test, GRPO with eps_high 0.2 vs 0.28 (beta 0) x 3 seeds, needs entropy to fall first: at about "
-            f"{ev.step_s():.0f} s a step, 50+ steps a run (6 runs, about {6 * 50 * ev.step_s() / 3600:.1f} h here)")
+            f"clean test is GRPO with eps_high 0.2 vs 0.28 (beta 0). {_entropy_budget(ev)}")
+
+
+def _entropy_budget(ev: Evidence) -> str:
+    return (f"Entropy has to fall before a bound can slow its fall: at about {ev.step_s():.0f} s a step, 50+ steps "
+            f"a run x 3 seeds x 2 settings is about {6 * 50 * ev.step_s() / 3600:.1f} h here")
 
 
 def real_drgrpo(ev: Evidence):
@@ -286,10 +300,14 @@ def real_sapo(ev: Evidence):
         return "not run", "no runs"
     dev = t_interval(ev.vals("sapo", "ratio_dev_median"))[0]
     flat = [1 - 1 / math.cosh(t * dev / 2) ** 2 for t in (1.0, 1.05)]
-    return ("not testable here", f"only the default temperatures (tau_pos 1.0, tau_neg 1.05) ran; median |r - 1| "
-            f"{fmt(dev)}, where the gate slopes sech^2(tau (r - 1) / 2) are 1 - {flat[0]:.2g} and 1 - {flat[1]:.2g}:"
-            f" the two temperatures act alike. Needs reversed temperatures under a stress (lr x10, 4 epochs) x 3 "
-            f"seeds, 100+ steps a run (6 runs, about {6 * 100 * ev.step_s() / 3600:.0f} h here)")
+    rev = "sapo_tau_reversed"
+    measured = (f"tau_pos/tau_neg 1.0/1.05 vs 1.05/1.0: final accuracy paired {_pd(ev, rev, 'sapo', 'accuracy')}, "
+                f"final entropy paired {_pd(ev, rev, 'sapo', 'entropy_final')}; " if ev.has(rev) else
+                "only the default temperatures (tau_pos 1.0, tau_neg 1.05) ran; ")
+    return ("not testable here", f"{measured}median |r - 1| {fmt(dev)}, where the gate slopes "
+            f"sech^2(tau (r - 1) / 2) of tau 1.0 and 1.05 are 1 - {flat[0]:.2g} and 1 - {flat[1]:.2g}: the two "
+            f"temperatures act alike and there is no instability to damp. Needs a stress (lr x10, 4 epochs) and "
+            f"100+ steps a run x 3 seeds x 2 settings (about {6 * 100 * ev.step_s() / 3600:.0f} h here)")
 
 
 #: (claim, published, prefix of the simulator report's claim rows, simulator numbers (algo, key, percent), real cell)

@@ -12,11 +12,12 @@ from harness.real_report import KEEP, write_readme
 STEPS = 3
 
 
-def _run(root, algo, seed, **per_step):
-    """A run folder <algo>/seed<k>/ whose metrics are constant over the steps except those given as lists."""
-    folder = root / algo / f"seed{seed}"
+def _run(root, algo, seed, name=None, hp=None, **per_step):
+    """A run folder <name>/seed<k>/ (name: the algorithm's by default) whose metrics are constant over the steps
+    except those given as lists."""
+    folder = root / (name or algo) / f"seed{seed}"
     folder.mkdir(parents=True)
-    cfg = from_dict({"algo": {"name": algo}, "run": {"seed": seed, "steps": STEPS},
+    cfg = from_dict({"algo": {"name": algo, "hp": hp or {}}, "run": {"seed": seed, "steps": STEPS},
                      "rollout": {"group_size": 4, "max_new_tokens": 16}}).to_dict()
     (folder / "config.json").write_text(json.dumps(cfg))
     base = {"reward": 0.5, "accuracy": 0.5, "entropy": 1.0, "tcr": 0.1, "rur": 0.5, "len_wrong": 10.0,
@@ -115,3 +116,15 @@ def test_verdict_rules():
     assert verdict(0.3, False, +1) == "partly" and verdict(-0.3, True, +1) == "reversed"
     assert verdict(-0.3, False, +1) == "no effect" and verdict(-0.3, True, -1) == "reproduced"
     assert verdict(float("nan"), False, +1) == "not testable here"
+
+
+def test_clip_higher_reads_the_clean_pair_when_it_ran(evidence):
+    for seed, ent in enumerate([0.9, 0.95, 1.0]):
+        _run(evidence, "grpo", seed, name="grpo_beta0", hp={"beta": 0.0}, entropy=0.8)
+        _run(evidence, "grpo", seed, name="grpo_beta0_eps_high028", hp={"beta": 0.0, "eps_high": 0.28}, entropy=ent)
+    from harness.evidence_report import real_clip_higher
+    ev = Evidence(evidence)
+    assert "grpo_beta0" in ev.s and ev.vals("grpo", "clip_frac") == pytest.approx([0.01, 0.02, 0.03])
+    verdict, text = real_clip_higher(ev)  # differences 0.1, 0.15, 0.2: mean 0.15, half-width 4.303 * 0.05 / sqrt 3
+    assert verdict == "reproduced" and text.startswith("GRPO without KL, final entropy eps_high 0.28 0.95 ± 0.124 vs "
+                                                       "0.2 0.8")
