@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The real-model evidence runs (configs/evidence, 8 algorithms x 5 seeds, seed-major) in two lanes, in the background.
+# The real-model evidence runs (configs/evidence: 8 algorithms and 3 variants x 5 seeds, seed-major) in two lanes,
+# in the background.
 # Resumable: run it again and finished runs are skipped, partial ones resume from their checkpoints.
 # Arguments go to harness.evidence (e.g. --seeds 0 1 2). Output: runs/evidence/ (weights, outside git); each
 # finished run's config.json + metrics.jsonl are committed under reports/real/evidence/<algo>/seed<k>/.
