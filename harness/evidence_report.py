@@ -362,7 +362,8 @@ def section(evidence_dir, sim_dir) -> list[str]:
     steps = {len(r["records"]) for by in ev.runs.values() for r in by.values()}
     m, r, t, d = c["model"], c["rollout"], c["train"], c["data"]
     return [
-        f"{n_runs} runs: {len(ev.runs)} algorithms x seeds {sorted({s for by in ev.runs.values() for s in by})}, "
+        f"{n_runs} runs: {len(ev.runs)} settings (the algorithms, and variants named after them) x seeds "
+        f"{sorted({s for by in ev.runs.values() for s in by})}, "
         f"{'/'.join(map(str, sorted(steps)))} steps each. Setting: {m['name']} (top {m['train_top_layers']} blocks "
         f"trained), engine {r['engine']}, {r['prompts_per_step']} prompts x G = {r['group_size']}, "
         f"{r['max_new_tokens']}-token budget, a pool of {d['n']} problems ({d['digits']}-digit addition; a seed "
