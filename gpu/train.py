@@ -26,6 +26,7 @@ from .data import PromptStream, encode_prompt, load_problems
 from .models import ValueModel, load_policy, load_reference, load_tokenizer, resolve_model
 from .rewards import VERIFIER, overlong_filter_mask, score
 from .rollout import Rollouts, logprob_gap, make_engine
+from .step_metrics import StepClips, batch_cov, rollout_metrics
 
 
 def _peak_mem_mb(device) -> float:
@@ -130,7 +131,7 @@ class Trainer:
         c = self.cfg
         P, G = c.rollout.prompts_per_step, c.rollout.group_size
         kept, probs_kept, rewards, correct = Rollouts([], [], [], []), [], [], []
-        generated, all_correct, all_rewards, timeouts0 = 0, [], [], self.verifier.timeouts
+        generated, all_correct, all_rewards, all_lens, timeouts0 = 0, [], [], [], self.verifier.timeouts
         rounds = c.rollout.max_rounds if c.algo.dynamic_sampling else 1
         for rnd in range(rounds):
             need = P - len(probs_kept)
@@ -142,6 +143,7 @@ class Trainer:
             generated += len(ro)
             all_correct.append(ok)
             all_rewards.append(r)
+            all_lens.append(torch.tensor([len(x) for x in ro.completion_ids], dtype=torch.float32))
             # DAPO Eq. 11 keeps a group iff 0 < #correct < G: filter on correctness, not the overlong-shaped reward
             keep = gpu.dynamic_sampling_filter(ok, G) if c.algo.dynamic_sampling else torch.ones(len(probs), dtype=bool)
             for g in torch.nonzero(keep).squeeze(1).tolist():
@@ -153,7 +155,9 @@ class Trainer:
                 break
         info = {"generated": generated, "sampled_accuracy": float(torch.cat(all_correct).mean()),
                 "sampled_reward": float(torch.cat(all_rewards).mean()),
-                "verify_timeouts": self.verifier.timeouts - timeouts0}
+                "verify_timeouts": self.verifier.timeouts - timeouts0,
+                **rollout_metrics(torch.cat(all_lens), torch.cat(all_correct), torch.cat(all_rewards), G,
+                                  len(probs_kept) * G)}
         if not probs_kept:
             return kept, probs_kept, torch.zeros(0), torch.zeros(0), info
         return kept, probs_kept, torch.cat(rewards), torch.cat(correct), info
@@ -212,8 +216,8 @@ class Trainer:
         t0 = time.perf_counter()
         ro, probs, rewards, correct, info = self._rollout()
         t_roll = time.perf_counter() - t0
-        m = {"step": self.step + 1, "reward": info["sampled_reward"], "accuracy": info["sampled_accuracy"],
-             "generated": info["generated"], "trained": len(ro), "verify_timeouts": info["verify_timeouts"]}
+        m = {"step": self.step + 1, "reward": info.pop("sampled_reward"), "accuracy": info.pop("sampled_accuracy"),
+             "trained": len(ro), **info}
         gen_tokens = sum(map(len, ro.completion_ids))
         if probs:
             m.update(self._update(ro, probs, rewards, correct))
@@ -227,8 +231,7 @@ class Trainer:
         m.update({"rollout_s": t_roll, "train_s": t_train, "step_time_s": dt,
                   "gen_tokens_per_s": gen_tokens / max(t_roll, 1e-9),
                   "tokens_per_s": m.get("tokens", 0) / max(dt, 1e-9),
-                  "peak_mem_mb": _peak_mem_mb(self.dev),
-                  "ds_generated_per_trained": info["generated"] / max(len(ro), 1)})
+                  "peak_mem_mb": _peak_mem_mb(self.dev)})
         with (self.out / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(m) + "\n")
         if self.tb:
@@ -256,7 +259,8 @@ class Trainer:
             old_logp = self._no_grad_pass(self.model, batch, all_rows)
         adv, old_values, returns = self._advantages(rewards, probs, batch, old_logp, ref_logp)
         stats, ent, first_logp = [], [], torch.zeros_like(batch.mask)
-        agg = resolve_hparams(c.algo.name, self.hp)["agg"]
+        hp = resolve_hparams(c.algo.name, self.hp)
+        clips, agg = StepClips(c.algo.name, hp), hp["agg"]
         for epoch, mbs in enumerate(plan):
             for micro in mbs:
                 # each micro-batch weighs its share of the minibatch's aggregation units: exact accumulation
@@ -289,6 +293,7 @@ class Trainer:
                         weighted = weighted + vloss * agg_units(sub.mask, "token_mean") / v_total
                         loss = loss + vloss
                     weighted.backward()
+                    clips.add(logp, old, adv[idx, :T], sub.mask)
                     st["loss"] = float(loss.detach())
                     stats.append(st)
                     if epoch == 0:
@@ -296,7 +301,8 @@ class Trainer:
                         ent.append(float((entropy.detach() * sub.mask).sum() / sub.mask.sum().clamp(min=1)))
                 st = self._optim_step()
                 stats[-1].update(st)
-        return self._step_metrics(batch, ro, rewards, correct, adv, stats, ent, first_logp, old_logp, ref_logp)
+        return {**self._step_metrics(batch, ro, rewards, correct, adv, stats, ent, first_logp, old_logp, ref_logp),
+                **clips.summary()}
 
     def _optim_step(self) -> dict:
         c = self.cfg
@@ -349,11 +355,15 @@ class Trainer:
              "rur": float((seq_adv > 1e-8).float().mean()), "entropy": _mean(ent),
              "len_mean": float(lens.mean()), "len_max": float(lens.max()),
              "truncated_frac": float(np.mean(ro.truncated)), "tokens": int(mask.sum())}
-        for k in ("loss", "clip_frac", "ratio_mean", "grad_norm", "value_loss", "value_clip_frac", "kl_mean",
+        n_tok = [s["tokens"] for s in stats if "clip_frac" in s]
+        if sum(n_tok):  # the simulator's clip_frac: token-weighted over the step's updates
+            m["tcr"] = float(np.dot([s["clip_frac"] for s in stats if "clip_frac" in s], n_tok) / sum(n_tok))
+        m["cov_logp_adv"] = batch_cov(old, adv, mask)
+        for k in ("loss", "ratio_mean", "grad_norm", "value_loss", "value_clip_frac", "kl_mean",
                   "trunc_frac", "cov_frac", "rc_weight_mean", "rc_cut_frac"):
             vals = [s[k] for s in stats if k in s]
             if vals:
-                m["tcr" if k == "clip_frac" else k] = _mean(vals)
+                m[k] = _mean(vals)
         m.update(logprob_gap(batch.engine_logp, old, mask))
         if ref_logp is not None:
             m["kl_ref"] = float((gpu.kl(old, ref_logp, "k3") * mask).sum() / mask.sum().clamp(min=1))

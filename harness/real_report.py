@@ -14,7 +14,7 @@ from .rundirs import Groups, check_dirs, fmt, load_runs, md, output_file
 PANELS = ("accuracy", "reward", "entropy", "clip_frac", "rur", "kl_ref", "resp_len", "gap_mean_abs")
 COLUMNS = (("accuracy", "first"), ("accuracy", "last"), ("reward", "first"), ("reward", "last"),
            ("entropy", "final"), ("tcr", "all"), ("rur", "all"), ("len_mean", "all"), ("gap_mean_abs", "all"),
-           ("ds_generated_per_trained", "all"), ("step_time_s", "all"), ("tokens_per_s", "all"),
+           ("gen_per_trained", "all"), ("step_time_s", "all"), ("tokens_per_s", "all"),
            ("peak_mem_mb", "final"))
 
 
@@ -65,8 +65,9 @@ def summary_rows(groups: Groups) -> list[str]:
     return lines
 
 
-def write_report(dirs, out_md, title: str = "cliplab real-model report", notes: str = "") -> Path:
-    """Write ``out_md`` and a PNG of the curves beside it for the runs under ``dirs``; returns the markdown path."""
+def run_lines(dirs, png: Path, notes: str = "", level: str = "##") -> list[str]:
+    """Markdown lines (runs, summary table, curves at ``png``) for the real-model runs under ``dirs``, one label per
+    run folder; section headings at ``level``."""
     dirs = [Path(d) for d in ([dirs] if isinstance(dirs, (str, Path)) else dirs)]
     runs = []
     for folder in _folders(dirs):
@@ -76,22 +77,70 @@ def write_report(dirs, out_md, title: str = "cliplab real-model report", notes: 
     if not runs:
         raise ValueError(f"dirs: no runs with config.json and metrics.jsonl under {', '.join(map(str, dirs))}")
     groups = Groups(runs)
-    out_md = output_file(out_md)
-    png = out_md.with_name(out_md.stem + "_curves.png")
     plot_curves(groups, groups.labels(), png, panels=PANELS, smooth=3)
-    lines = [f"# {title}", "", notes, "", "## Runs", ""]
+    lines = ([notes, ""] if notes else []) + [f"{level} Runs", ""]
     for label in groups.labels():
         run = groups.runs[label][0]
         lines.append(f"- **{md(label)}**: {_setup(run)}")
-    lines += ["", "## Summary", "",
+    lines += ["", f"{level} Summary", "",
               "first/last: mean over the first/last 20% of steps; final: last step; all: mean over steps. "
               "accuracy and reward are over every sampled response of a step (before dynamic-sampling filtering); "
               "tcr is the clipped-token fraction; rur the share of responses with a non-zero advantage; "
               "gap_mean_abs the mean |log pi_engine - log pi_trainer| on sampled tokens.", ""]
     lines += summary_rows(groups)
-    lines += ["", "## Curves (3-step moving average)", "", f"![curves]({png.name})", ""]
-    out_md.write_text("\n".join(lines) + "\n")
+    lines += ["", f"{level} Curves (3-step moving average)", "", f"![curves]({png.name})", ""]
+    return lines
+
+
+def write_report(dirs, out_md, title: str = "cliplab real-model report", notes: str = "") -> Path:
+    """Write ``out_md`` and a PNG of the curves beside it for the runs under ``dirs``; returns the markdown path."""
+    check_dirs([dirs] if isinstance(dirs, (str, Path)) else dirs)
+    out_md = output_file(out_md)
+    lines = run_lines(dirs, out_md.with_name(out_md.stem + "_curves.png"), notes)
+    out_md.write_text("\n".join([f"# {title}", ""] + lines) + "\n")
     return out_md
+
+
+KEEP = "<!-- Below this line: kept as written (python -m harness.real_report regenerates only what is above). -->"
+EVIDENCE_PANELS = ("accuracy", "entropy", "clip_frac", "rur", "ratio_dev_median", "len_wrong", "cov_logp_adv",
+                   "gen_per_trained")
+
+
+def write_readme(readme="reports/real/README.md", evidence="reports/real/evidence", runs="reports/real/runs",
+                 sim="reports/sim") -> Path:
+    """Regenerate the real-model README from the committed run folders: the evidence runs (mean ± CI, paired
+    differences, claims table against the simulator's), then the earlier single-seed runs (with their notes,
+    ``runs``/NOTES.md); the text after the KEEP marker of the existing README is kept."""
+    from .evidence_report import section
+    readme = output_file(readme, "readme")
+    tail = readme.read_text().split(KEEP, 1)[1] if readme.exists() and KEEP in readme.read_text() else "\n"
+    ev_runs = [r for r in load_runs([evidence])]
+    groups = Groups([{**r, "label": r["algo"]} for r in ev_runs])
+    png = readme.with_name("evidence_curves.png")
+    plot_curves(groups, groups.labels(), png, panels=EVIDENCE_PANELS, smooth=1)
+    notes_path = Path(runs) / "NOTES.md"
+    notes = notes_path.read_text().strip() if notes_path.exists() else ""
+    lines = ["# Real-model evidence: SmolLM2-135M-Instruct on synthetic addition", "",
+             "Regenerate this file from the committed run folders (reports/real/evidence, reports/real/runs) and the "
+             "simulator's summaries (reports/sim): `python -m harness.real_report`. The evidence runs themselves: "
+             "`reports/real/run_evidence.sh` (resumable; configs/evidence).", "",
+             "## Evidence runs: several updates per rollout batch, every algorithm over seeds", "",
+             *section(evidence, sim), "", f"Curves (mean over seeds, min-max band): ![evidence]({png.name})", "",
+             "## Earlier runs: one update per batch, one seed (reports/real/runs)", "",
+             *run_lines([runs], readme.with_name(readme.stem + "_curves.png"), notes, level="###"), KEEP]
+    readme.write_text("\n".join(lines) + tail)
+    return readme
+
+
+def main(argv=None) -> None:
+    import argparse
+    p = argparse.ArgumentParser(description="Regenerate reports/real/README.md from the committed run folders.")
+    p.add_argument("--readme", default="reports/real/README.md")
+    p.add_argument("--evidence", default="reports/real/evidence")
+    p.add_argument("--runs", default="reports/real/runs")
+    p.add_argument("--sim", default="reports/sim")
+    a = p.parse_args(argv)
+    print(write_readme(a.readme, a.evidence, a.runs, a.sim))
 
 
 def _folders(dirs) -> list[Path]:
@@ -100,3 +149,7 @@ def _folders(dirs) -> list[Path]:
     for d in check_dirs(dirs):
         out += [d] if (d / "metrics.jsonl").exists() else sorted(p.parent for p in d.glob("**/metrics.jsonl"))
     return out
+
+
+if __name__ == "__main__":
+    main()

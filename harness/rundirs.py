@@ -13,7 +13,7 @@ from spec.records import read_json, read_jsonl, writable_folder
 
 #: Metric names of the real-model harness (gpu/train.py) mapped to the simulator's.
 ALIASES = {"tcr": "clip_frac", "len_mean": "resp_len", "reward_mean": "reward", "accuracy_trained": "accuracy",
-           "truncated_frac": "truncated"}
+           "truncated_frac": "truncated", "ds_generated_per_trained": "gen_per_trained"}
 
 
 def _run_folders(root: Path) -> list[Path]:

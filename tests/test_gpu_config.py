@@ -114,3 +114,23 @@ def test_damaged_data_files_name_the_file_and_line(tmp_path):
         load_local(bad)
     with pytest.raises(ValueError, match=r"^data.path: no such file"):  # at load time, before any model is loaded
         from_dict({"data": {"source": "gsm8k", "path": str(tmp_path / "missing.jsonl")}})
+
+
+def test_minibatch_larger_than_the_step_names_the_field():
+    with pytest.raises(ValueError, match=r"^train.minibatch_size: expected at most .* = 8, got 16$"):
+        from_dict({"rollout": {"prompts_per_step": 2, "group_size": 4}, "train": {"minibatch_size": 16}})
+
+
+def test_engine_not_installed_names_the_field(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ValueError, match=r"^rollout.engine: 'vllm' is not installed"):
+        from_dict({"rollout": {"engine": "vllm"}})
+
+
+def test_data_file_that_does_not_parse_fails_at_load_naming_it(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"^data.path: .*bad.jsonl' line 1: "):
+        from_dict({"data": {"source": "gsm8k", "path": str(bad)}})

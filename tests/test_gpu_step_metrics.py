@@ -1,0 +1,92 @@
+"""The simulator's per-step metrics on real-model steps (gpu/step_metrics.py), against values worked by hand, and
+the trainer writing them."""
+import json
+import math
+
+import pytest
+import torch
+
+from gpu.config import from_dict
+from gpu.step_metrics import StepClips, batch_cov, pass_at_k, rollout_metrics
+from gpu.train import Trainer
+from gpu_helpers import tiny_config
+
+
+def test_pass_at_k_from_the_group_by_hand():
+    # G = 4; groups with 0, 1 and 4 correct. pass@1 = c/4: (0 + 1/4 + 1) / 3; pass@2 = 1 - C(4-c,2)/C(4,2):
+    # c=0 -> 0, c=1 -> 1 - 3/6 = 1/2, c=4 -> 1
+    correct = torch.tensor([0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1])
+    assert pass_at_k(correct, 4, 1) == pytest.approx((0 + 0.25 + 1) / 3)
+    assert pass_at_k(correct, 4, 2) == pytest.approx((0 + 0.5 + 1) / 3)
+    assert pass_at_k(correct, 4, 4) == pytest.approx(2 / 3)  # a group passes iff it has a correct answer
+    with pytest.raises(ValueError, match="^k: "):
+        pass_at_k(correct, 4, 5)
+
+
+def test_rollout_metrics_by_hand():
+    lens = torch.tensor([3.0, 5.0, 7.0, 9.0, 2.0, 2.0, 2.0, 2.0])
+    correct = torch.tensor([1, 0, 0, 1, 0, 0, 0, 0])
+    rewards = correct.float()
+    m = rollout_metrics(lens, correct, rewards, 4, trained=4)
+    assert m["resp_len"] == pytest.approx(32 / 8)
+    assert m["len_correct"] == pytest.approx((3 + 9) / 2) and m["len_wrong"] == pytest.approx((5 + 7 + 8) / 6)
+    assert m["zero_grad_frac"] == 0.5 and m["gen_per_trained"] == 2.0
+    assert m["pass@1"] == pytest.approx(0.25) and m["pass@4"] == pytest.approx(0.5)
+
+
+def test_batch_cov_by_hand():
+    logp = torch.tensor([[-1.0, -2.0, 9.0], [-3.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, 5.0], [-2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    # tokens (x, a): (-1, 1), (-2, 1), (-3, -2); means -2 and 0; cov = ((1)(1) + 0 + (-1)(-2)) / 3 = 1
+    assert batch_cov(logp, adv, mask) == pytest.approx(1.0)
+    assert batch_cov(logp, adv, torch.tensor([[1.0, 0, 0], [0, 0, 0]])) is None
+
+
+def test_clip_sides_by_hand():
+    # token ratios 1.5 (A>0: up-clipped), 1.25 (A>0: freed by eps_high 0.28), 0.5 (A<0: low-clipped),
+    # 0.5 (A>0: inside), padding (ignored)
+    old = torch.log(torch.tensor([[0.1, 0.3, 0.5, 0.4, 0.5]]))
+    ratio = torch.tensor([[1.5, 1.25, 0.5, 0.5, 3.0]])
+    adv = torch.tensor([[1.0, 1.0, -1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    c = StepClips("dapo", {"eps_low": 0.2, "eps_high": 0.28})
+    c.add(old + torch.log(ratio), old, adv, mask)
+    s = c.summary()
+    assert s["clip_up_frac"] == 0.25 and s["clip_low_frac"] == 0.25 and s["freed_frac"] == 0.25
+    assert s["upclip_pold_median"] == pytest.approx(0.1) and s["upclip_pold_lt02"] == 1.0
+    assert s["freed_pold_median"] == pytest.approx(0.3)
+    assert s["ratio_dev_median"] == pytest.approx(0.5)  # |r - 1| of 0.5, 0.25, 0.5, 0.5
+    # GSPO: one sequence ratio, the geometric mean of the tokens' ratios: (1.5 * 1.25 * 0.5 * 0.5)^(1/4) < 1.2
+    g = StepClips("gspo", {"eps_low": 3e-4, "eps_high": 4e-4})
+    g.add(old + torch.log(ratio), old, adv, mask)
+    seq = (1.5 * 1.25 * 0.5 * 0.5) ** 0.25  # 0.827: below 1 - 3e-4, so tokens with A < 0 are low-clipped
+    assert g.summary()["clip_low_frac"] == 0.25 and g.summary()["clip_up_frac"] == 0.0
+    assert g.summary()["ratio_dev_median"] == pytest.approx(1 - seq)
+    # SAPO's soft gate clips nothing: only the spread is reported
+    assert set(StepClips("sapo", {}).summary()) == {"ratio_dev_median"}
+
+
+def test_dcpo_bounds_widen_for_rare_tokens():
+    # DCPO's upper bound 0.5 + 0.5 sqrt(1 + 4 eps_high / q): q = 0.1 -> 0.5 + 0.5 * sqrt(9) = 2.0 with eps_high 0.2
+    old = torch.log(torch.tensor([[0.1, 0.9]]))
+    ratio = torch.tensor([[1.9, 1.9]])
+    c = StepClips("dcpo", {"eps_low": 0.16, "eps_high": 0.2, "r_max": 10.0})
+    c.add(old + torch.log(ratio), old, torch.ones(1, 2), torch.ones(1, 2))
+    # q = 0.9: hi = 0.5 + 0.5 sqrt(1 + 0.8 / 0.9) = 1.187 < 1.9: clipped; q = 0.1: 1.9 < 2.0: not clipped
+    assert c.summary()["clip_up_frac"] == 0.5 and c.summary()["upclip_pold_median"] == pytest.approx(0.9)
+
+
+def test_trainer_writes_the_simulator_metrics(tmp_path):
+    raw = tiny_config(tmp_path / "r", "grpo", train={"epochs": 2, "minibatch_size": 4})
+    Trainer(from_dict(raw)).fit()
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    for m in rows:
+        for k in ("clip_up_frac", "clip_low_frac", "ratio_dev_median", "cov_logp_adv", "pass@1", "pass@4",
+                  "resp_len", "len_wrong", "zero_grad_frac", "gen_per_trained", "tcr", "gap_mean_abs"):
+            assert k in m, k
+        # fixed clip without dual clip: a token is clipped iff it is up- or low-clipped
+        assert m["tcr"] == pytest.approx(m["clip_up_frac"] + m["clip_low_frac"])
+        assert m["gen_per_trained"] == 1.0 and 0 <= m["pass@1"] <= m["pass@4"] <= 1
+        assert not math.isnan(m["cov_logp_adv"])
+    assert any(m["ratio_dev_median"] > 0 for m in rows)  # the second minibatch and epoch see moved ratios
