@@ -5,12 +5,10 @@ recomputes each tile of logits once and forms the gradients of log pi(y) and of 
 closed form, then w.r.t. the hidden states, the output weight and its bias."""
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 
-from .models import backbone, output_layer
+from .models import backbone, cache_kwarg, output_layer
 
 LOGITS_BUDGET = 1 << 22  # logits elements per tile (16 MiB in float32) when no chunk size is given
 MIN_VOCAB_SLICE = 2048  # tiles span at least this many vocabulary rows (or all of them)
@@ -188,11 +186,6 @@ def _shared_prompts(input_ids, attention_mask, completion_mask):
     return plen, torch.tensor(owner, device=dev), torch.tensor(first, device=dev)
 
 
-def _cache_kwarg(body) -> str:
-    """The name under which this transformers version's decoder takes a KV cache."""
-    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
-
-
 def _shared_prompt_hidden(body, input_ids, attention_mask, completion_mask, shared):
     """Hidden states [B, C, H] that predict each row's C completion slots, and the slots' targets and mask: each
     distinct prompt runs through ``body`` once and its KV cache serves all its rows (causal attention: a prompt's
@@ -204,7 +197,7 @@ def _shared_prompt_hidden(body, input_ids, attention_mask, completion_mask, shar
     p_att = attention_mask[first, :lp] * (torch.arange(lp, device=plen.device) < plen[first, None])
     cache = DynamicCache()
     h_prompt = body(input_ids=input_ids[first, :lp], attention_mask=p_att, use_cache=True,
-                    **{_cache_kwarg(body): cache}).last_hidden_state
+                    **{cache_kwarg(body): cache}).last_hidden_state
     cache.reorder_cache(owner)  # index_select per layer: each row gets its prompt's keys and values
     n_slots = int(completion_mask.sum(1).max())
     pos = plen[:, None] + torch.arange(n_slots, device=plen.device)
@@ -212,7 +205,7 @@ def _shared_prompt_hidden(body, input_ids, attention_mask, completion_mask, shar
     c_ids, c_mask = input_ids.gather(1, idx), completion_mask.gather(1, idx) * (pos < L)
     c_att = attention_mask.gather(1, idx) * (pos < L)
     h_comp = body(input_ids=c_ids, attention_mask=torch.cat([p_att[owner], c_att], 1), position_ids=pos,
-                  use_cache=True, **{_cache_kwarg(body): cache}).last_hidden_state
+                  use_cache=True, **{cache_kwarg(body): cache}).last_hidden_state
     last = h_prompt[owner, plen - 1][:, None]  # the last prompt position predicts the first completion token
     return torch.cat([last, h_comp[:, :-1]], 1), c_ids, c_mask.bool()
 
