@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import inspect
 import importlib.util
+import inspect
 import json
 import os
 import shutil

@@ -174,12 +174,12 @@ def main(argv=None):
                         "clock": "cpu" if a.threads == 1 else "wall"},
            **same_batch_losses(path)}
     ours = _ours(path, 10**6, tempfile.mkdtemp(prefix="cliplab-ours-"))
-    res["trl_default"] = time_both(path, a.steps, gradient_checkpointing=True, ours=ours)  # GRPOConfig's default
-    res["trl_no_checkpointing"] = time_both(path, a.steps, gradient_checkpointing=False, ours=ours)
+    for key, gc in (("trl_default", True), ("trl_no_checkpointing", False)):  # GRPOConfig's default, then without
+        res[key] = time_both(path, a.steps, gradient_checkpointing=gc, ours=ours)
+        if a.out:  # written after each, so that a long run keeps what it measured
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
     print(json.dumps(res, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
     return res
 
 
