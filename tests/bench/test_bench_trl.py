@@ -21,5 +21,6 @@ def test_steps_against_trl(benchmark):
     print(json.dumps({gc: r["speedup"] for gc, r in runs.items()}))
     for r in runs.values():
         assert len(r["ours_steps"]["cpu"]) == len(r["trl_steps"]["cpu"]) == steps and r["speedup"] > 0
-    if not benchmark.disabled:
+    if not benchmark.disabled:  # the target: at least 1.5x TRL's step rate
         benchmark.extra_info.update({f"speedup_trl_checkpointing_{gc}": r["speedup"] for gc, r in runs.items()})
+        assert min(r["speedup"] for r in runs.values()) >= 1.5
