@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .models import backbone, output_layer
+from .models import backbone, cache_kwarg, output_layer
 
 LOGITS_BUDGET = 1 << 22  # logits elements per tile (16 MiB in float32) when no chunk size is given
 MIN_VOCAB_SLICE = 2048  # tiles span at least this many vocabulary rows (or all of them)
@@ -166,15 +166,66 @@ def plain_logprobs(hidden, weight, targets, bias=None, temperature: float = 1.0)
     return logp, ent
 
 
+def _shared_prompts(input_ids, attention_mask, completion_mask):
+    """(prompt lengths [B], index of each row's prompt [B], first row of each prompt [U]) when rows repeat a prompt
+    (the same tokens before a completion that is contiguous after it), else None."""
+    n_comp = completion_mask.sum(1)
+    plen = completion_mask.argmax(1)
+    span = torch.arange(completion_mask.shape[1], device=plen.device)
+    contiguous = (((span >= plen[:, None]) & (span < (plen + n_comp)[:, None])) == completion_mask.bool()).all()
+    if not bool(contiguous) or bool((n_comp == 0).any()) or bool((plen == 0).any()):
+        return None
+    ids, att, lens = input_ids.tolist(), attention_mask.tolist(), plen.tolist()
+    seen, owner = {}, []
+    for i, n in enumerate(lens):
+        owner.append(seen.setdefault((tuple(ids[i][:n]), tuple(att[i][:n])), len(seen)))
+    if len(seen) == len(lens):
+        return None
+    first = [owner.index(k) for k in range(len(seen))]
+    dev = input_ids.device
+    return plen, torch.tensor(owner, device=dev), torch.tensor(first, device=dev)
+
+
+def _shared_prompt_hidden(body, input_ids, attention_mask, completion_mask, shared):
+    """Hidden states [B, C, H] that predict each row's C completion slots, and the slots' targets and mask: each
+    distinct prompt runs through ``body`` once and its KV cache serves all its rows (causal attention: a prompt's
+    keys and values do not depend on what follows it), so prompts shared by G rows cost 1/G of their compute."""
+    from transformers import DynamicCache
+    plen, owner, first = shared
+    L = input_ids.shape[1]
+    lp = int(plen.max())
+    p_att = attention_mask[first, :lp] * (torch.arange(lp, device=plen.device) < plen[first, None])
+    cache = DynamicCache()
+    h_prompt = body(input_ids=input_ids[first, :lp], attention_mask=p_att, use_cache=True,
+                    **{cache_kwarg(body): cache}).last_hidden_state
+    cache.reorder_cache(owner)  # index_select per layer: each row gets its prompt's keys and values
+    n_slots = int(completion_mask.sum(1).max())
+    pos = plen[:, None] + torch.arange(n_slots, device=plen.device)
+    idx = pos.clamp(max=L - 1)
+    c_ids, c_mask = input_ids.gather(1, idx), completion_mask.gather(1, idx) * (pos < L)
+    c_att = attention_mask.gather(1, idx) * (pos < L)
+    h_comp = body(input_ids=c_ids, attention_mask=torch.cat([p_att[owner], c_att], 1), position_ids=pos,
+                  use_cache=True, **{cache_kwarg(body): cache}).last_hidden_state
+    last = h_prompt[owner, plen - 1][:, None]  # the last prompt position predicts the first completion token
+    return torch.cat([last, h_comp[:, :-1]], 1), c_ids, c_mask.bool()
+
+
 def sequence_logprobs(model, input_ids, attention_mask, completion_mask, chunk: int | None = None,
                       temperature: float = 1.0):
     """Per-token log-probs and entropies [B, T-1] of ``input_ids[:, 1:]`` under ``model``, zero where
-    ``completion_mask[:, 1:]`` is 0; only completion tokens go through the output layer."""
-    h = backbone(model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    ``completion_mask[:, 1:]`` is 0; only completion tokens go through the output layer, and a prompt that several
+    rows share (a group) goes through the model once."""
+    body = backbone(model)
     sel = completion_mask[:, 1:].bool()
+    shared = _shared_prompts(input_ids, attention_mask, completion_mask)
+    if shared is None:
+        h = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1][sel]
+        y = input_ids[:, 1:][sel]
+    else:
+        h_all, y_all, c_sel = _shared_prompt_hidden(body, input_ids, attention_mask, completion_mask, shared)
+        h, y = h_all[c_sel], y_all[c_sel]  # row by row in order, as the [:, 1:] selection above
     head = output_layer(model)
-    lp, en = chunked_logprobs(h[sel], head.weight, input_ids[:, 1:][sel], bias=head.bias, chunk=chunk,
-                              temperature=temperature)
+    lp, en = chunked_logprobs(h, head.weight, y, bias=head.bias, chunk=chunk, temperature=temperature)
     logp = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device).masked_scatter(sel, lp)
     ent = torch.zeros(sel.shape, dtype=en.dtype, device=en.device).masked_scatter(sel, en)
     return logp, ent

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -262,6 +263,12 @@ def backbone(model) -> nn.Module:
     """The transformer body (no output layer) of a causal LM, peft-wrapped or not."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.get_decoder()
+
+
+def cache_kwarg(module) -> str:
+    """The keyword under which this transformers version's model or decoder takes a KV cache ('cache' from 5.2x,
+    before that 'past_key_values')."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def output_layer(model) -> nn.Linear:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .models import backbone, cache_kwarg
+
 ENGINES = ("hf", "vllm")
 
 
@@ -63,10 +65,14 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
+            shared = self._prompt_cache(ids, att, n) if n > 1 and width > 1 else {}
+            if shared:  # each row starts from its prompt's cache: generate runs only the prompts' last tokens
+                ids, att = ids.repeat_interleave(n, 0), att.repeat_interleave(n, 0)
             out = self.model.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature,
-                                      top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, num_return_sequences=n,
-                                      output_scores=True, return_dict_in_generate=True, pad_token_id=pad,
-                                      eos_token_id=eos, use_cache=True)
+                                      top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                                      num_return_sequences=1 if shared else n, output_scores=True,
+                                      return_dict_in_generate=True, pad_token_id=pad, eos_token_id=eos,
+                                      use_cache=True, **shared)
         self.model.train(was_training)
         seq = out.sequences[:, width:]
         scores = torch.stack(out.scores, 1).float()  # [B, T, V], processed (temperature applied)
@@ -79,6 +85,17 @@ class HFEngine:
             res.logprobs.append(lp[i, :end].tolist())
             res.truncated.append(eos not in row)
         return res
+
+    def _prompt_cache(self, ids, att, n) -> dict:
+        """The KV cache of every left-padded prompt but its last token, computed once per prompt and repeated for
+        its ``n`` samples (at the positions ``generate`` gives left-padded rows), as a ``generate`` keyword."""
+        from transformers import DynamicCache
+        body, cache = backbone(self.model), DynamicCache()
+        pos = (att.cumsum(1) - 1).clamp(min=0)
+        body(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=True,
+             **{cache_kwarg(body): cache})
+        cache.batch_repeat_interleave(n)
+        return {cache_kwarg(body): cache}
 
     def update(self, model) -> None:
         """Nothing to copy: ``generate`` runs on the trained model."""

@@ -133,16 +133,29 @@ def _logprob_peak(kind, n, hidden, vocab) -> float:
 
 
 def _logprob_times(n, hidden, vocab, rounds, threads) -> dict:
-    """Seconds per step (best of ``rounds``) of plain and chunked, alternating in this one process."""
+    """Seconds per step of plain and chunked, alternating in this one process (plain first, then chunked, each
+    round), each step timed by the wall clock and by this process's CPU time."""
     import torch
     if threads:
         torch.set_num_threads(threads)
     x, w, y = logprob_inputs(n, hidden, vocab)
-    best = {"plain": float("inf"), "chunked": float("inf")}
+    out = {k: {"wall": [], "cpu": []} for k in ("plain", "chunked")}
     for _ in range(rounds):
-        for kind in best:
-            best[kind] = min(best[kind], _best_time(lambda: _logprob_step(kind, x, w, y), 1))
-    return best
+        for kind, rec in out.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            _logprob_step(kind, x, w, y)
+            rec["cpu"].append(time.process_time() - c0)
+            rec["wall"].append(time.perf_counter() - w0)
+    return out
+
+
+def _ratios(times: dict, clock: str) -> dict:
+    """Median and min seconds per variant, and chunked over plain: the median of the per-round ratios (each round's
+    two steps ran back to back, so the machine's load drifts least between them), and the ratio of the minima."""
+    c, p = times["chunked"][clock], times["plain"][clock]
+    return {"median_s": {"plain": float(np.median(p)), "chunked": float(np.median(c))},
+            "min_s": {"plain": min(p), "chunked": min(c)},
+            "ratio_median": float(np.median([a / b for a, b in zip(c, p)])), "ratio_of_min": min(c) / min(p)}
 
 
 def _in_fresh_process(call: str):
@@ -151,14 +164,19 @@ def _in_fresh_process(call: str):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def logprob_compare(n: int = 2048, vocab: int = 151936, hidden: int = 896, rounds: int = 2,
-                    threads: int | None = None) -> dict:
+def logprob_compare(n: int = 2048, vocab: int = 151936, hidden: int = 896, rounds: int = 5,
+                    threads: int | None = 1) -> dict:
     """Plain full-logits log-prob + entropy against gpu.logprobs' chunked function, forward and backward: extra peak
     memory of each in its own fresh process, and time of both alternating in one process; their ratios, and the
-    chunked peak over the size of the output-layer weight gradient (float32)."""
+    chunked peak over the size of the output-layer weight gradient (float32). With one thread the time ratio is
+    read from CPU time (a shared machine's load stretches the wall clock, not the CPU time), else from the wall
+    clock."""
     peak = {k: _in_fresh_process(f"_logprob_peak({k!r}, {n}, {hidden}, {vocab})") for k in ("plain", "chunked")}
-    secs = _in_fresh_process(f"_logprob_times({n}, {hidden}, {vocab}, {rounds}, {threads})")
+    times = _in_fresh_process(f"_logprob_times({n}, {hidden}, {vocab}, {rounds}, {threads})")
+    clock = "cpu" if threads == 1 else "wall"
     grad_mib = vocab * hidden * 4 / 2**20
-    return {"tokens": n, "vocab": vocab, "hidden": hidden, "weight_grad_mib": grad_mib,
-            "extra_peak_mib": peak, "seconds": secs, "time_ratio": secs["chunked"] / secs["plain"],
-            "peak_ratio": peak["chunked"] / peak["plain"], "peak_over_weight_grad": peak["chunked"] / grad_mib}
+    by_clock = {k: _ratios(times, k) for k in ("cpu", "wall")}
+    return {"tokens": n, "vocab": vocab, "hidden": hidden, "threads": threads, "rounds": rounds, "clock": clock,
+            "weight_grad_mib": grad_mib, "extra_peak_mib": peak, "seconds": times, **by_clock,
+            "time_ratio": by_clock[clock]["ratio_median"], "peak_ratio": peak["chunked"] / peak["plain"],
+            "peak_over_weight_grad": peak["chunked"] / grad_mib}

@@ -107,3 +107,58 @@ def test_sequence_logprobs_match_full_forward(tiny_path):
     ref = full.gather(-1, ids[:, 1:, None]).squeeze(-1) * comp[:, 1:]
     torch.testing.assert_close(lp.detach(), ref, rtol=1e-4, atol=1e-5)
     assert (lp[comp[:, 1:] == 0] == 0).all() and (en[comp[:, 1:] == 1] > 0).all()
+
+
+def _groups_batch(prompts, group, vocab, seed=0):
+    """Right-padded prompt + completion rows, ``group`` rows per prompt, completions of random lengths 1..7."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [(p, torch.randint(3, vocab, (int(torch.randint(1, 8, (1,), generator=g)),), generator=g).tolist())
+            for p in prompts for _ in range(group)]
+    width = max(len(p) + len(c) for p, c in rows)
+    ids, att, comp = (torch.zeros(len(rows), width, dtype=torch.long) for _ in range(3))
+    for i, (p, c) in enumerate(rows):
+        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+        att[i, :len(p) + len(c)] = 1
+        comp[i, len(p):len(p) + len(c)] = 1
+    return ids, att, comp
+
+
+@pytest.mark.parametrize("entropy_weight", [0.0, 1.0])
+def test_shared_prompts_equal_the_full_forward_values_and_grads(tiny_path, entropy_weight):
+    """Rows that repeat a prompt (groups) share one prompt pass; log-probs, entropies and every parameter's gradient
+    equal those of the whole rows through the model (the output layer evaluated the same way, on the same tokens)."""
+    from gpu.logprobs import _shared_prompts
+    from gpu.models import backbone, load_policy, output_layer
+    model = load_policy(tiny_path).train()
+    ids, att, comp = _groups_batch([[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]], 3, 500)
+    assert _shared_prompts(ids, att, comp) is not None  # the shared path is the one under test
+
+    def full_rows():
+        h = backbone(model)(input_ids=ids, attention_mask=att).last_hidden_state[:, :-1]
+        sel, head = comp[:, 1:].bool(), output_layer(model)
+        lp, en = chunked_logprobs(h[sel], head.weight, ids[:, 1:][sel], bias=head.bias)
+        return (torch.zeros(sel.shape).masked_scatter(sel, lp), torch.zeros(sel.shape).masked_scatter(sel, en))
+
+    out = []
+    for fn in (full_rows, lambda: sequence_logprobs(model, ids, att, comp)):
+        model.zero_grad()
+        lp, en = fn()
+        (1.3 * lp.sum() + entropy_weight * en.sum()).backward()
+        out.append((lp.detach(), en.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lp, en, grads), (ref_lp, ref_en, ref_grads) = out[1], out[0]
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(en, ref_en, rtol=1e-5, atol=1e-5)
+    for a, r in zip(grads, ref_grads):
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_shared_prompts_only_for_repeated_prompts_with_contiguous_completions():
+    from gpu.logprobs import _shared_prompts
+    ids, att, comp = _groups_batch([[5, 6, 7], [8, 9]], 1, 500)
+    assert _shared_prompts(ids, att, comp) is None  # every prompt once: nothing to share
+    ids, att, comp = _groups_batch([[5, 6, 7], [8, 9]], 2, 500)
+    plen, owner, first = _shared_prompts(ids, att, comp)
+    assert plen.tolist() == [3, 3, 2, 2] and owner.tolist() == [0, 0, 1, 1] and first.tolist() == [0, 2]
+    comp[0, 3] = 0
+    comp[0, 2] = 1  # a completion that is not one contiguous span after its prompt: the rows run whole
+    assert _shared_prompts(ids, att, comp) is None

@@ -35,12 +35,13 @@ def test_logprobs_forward_backward(benchmark, kind, vocab):
 
 
 def test_logprobs_side_by_side(benchmark):
-    """The issue's size in `make bench`: chunked extra peak <= 1.25x the weight gradient, and the time ratio."""
+    """The issue's size in `make bench`: chunked extra peak <= 1.25x the weight gradient, and the time ratio (one
+    thread, CPU time, median of the per-round ratios of alternating steps)."""
     size = (256, 16384, 64) if benchmark.disabled else (2048, 151936, 896)
-    res = benchmark.pedantic(logprob_compare, args=size, kwargs={"rounds": 1 if benchmark.disabled else 2},
+    res = benchmark.pedantic(logprob_compare, args=size, kwargs={"rounds": 1 if benchmark.disabled else 3},
                              rounds=1)
     print(json.dumps(res))
     assert res["extra_peak_mib"]["chunked"] < res["extra_peak_mib"]["plain"]
     if not benchmark.disabled:
         benchmark.extra_info.update(res)
-        assert res["peak_over_weight_grad"] <= 1.25
+        assert res["peak_over_weight_grad"] <= 1.25 and res["time_ratio"] <= 1.1
