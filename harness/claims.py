@@ -106,24 +106,39 @@ def _final(g: Groups, label: str, key: str) -> np.ndarray:
 
 
 ENTROPY_PARTS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_hard", "entropy_easy")
+#: feature_lm's exact contributions to entropy by kind of context; they add up to the entropy.
+ENTROPY_SHARES = ("entropy_ordinary", "entropy_fork", "entropy_end", "entropy_offtrack")
 
 
 def attribution(g: Groups, a: str, b: str) -> str:
     """Which parts of the entropy moved between labels a and b at the end: the exact split by decision type
-    (reward-relevant vs interchangeable tokens, entropy among correct continuations) and by prompt difficulty."""
-    parts = []
-    for key in ENTROPY_PARTS:
+    (reward-relevant vs interchangeable tokens, entropy among correct continuations), by prompt difficulty, and
+    (feature_lm) the contributions by kind of context, which add up to the gap; the largest is named."""
+    parts, shares = [], {}
+    for key in ENTROPY_PARTS + ENTROPY_SHARES:
         if np.isfinite(g.curve(a, key)).any():
-            d, se, _ = compare(_final(g, a, key), _final(g, b, key))
+            d, se, ok = compare(_final(g, a, key), _final(g, b, key))
             parts.append(f"{key[8:]} {fmt(d)} ± {fmt(se)}")
-    return "final entropy gap by part: " + ", ".join(parts) if parts else ""
+            if key in ENTROPY_SHARES:
+                shares[key[8:]] = (d, ok)
+    if not parts:
+        return ""
+    out = "final entropy gap by part: " + ", ".join(parts)
+    if shares:
+        top = max(shares, key=lambda k: abs(shares[k][0]))
+        total = sum(d for d, _ in shares.values())
+        out += (f"; of the contributions by context (total {fmt(total)}), the largest is {top} "
+                f"({fmt(shares[top][0])}, {'significant' if shares[top][1] else 'not significant'})")
+    return out
 
 
 def _clip_profile(g: Groups, label: str) -> str:
     up, pold = mean_se(g.per_seed(label, "clip_up_frac"))[0], mean_se(g.per_seed(label, "upclip_pold_median"))[0]
     low = mean_se(g.per_seed(label, "upclip_pold_lt02"))[0]
+    fork = mean_se(g.per_seed(label, "upclip_fork_share"))[0]
+    at_fork = f", {fmt(fork, pct=True)} of them at forking positions" if np.isfinite(fork) else ""
     return (f"up-clipped {fmt(up, pct=True)} of tokens, their median pi_old {fmt(pold)}, share with pi_old < 0.2 "
-            f"{fmt(low, pct=True)}")
+            f"{fmt(low, pct=True)}{at_fork}")
 
 
 def claim_clip_higher(g: Groups):
@@ -194,9 +209,7 @@ def claim_random_reward(g: Groups):
                 f"(diff {sig(d, se, ok)}); initial {fmt(mean_se(g.per_seed(base, 'entropy', 'first'))[0])}; "
                 + _clip_profile(g, base))
         verdict = "reproduced" if ok and d > 0 else ("reversed" if ok else "no effect")
-        why = ("with A independent of the answer, the up-clipped tokens (A > 0, r > 1 + eps) are the ones whose "
-               "probability was rising; capping them while down-moves continue sharpens the policy; "
-               if verdict == "reproduced" else "") + attribution(g, base, free)
+        why = attribution(g, base, free)
         rows.append((f"{algo}, {_setting(rest)}", meas, verdict, why))
     return rows
 
