@@ -49,6 +49,7 @@ def _enumerate(env, theta):
     P, T = env.P, env.T
     success, tok_p, ent_p = np.zeros(P), np.zeros(P), np.zeros(P)
     kl = dec = good_ent = good_w = 0.0
+    by_part = np.zeros(4)
     for p in range(P):
         for seq in itertools.product(range(env.vocab), repeat=T):
             rows, outcome, n = _walk(env, p, seq)
@@ -60,6 +61,8 @@ def _enumerate(env, theta):
             on = True
             for t, (r, v) in enumerate(zip(rows, seq[:n])):
                 ent_p[p] += prob * _entropy(pi[r])
+                kind = "offtrack" if not on else ("end" if t == env.K else ("fork" if env.fork[p, t] else "ordinary"))
+                by_part[["ordinary", "fork", "end", "offtrack"].index(kind)] += prob * _entropy(pi[r])
                 kl += prob * float((pi[r] * (logp[r] - ref[r])).sum())
                 groups = {}
                 for w in range(env.vocab):
@@ -74,7 +77,7 @@ def _enumerate(env, theta):
     tokens = tok_p.sum()
     return {"success": success, "entropy": ent_p.sum() / tokens, "kl_ref": kl / tokens,
             "entropy_decision": dec / tokens, "entropy_correct": good_ent / good_w,
-            "prompt_entropy": ent_p / tok_p, "length": tokens / P,
+            "prompt_entropy": ent_p / tok_p, "length": tokens / P, "by_part": by_part / tokens,
             "len_wrong": (tokens / P - (env.K + 1) * success.mean()) / (1 - success.mean())}
 
 
@@ -88,6 +91,9 @@ def test_exact_metrics_equal_enumeration():
     for key in ("entropy", "kl_ref", "entropy_decision", "entropy_correct"):
         assert snap.values[key] == pytest.approx(brute[key], rel=1e-11), key
     assert snap.values["len_wrong_exact"] == pytest.approx(brute["len_wrong"], rel=1e-11)
+    parts = [snap.values[f"entropy_{k}"] for k in ("ordinary", "fork", "end", "offtrack")]
+    np.testing.assert_allclose(parts, brute["by_part"], rtol=1e-11, atol=1e-15)
+    assert sum(parts) == pytest.approx(brute["entropy"], rel=1e-11) and min(parts) > 0
     assert snap.values["accuracy_exact"] == pytest.approx(brute["success"].mean(), rel=1e-11)
     m = exact_metrics(snap, np.array([0]), np.array([2]))
     for k in (1, 8, 64):
