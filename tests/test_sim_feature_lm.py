@@ -301,3 +301,21 @@ def test_bad_feature_lm_settings_name_the_key(over, field):
 def test_unknown_environment_lists_the_known_ones():
     with pytest.raises(ValueError, match="bandit, toy_lm, feature_lm"):
         Trainer("atari", "grpo", 0)
+
+
+def test_step_clips_by_hand():
+    """GRPO's bounds [0.8, 1.2]: which tokens clip up or down, their pi_old, and the up-clipped share at forks."""
+    from sim.metrics import StepClips
+    old = np.log(np.array([[0.1, 0.5, 0.3, 0.9], [0.05, 0.6, 0.25, 0.5]]))
+    ratio = np.array([[1.5, 1.1, 1.3, 0.7], [2.0, 0.5, 1.25, 1.0]])
+    adv = np.array([[1.0, 1.0, 1.0, -1.0], [1.0, -1.0, 1.0, 1.0]])
+    mask = np.array([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    fork = np.array([[True, False, False, False], [False, False, True, False]])
+    clips = StepClips("grpo", {"eps_low": 0.2, "eps_high": 0.2})
+    clips.add(old + np.log(ratio), old, adv, mask, fork)
+    s = clips.summary()
+    # up: A > 0 and r > 1.2 -> (0,0) p 0.1 fork, (0,2) p 0.3, (1,0) p 0.05, (1,2) p 0.25 fork; low: (0,3), (1,1)
+    assert s["clip_up_frac"] == pytest.approx(4 / 7) and s["clip_low_frac"] == pytest.approx(2 / 7)
+    assert s["upclip_pold_median"] == pytest.approx(0.175) and s["upclip_pold_lt02"] == pytest.approx(2 / 4)
+    assert s["upclip_fork_share"] == pytest.approx(2 / 4)
+    assert s["freed_frac"] == 0.0  # eps_high 0.2 frees nothing
