@@ -367,6 +367,9 @@ def claim_sapo(g: Groups):
             verdict, why = "reproduced", f"the paper's ordering is better on {', '.join(favour)}; " + scale
         elif against and not favour:
             verdict, why = "reversed", f"the mirrored ordering is better on {', '.join(against)}; " + scale
+        elif abs(slope[0] - slope[1]) < 0.01:
+            verdict, why = "not testable here", ("at the median ratio the two gates' slopes differ by under 1%, so "
+                                                 "the orderings train alike; " + scale)
         elif worst < 0.02:
             verdict, why = "not testable here", (f"no instability to damp (worst drop of exact accuracy in any run "
                                                  f"{fmt(worst)}); " + scale)
