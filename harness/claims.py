@@ -106,24 +106,39 @@ def _final(g: Groups, label: str, key: str) -> np.ndarray:
 
 
 ENTROPY_PARTS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_hard", "entropy_easy")
+#: feature_lm's exact contributions to entropy by kind of context; they add up to the entropy.
+ENTROPY_SHARES = ("entropy_ordinary", "entropy_fork", "entropy_end", "entropy_offtrack")
 
 
 def attribution(g: Groups, a: str, b: str) -> str:
     """Which parts of the entropy moved between labels a and b at the end: the exact split by decision type
-    (reward-relevant vs interchangeable tokens, entropy among correct continuations) and by prompt difficulty."""
-    parts = []
-    for key in ENTROPY_PARTS:
+    (reward-relevant vs interchangeable tokens, entropy among correct continuations), by prompt difficulty, and
+    (feature_lm) the contributions by kind of context, which add up to the gap; the largest is named."""
+    parts, shares = [], {}
+    for key in ENTROPY_PARTS + ENTROPY_SHARES:
         if np.isfinite(g.curve(a, key)).any():
-            d, se, _ = compare(_final(g, a, key), _final(g, b, key))
+            d, se, ok = compare(_final(g, a, key), _final(g, b, key))
             parts.append(f"{key[8:]} {fmt(d)} ± {fmt(se)}")
-    return "final entropy gap by part: " + ", ".join(parts) if parts else ""
+            if key in ENTROPY_SHARES:
+                shares[key[8:]] = (d, ok)
+    if not parts:
+        return ""
+    out = "final entropy gap by part: " + ", ".join(parts)
+    if shares:
+        top = max(shares, key=lambda k: abs(shares[k][0]))
+        total = sum(d for d, _ in shares.values())
+        out += (f"; of the contributions by context (total {fmt(total)}), the largest is {top} "
+                f"({fmt(shares[top][0])}, {'significant' if shares[top][1] else 'not significant'})")
+    return out
 
 
 def _clip_profile(g: Groups, label: str) -> str:
     up, pold = mean_se(g.per_seed(label, "clip_up_frac"))[0], mean_se(g.per_seed(label, "upclip_pold_median"))[0]
     low = mean_se(g.per_seed(label, "upclip_pold_lt02"))[0]
+    fork = mean_se(g.per_seed(label, "upclip_fork_share"))[0]
+    at_fork = f", {fmt(fork, pct=True)} of them at forking positions" if np.isfinite(fork) else ""
     return (f"up-clipped {fmt(up, pct=True)} of tokens, their median pi_old {fmt(pold)}, share with pi_old < 0.2 "
-            f"{fmt(low, pct=True)}")
+            f"{fmt(low, pct=True)}{at_fork}")
 
 
 def claim_clip_higher(g: Groups):
@@ -194,9 +209,7 @@ def claim_random_reward(g: Groups):
                 f"(diff {sig(d, se, ok)}); initial {fmt(mean_se(g.per_seed(base, 'entropy', 'first'))[0])}; "
                 + _clip_profile(g, base))
         verdict = "reproduced" if ok and d > 0 else ("reversed" if ok else "no effect")
-        why = ("with A independent of the answer, the up-clipped tokens (A > 0, r > 1 + eps) are the ones whose "
-               "probability was rising; capping them while down-moves continue sharpens the policy; "
-               if verdict == "reproduced" else "") + attribution(g, base, free)
+        why = attribution(g, base, free)
         rows.append((f"{algo}, {_setting(rest)}", meas, verdict, why))
     return rows
 
@@ -221,8 +234,9 @@ def claim_entropy_collapse(g: Groups):
         acc = g.per_seed(lbl, "accuracy_exact", "last")
         n_half = int(np.isfinite(half_steps).sum())
         meas = (f"{algo}: entropy {fmt(*mean_se(e0))} -> {fmt(*mean_se(e1))} ({fmt(mean_se(1 - e1 / e0)[0], pct=True)}"
-                f" fall); half-entropy step {fmt(*mean_se(half_steps))} in {n_half}/{len(c)} seeds; pass@64 peak "
-                f"{fmt(*mean_se(peak))}, peak-to-final drop {fmt(*mean_se(drop))}; final accuracy {fmt(*mean_se(acc))}")
+                f" fall); half-entropy step {fmt(*mean_se(half_steps))} in {n_half}/{len(c)} seeds; pass@64 initial "
+                f"{fmt(mean_se(p64[:, 0])[0])}, peak {fmt(*mean_se(peak))}, peak-to-final drop {fmt(*mean_se(drop))}; "
+                f"final accuracy {fmt(*mean_se(acc))}")
         parts = ", ".join(f"{k[8:]} {fmt(mean_se(g.curve(lbl, k)[:, 0])[0])} -> {fmt(mean_se(_final(g, lbl, k))[0])}"
                           for k in ENTROPY_PARTS if np.isfinite(g.curve(lbl, k)).any())
         if n_half == len(c) and np.nanmean(half_steps) < steps / 2:
@@ -317,8 +331,12 @@ def _instability(g: Groups, label: str):
 
 
 def claim_sapo(g: Groups):
+    from spec.registry import ALGORITHMS
+    default = ALGORITHMS["sapo"].defaults
+    taus = {tuple(float(g.runs[lbl][0]["params"].get(k, default[k])) for k in ("tau_pos", "tau_neg"))
+            for lbl in g.labels() if g.runs[lbl][0]["algo"] == "sapo"}
     found = []
-    for tp, tn in ((1.0, 1.05), (1.0, 2.0)):
+    for tp, tn in sorted(t for t in taus if t[1] > t[0] and t[::-1] in taus):  # each ordering with its mirror
         found += [(tp, tn, *p) for p in pairs(g, "sapo", {"tau_pos": (tp, tn), "tau_neg": (tn, tp)})]
     if not found:
         return "n/a", *_missing("SAPO with tau_neg > tau_pos and its mirror",
@@ -329,22 +347,35 @@ def claim_sapo(g: Groups):
         d, se, ok = compare(ig, ir)
         ag, ar = g.per_seed(good, "accuracy_exact", "last"), g.per_seed(rev, "accuracy_exact", "last")
         da, sa, oka = compare(ar, ag)
+        fg, fr = (np.nanmax(g.curve(x, "accuracy_exact"), axis=1) - _final(g, x, "accuracy_exact") for x in (good, rev))
+        df, sf, okf = compare(fg, fr)
         dev = mean_se(g.per_seed(good, "ratio_dev_median"))[0]
         meas = (f"tau_pos/tau_neg {tp}/{tn} vs {tn}/{tp}: worst drop of exact accuracy {fmt(*mean_se(ig))} vs "
-                f"{fmt(*mean_se(ir))} (diff {sig(d, se, ok)}); final accuracy {fmt(*mean_se(ag))} vs "
+                f"{fmt(*mean_se(ir))} (diff {sig(d, se, ok)}); peak minus final accuracy {fmt(*mean_se(fg))} vs "
+                f"{fmt(*mean_se(fr))} (diff {sig(df, sf, okf)}); final accuracy {fmt(*mean_se(ag))} vs "
                 f"{fmt(*mean_se(ar))} (diff {sig(da, sa, oka)}); final entropy "
                 f"{fmt(mean_se(_final(g, good, 'entropy'))[0])} vs {fmt(mean_se(_final(g, rev, 'entropy'))[0])}")
         slope = [1 / np.cosh(t * dev / 2) ** 2 for t in (tp, tn)] if np.isfinite(dev) else [np.nan, np.nan]
         scale = (f"median |r - 1| of tokens with A != 0: {fmt(dev)}; there the gate slopes sech^2(tau (r - 1) / 2) "
                  f"of tau {tp} and {tn} are {fmt(slope[0])} and {fmt(slope[1])}")
         worst = float(np.nanmax([np.nanmax(ig), np.nanmax(ir)]))
-        if (ok and d > 0) or (oka and da > 0):
-            verdict, why = "reproduced", "the paper's ordering is steadier; " + scale
-        elif (ok and d < 0) or (oka and da < 0):
-            verdict, why = "reversed", "the mirrored ordering is steadier; " + scale
+        favour = [name for name, s, x in (("worst drop", ok, d), ("fall from the peak", okf, df),
+                                          ("final accuracy", oka, da)) if s and x > 0]
+        against = [name for name, s, x in (("worst drop", ok, d), ("fall from the peak", okf, df),
+                                           ("final accuracy", oka, da)) if s and x < 0]
+        if favour and not against:
+            verdict, why = "reproduced", f"the paper's ordering is better on {', '.join(favour)}; " + scale
+        elif against and not favour:
+            verdict, why = "reversed", f"the mirrored ordering is better on {', '.join(against)}; " + scale
+        elif abs(slope[0] - slope[1]) < 0.01:
+            verdict, why = "not testable here", ("at the median ratio the two gates' slopes differ by under 1%, so "
+                                                 "the orderings train alike; " + scale)
         elif worst < 0.02:
             verdict, why = "not testable here", (f"no instability to damp (worst drop of exact accuracy in any run "
                                                  f"{fmt(worst)}); " + scale)
+        elif favour:
+            verdict, why = "no effect", (f"the measures disagree: better on {', '.join(favour)}, worse on "
+                                         f"{', '.join(against)}; " + scale)
         else:
             verdict, why = "no effect", "instability appears but the orderings do not differ beyond noise; " + scale
         rows.append((_setting(rest), meas, verdict, why))

@@ -83,24 +83,30 @@ ENV_TEXT = {
                "difficulty; responses are one token long."),
     "feature_lm": ("Feature LM: a log-linear policy logits(c) = b(c) + phi(c) theta over 128 tokens; theta is "
                    "shared by every prompt and position (features: bias, position, on/off-track flag, 32 random "
-                   "directions), b is a frozen Zipfian prior with a confident dominant token per context. An "
-                   "answer is 4 tokens then EOS. At 2 forking positions per prompt 2 tokens are acceptable, the "
-                   "dominant token is wrong and the acceptable ones sit delta nats from it (delta from -8, "
-                   "hopeless, to +4, easy); the other positions are free (any token but EOS). A wrong token "
-                   "sends the response into off-track contexts until EOS or max_len 8 (truncated). Entropy, KL, "
-                   "accuracy_exact, pass@k and the entropy split are exact (a recursion over positions) on "
-                   "evaluated steps."),
+                   "directions), b is a frozen Zipfian prior with a confident dominant token per context, drawn "
+                   "from the Zipf head. An answer is 4 tokens then EOS; each position accepts 2 tokens. At an "
+                   "ordinary position the dominant token and one improbable synonym are acceptable, the Zipf tail "
+                   "is not. At 2 forking positions per prompt the dominant token is wrong and the acceptable "
+                   "tokens come from a pool of 8 improbable tokens shared by all prompts (Zipf ranks 8-15); the "
+                   "first sits delta nats from the dominant one (delta from -8, hopeless, to +4, easy). A wrong "
+                   "token sends the response into off-track contexts until EOS or max_len 8 (truncated). "
+                   "Entropy, KL, accuracy_exact, pass@k, the entropy split and its contributions by kind of "
+                   "context (ordinary, fork, end, off-track) are exact (a recursion over positions) on evaluated "
+                   "steps."),
 }
 #: One line per environment: what it can and cannot show.
 ENV_SCOPE = {
     "toy_lm": ("Can show: clipping statistics, length bias, dynamic-sampling cost, reward-scheme effects, exact "
                "pass@k. Cannot show: entropy collapse or its spread across prompts - each (prompt, state) has its "
                "own logits, and most of its entropy is the reward-irrelevant filler choice."),
-    "feature_lm": ("Can show: entropy falling through parameters shared by prompts and positions, which tokens "
-                   "the bounds clip once ratios move (stale rollouts, several minibatches; DAPO Fig. 3a), the "
-                   "upper clip's effect on entropy under random rewards, exact pass@k and the entropy split. "
-                   "Cannot show: language, long reasoning or scale (random features, 4-token answers); effects "
-                   "smaller than the seed-to-seed spread of 5 seeds read as no effect."),
+    "feature_lm": ("Can show: entropy collapse through parameters shared by prompts and positions (the "
+                   "half-entropy step, pass@64 rising then falling as the improbable tokens hard prompts need are "
+                   "suppressed), the upper clip's effect on entropy once ratios move (rollouts 2 steps old, 8 "
+                   "minibatches) with exact attribution by kind of context, the same under random rewards, SAPO's "
+                   "temperatures under staler rollouts, exact pass@k. Cannot show: language, long reasoning or "
+                   "scale (random features, 4-token answers); most of its entropy sits in the off-track contexts "
+                   "of wrong answers, so a gap there is not DAPO's exploration at forks; effects smaller than the "
+                   "seed-to-seed spread of 5 seeds read as no effect."),
     "bandit": "Can show: the one-step entropy law exactly. Cannot show: anything sequential.",
 }
 SETUP_KEYS = ("n_prompts", "batch_prompts", "group_size", "max_len", "optimizer", "lr", "epochs", "minibatches",

@@ -75,7 +75,7 @@ ENV_SETTINGS = {
 }
 ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0), "feature_lm": (-8.0, 4.0)}
 ENV_DEFAULTS = {"bandit": {"eval_every": 1}, "toy_lm": {"eval_every": 1},
-                "feature_lm": {"n_prompts": 256, "eval_every": 5, "staleness": 2, "epochs": 1, "minibatches": 8,
+                "feature_lm": {"n_prompts": 256, "eval_every": 10, "staleness": 2, "epochs": 1, "minibatches": 8,
                                "overlong_cache": 2}}
 ALGO_SETTINGS = {
     "ppo": {"reward": "binary", "adv": "gae"},

@@ -4,13 +4,17 @@
 (the log-linear / softmax policy of Cui et al. 2505.22617 Sec. 2, with features). An update from one prompt moves
 every context whose features overlap: the bias, the position, the on/off-track flag and random directions.
 
-A response is ``answer_len`` (K) answer tokens, then EOS. The prior is Zipfian over the vocabulary (token 0 is EOS)
-plus a confident dominant token per context. At the prompt's ``forks`` forking positions ``n_correct`` tokens are
-acceptable: the dominant token is wrong and the acceptable ones sit ``delta_p`` nats from it, delta spread from
-hopeless (``difficulty_low``) to easy (``difficulty_high``). Every other answer position is free: any token but EOS
-keeps the answer on track (so most of the entropy is among correct continuations, as in an LM). A wrong token leaves the
-answer: the response continues in off-track contexts (shared by prompts, one per position) until EOS (wrong) or
-``max_len`` (truncated: malformed). EOS before position K ends a short, wrong answer.
+A response is ``answer_len`` (K) answer tokens, then EOS. The prior is Zipfian over the vocabulary (token 0 is EOS;
+one global ranking of the other tokens) plus a confident dominant token per context, drawn from the Zipf head. Each
+answer position accepts ``n_correct`` tokens; any other keeps the response going off track. At an ordinary position
+the dominant token is acceptable and its ``n_correct - 1`` synonyms are uniform draws from the vocabulary (mostly
+the Zipf tail: correct but improbable). At the prompt's ``forks`` forking positions the dominant token is wrong:
+the acceptable tokens are drawn from a pool of ``4 n_correct`` improbable tokens shared by all prompts (Zipf ranks
+from 8 on, the "exploration tokens"); the first sits ``delta_p`` nats from the dominant one (delta spread from
+hopeless, ``difficulty_low``, to easy, ``difficulty_high``), the others keep their Zipf logit. Suppressing the tail
+through the shared parameters makes every prompt surer and cuts the improbable alternatives that hard prompts need.
+A wrong token leaves the answer: the response continues in off-track contexts (shared by prompts, one per position)
+until EOS (wrong) or ``max_len`` (truncated: malformed). EOS before position K ends a short, wrong answer.
 
 Rows of the logit table: on-track context (p, t <= K) is row p (K + 1) + t; off-track position t is row
 P (K + 1) + t. Exact expectations come from a forward recursion over positions of the on- and off-track masses.
@@ -19,9 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tabular import CORRECT, MALFORMED, WRONG, Rollout, Snapshot, tables, token_logit_grad, xlogx
+from .tabular import CORRECT, MALFORMED, WRONG, Rollout, Snapshot, tables, xlogx
 
 EOS = 0
+#: Kinds of context, for the entropy's attribution: answer positions (ordinary, forking), the EOS decision after
+#: the answer, and off-track contexts.
+PARTS = ("ordinary", "fork", "end", "offtrack")
 
 
 class FeatureLM:
@@ -52,7 +59,11 @@ class FeatureLM:
         pos = np.concatenate([np.tile(np.arange(K + 1), P), np.arange(T)])
         on_track = np.arange(self.n_rows) < self.off0
         base[:, EOS] = np.where(on_track, np.where(pos == K, confidence + 3.0, -2.0), confidence - 2.0 + pos - K)
-        # acceptable tokens: the dominant one and synonyms, except at forks where the dominant token is wrong
+        # acceptable tokens: the dominant one and improbable synonyms; at forks the dominant is wrong and the
+        # acceptable ones come from a shared pool of 4 n_correct improbable tokens (Zipf ranks from 8 on)
+        size = min(4 * n_correct, V - 1)
+        start = min(8, V - size)
+        pool = 1 + np.flatnonzero((rank >= start) & (rank < start + size))
         self.delta = rng.permutation(np.linspace(difficulty_low, difficulty_high, P))
         self.accept = np.zeros((P, K, V))
         fork = np.zeros((P, K), dtype=bool)
@@ -60,16 +71,17 @@ class FeatureLM:
             fork[p, rng.choice(K, size=forks, replace=False)] = True
             for k in range(K):
                 row = p * (K + 1) + k
-                others = 1 + rng.choice(V - 1, size=n_correct + 1, replace=False)
-                others = [v for v in others if v != dominant[row]][:n_correct]
                 if fork[p, k]:
-                    good = others
-                    base[row, good] = confidence + self.delta[p] - 2.0 * (np.arange(len(good)) > 0)
-                else:  # a free position: every token but EOS keeps the answer on track
-                    good = np.arange(1, V)
+                    good = rng.choice(pool[pool != dominant[row]], size=n_correct, replace=False)
+                    base[row, good[0]] = confidence + self.delta[p]
+                else:
+                    others = 1 + rng.choice(V - 1, size=n_correct, replace=False)
+                    good = np.concatenate([[dominant[row]], others[others != dominant[row]][:n_correct - 1]])
                 self.accept[p, k, good] = 1.0
         self.fork = fork
         self.base = base
+        on_part = np.concatenate([fork.astype(np.int64), np.full((P, 1), 2)], axis=1).reshape(-1)
+        self.part = np.concatenate([on_part, np.full(T, 3)])  # index into PARTS of each row
         # features: bias, position one-hot, on-track flag, random unit directions
         rand = rng.standard_normal((self.n_rows, n_features))
         rand /= np.linalg.norm(rand, axis=1, keepdims=True)
@@ -87,16 +99,25 @@ class FeatureLM:
         return self.base[rows] + self.phi[rows] @ theta
 
     def rows(self, theta, states, tokens, mask):
-        """log pi(a_t | c_t) [B, T] of the response tokens, and pi of their rows."""
+        """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi):
+        the softmax is computed once per distinct context."""
         on = mask > 0
-        logp_rows, pi_rows = tables(self.logits(theta, states[on]))
+        uniq, inv = np.unique(states[on], return_inverse=True)
+        logp_u, pi_u = tables(self.logits(theta, uniq))
         logp = np.zeros(mask.shape)
-        logp[on] = logp_rows[np.arange(len(pi_rows)), tokens[on]]
-        return logp, pi_rows
+        logp[on] = logp_u[inv, tokens[on]]
+        return logp, (uniq, inv, pi_u)
 
-    def grad(self, theta, states, tokens, mask, pi_rows, grad_logp):
-        """d loss / d theta = sum_t phi(c_t)^T d loss / d z(c_t) (chain rule through the log-linear logits)."""
-        return self.phi[states[mask > 0]].T @ token_logit_grad(tokens, mask, pi_rows, grad_logp)
+    def grad(self, theta, states, tokens, mask, rows, grad_logp):
+        """d loss / d theta = sum_c phi(c)^T sum_{t: c_t = c} g_t (1[v = a_t] - pi(v|c)) (softmax and log-linear
+        chain rule), summed per distinct context ``c``."""
+        uniq, inv, pi_u = rows
+        on = mask > 0
+        g = grad_logp[on]
+        n, V = len(uniq), self.vocab
+        dz = np.bincount(inv * V + tokens[on], weights=g, minlength=n * V).reshape(n, V)
+        dz -= np.bincount(inv, weights=g, minlength=n)[:, None] * pi_u
+        return self.phi[uniq].T @ dz
 
     def ref_logp(self, states, tokens, mask):
         return np.where(mask > 0, self.ref[states, tokens], 0.0)
@@ -107,37 +128,47 @@ class FeatureLM:
         return theta
 
     def sample(self, theta, prompts, group_size, rng) -> Rollout:
-        """G responses per prompt, vectorised over the batch; rows of one prompt contiguous."""
+        """G responses per prompt; rows of one prompt contiguous. Each (response, position) draws its token in both
+        contexts it could be in (on track, off track) by inverse CDF in one search over the stacked CDFs; the walk
+        then picks one per position."""
         prompts = np.asarray(prompts)
-        K, T = self.K, self.T
-        on_rows = (prompts[:, None] * (K + 1) + np.arange(K + 1)).reshape(-1)
-        logp_t, pi_t = tables(self.logits(theta, np.concatenate([on_rows, self.off0 + np.arange(T)])))
+        K, T, V = self.K, self.T, self.vocab
+        n = len(prompts)
+        local_rows = np.concatenate([(prompts[:, None] * (K + 1) + np.arange(K + 1)).reshape(-1),
+                                     self.off0 + np.arange(T)])
+        logp_t, pi_t = tables(self.logits(theta, local_rows))
         cdf = np.cumsum(pi_t, axis=1)
         cdf[:, -1] = 1.0
-        batch = len(prompts) * group_size
-        who = np.repeat(np.arange(len(prompts)), group_size)
+        stacked = (cdf + np.arange(len(cdf))[:, None]).reshape(-1)  # row r's CDF shifted into [r, r + 1]
+        batch = n * group_size
+        who = np.repeat(np.arange(n), group_size)
+        on_local = who[:, None] * (K + 1) + np.minimum(np.arange(T), K)
+        off_local = np.broadcast_to(n * (K + 1) + np.arange(T), (batch, T))
+        u = rng.random((batch, T))
+
+        def draw(local):
+            return np.clip(np.searchsorted(stacked, local + u) - local * V, 0, V - 1)
+        tok_on, tok_off = draw(on_local), draw(off_local)
         pid = prompts[who]
-        alive, on = np.ones(batch, dtype=bool), np.ones(batch, dtype=bool)
+        acc = self.accept[pid] > 0  # [B, K, V]
         states = np.zeros((batch, T), dtype=np.int64)
         tokens = np.zeros((batch, T), dtype=np.int64)
+        local = np.zeros((batch, T), dtype=np.int64)
         mask = np.zeros((batch, T))
-        old_logp = np.zeros((batch, T))
         outcome = np.full(batch, MALFORMED, dtype=np.int64)
-        u = rng.random((batch, T))
+        alive, on = np.ones(batch, dtype=bool), np.ones(batch, dtype=bool)
+        every = np.arange(batch)
         for t in range(T):
-            rows = np.flatnonzero(alive)
-            if rows.size == 0:
-                break
-            track = on[rows]
-            local = np.where(track, who[rows] * (K + 1) + min(t, K), len(on_rows) + t)
-            tok = np.minimum((u[rows, t, None] > cdf[local]).sum(1), self.vocab - 1)
-            states[rows, t] = np.where(track, pid[rows] * (K + 1) + min(t, K), self.off0 + t)
-            tokens[rows, t], mask[rows, t], old_logp[rows, t] = tok, 1.0, logp_t[local, tok]
-            end = tok == EOS
-            outcome[rows[end]] = np.where(track[end] & (t == K), CORRECT, WRONG)
-            ok = self.accept[pid[rows], min(t, K - 1), tok] > 0 if t < K else np.zeros(len(rows), dtype=bool)
-            on[rows] = track & ok
-            alive[rows[end]] = False
+            tok = np.where(on, tok_on[:, t], tok_off[:, t])
+            local[:, t] = np.where(on, on_local[:, t], off_local[:, t])
+            states[:, t] = np.where(on, pid * (K + 1) + min(t, K), self.off0 + t)
+            tokens[:, t], mask[:, t] = np.where(alive, tok, 0), alive
+            end = alive & (tok == EOS)
+            outcome[end] = np.where(on[end] & (t == K), CORRECT, WRONG)
+            on = on & (acc[every, t, tok] if t < K else False)
+            alive = alive & ~end
+        states *= mask.astype(np.int64)
+        old_logp = np.where(mask > 0, logp_t[local, tokens], 0.0)
         return Rollout(prompts, states, tokens, mask, old_logp, outcome, mask.sum(1).astype(np.int64), alive.copy())
 
     # ---- exact expectations -------------------------------------------------------------------------------
@@ -187,4 +218,6 @@ class FeatureLM:
                   "entropy_decision": float(weight @ np.concatenate([dec_on.reshape(-1), decision[self.off0:]])),
                   "entropy_correct": float((o[:, :K] * h_good).sum() / o[:, :K].sum())}
         values["entropy_within"] = values["entropy"] - values["entropy_decision"]
+        share = np.bincount(self.part, weights=weight * ent, minlength=len(PARTS))
+        values.update({f"entropy_{name}": float(v) for name, v in zip(PARTS, share)})
         return Snapshot(z, logp, pi, weight, success, prompt_entropy, values)

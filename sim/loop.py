@@ -203,7 +203,7 @@ class Trainer:
                     hp = {**hp, "cov_seed": int(self.rng.integers(2**31 - 1))}
                 loss, grad, stats = policy_loss(self.algo, logp, ro.old_logp[rows], adv[rows], m, group_size=g,
                                                 ref_logp=ref_lp[rows], rollout_logp=rollout_lp[rows], **hp)
-                clips.add(logp, ro.old_logp[rows], adv[rows], m)
+                clips.add(logp, ro.old_logp[rows], adv[rows], m, self._at_fork(st))
                 for key in EXTRA_STATS:
                     if key in stats:
                         extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
@@ -221,6 +221,11 @@ class Trainer:
                    gen_per_trained=generated / len(r), trained=len(r), generated=generated, cov_logp_adv=cov,
                    **clips.summary(), **{k: v / max(tok_sum, 1.0) for k, v in extra_sums.items()})
         return rec
+
+    def _at_fork(self, states):
+        """Which tokens sit at forking positions (feature_lm), else None."""
+        part = getattr(self.env, "part", None)
+        return None if part is None else part[states] == 1
 
     def _critic_step(self, st, m, rows):
         """PPO's clipped value loss on the tabular critic V(s), chained to the table."""

@@ -35,6 +35,11 @@ DEFINITIONS = {
                         "tokens)",
     "entropy_within": "exact reward-irrelevant part: entropy - entropy_decision (toy LM: mostly the filler choice)",
     "entropy_correct": "feature_lm: exact entropy among the acceptable tokens of answer positions reached on track",
+    "entropy_ordinary": "feature_lm: exact contribution of on-track ordinary answer positions to entropy, "
+                        "sum_c w(c) H(c) over those contexts (the four contributions add up to entropy)",
+    "entropy_fork": "feature_lm: the same for on-track forking positions",
+    "entropy_end": "feature_lm: the same for the EOS decision after the answer",
+    "entropy_offtrack": "feature_lm: the same for off-track contexts",
     "entropy_hard": "exact per-token entropy of the responses to the third of prompts hardest at the start",
     "entropy_easy": "same for the easiest third",
     **{f"pass@{k}": f"exact pass@{k}: mean over the pool of 1 - (1 - success_p)^{k}" for k in PASS_K},
@@ -42,6 +47,7 @@ DEFINITIONS = {
     "clip_low_frac": "share of trained tokens with A < 0 and ratio below the lower bound, over the step's updates",
     "upclip_pold_median": "median sampling probability pi_old of the up-clipped tokens (DAPO Fig. 3a)",
     "upclip_pold_lt02": "share of the up-clipped tokens with pi_old < 0.2 (DAPO Fig. 3a)",
+    "upclip_fork_share": "feature_lm: share of the up-clipped tokens that sit at forking positions",
     "freed_frac": "share of trained tokens with A > 0 and 1.2 < ratio <= upper bound (what eps_high > 0.2 frees)",
     "freed_pold_median": "median pi_old of those tokens",
     "ratio_dev_median": "median |ratio - 1| of the trained tokens with A != 0 over the step's updates",
@@ -52,9 +58,10 @@ DEFINITIONS = {
     "entropy_change_pred": "first-order prediction of entropy_change_rows: -sum_c w(c) Cov_{pi_c}(log pi_c, dz_c) "
                            "(Cui et al. Lemma 1, dz the logit change)",
 }
-FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_hard", "entropy_easy")
+FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_ordinary", "entropy_fork",
+              "entropy_end", "entropy_offtrack", "entropy_hard", "entropy_easy")
 STEP_MEANS = ("ratio_dev_median", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
-              "freed_frac", "freed_pold_median")
+              "upclip_fork_share", "freed_frac", "freed_pold_median")
 SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac",
                 "gen_per_trained", "kl_ref_final", "resp_len", "len_wrong", "entropy_initial", "entropy_half_step",
                 *(k + "_final" for k in FINAL_KEYS), *(f"pass@{k}_{w}" for k in PASS_K for w in ("peak", "final",
@@ -121,10 +128,12 @@ class StepClips:
     def __init__(self, algo: str, hp: dict):
         self.alg, self.hp = ALGORITHMS[algo], hp
         self.fixed = self.alg.clip in ("fixed", "dynamic")
-        self.tokens, self.up, self.low, self.freed = 0.0, 0.0, 0.0, 0.0
+        self.tokens, self.up, self.low, self.freed, self.up_fork = 0.0, 0.0, 0.0, 0.0, 0.0
         self.up_p, self.freed_p, self.dev = [], [], []
+        self.has_fork = False
 
-    def add(self, logp, old_logp, adv, mask):
+    def add(self, logp, old_logp, adv, mask, fork=None):
+        """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions."""
         on = mask > 0
         log_ratio = np.where(on, logp - old_logp, 0.0)
         if self.alg.ratio == "token":
@@ -146,6 +155,8 @@ class StepClips:
         self.tokens += on.sum()
         self.up, self.low, self.freed = self.up + up.sum(), self.low + low.sum(), self.freed + freed.sum()
         self.up_p.append(p_old[up])
+        if fork is not None:
+            self.has_fork, self.up_fork = True, self.up_fork + (up & fork).sum()
         self.freed_p.append(p_old[freed])
 
     def summary(self) -> dict:
@@ -153,11 +164,13 @@ class StepClips:
         out = {"ratio_dev_median": float(np.median(dev)) if dev.size else None}
         if not self.fixed or not self.tokens:
             return out | {"clip_up_frac": None, "clip_low_frac": None, "upclip_pold_median": None,
-                    "upclip_pold_lt02": None, "freed_frac": None, "freed_pold_median": None}
+                          "upclip_pold_lt02": None, "upclip_fork_share": None, "freed_frac": None,
+                          "freed_pold_median": None}
         up_p, freed_p = np.concatenate(self.up_p), np.concatenate(self.freed_p)
         return out | {"clip_up_frac": self.up / self.tokens, "clip_low_frac": self.low / self.tokens,
                 "upclip_pold_median": float(np.median(up_p)) if up_p.size else None,
                 "upclip_pold_lt02": float((up_p < 0.2).mean()) if up_p.size else None,
+                "upclip_fork_share": self.up_fork / self.up if self.has_fork and self.up else None,
                 "freed_frac": self.freed / self.tokens,
                 "freed_pold_median": float(np.median(freed_p)) if freed_p.size else None}
 

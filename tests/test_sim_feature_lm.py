@@ -49,6 +49,7 @@ def _enumerate(env, theta):
     P, T = env.P, env.T
     success, tok_p, ent_p = np.zeros(P), np.zeros(P), np.zeros(P)
     kl = dec = good_ent = good_w = 0.0
+    by_part = np.zeros(4)
     for p in range(P):
         for seq in itertools.product(range(env.vocab), repeat=T):
             rows, outcome, n = _walk(env, p, seq)
@@ -60,6 +61,8 @@ def _enumerate(env, theta):
             on = True
             for t, (r, v) in enumerate(zip(rows, seq[:n])):
                 ent_p[p] += prob * _entropy(pi[r])
+                kind = "offtrack" if not on else ("end" if t == env.K else ("fork" if env.fork[p, t] else "ordinary"))
+                by_part[["ordinary", "fork", "end", "offtrack"].index(kind)] += prob * _entropy(pi[r])
                 kl += prob * float((pi[r] * (logp[r] - ref[r])).sum())
                 groups = {}
                 for w in range(env.vocab):
@@ -74,7 +77,7 @@ def _enumerate(env, theta):
     tokens = tok_p.sum()
     return {"success": success, "entropy": ent_p.sum() / tokens, "kl_ref": kl / tokens,
             "entropy_decision": dec / tokens, "entropy_correct": good_ent / good_w,
-            "prompt_entropy": ent_p / tok_p, "length": tokens / P,
+            "prompt_entropy": ent_p / tok_p, "length": tokens / P, "by_part": by_part / tokens,
             "len_wrong": (tokens / P - (env.K + 1) * success.mean()) / (1 - success.mean())}
 
 
@@ -88,6 +91,9 @@ def test_exact_metrics_equal_enumeration():
     for key in ("entropy", "kl_ref", "entropy_decision", "entropy_correct"):
         assert snap.values[key] == pytest.approx(brute[key], rel=1e-11), key
     assert snap.values["len_wrong_exact"] == pytest.approx(brute["len_wrong"], rel=1e-11)
+    parts = [snap.values[f"entropy_{k}"] for k in ("ordinary", "fork", "end", "offtrack")]
+    np.testing.assert_allclose(parts, brute["by_part"], rtol=1e-11, atol=1e-15)
+    assert sum(parts) == pytest.approx(brute["entropy"], rel=1e-11) and min(parts) > 0
     assert snap.values["accuracy_exact"] == pytest.approx(brute["success"].mean(), rel=1e-11)
     m = exact_metrics(snap, np.array([0]), np.array([2]))
     for k in (1, 8, 64):
@@ -134,17 +140,44 @@ def test_prior_is_zipfian_confidently_wrong_on_hard_prompts_and_spans_difficulty
     snap = env.snapshot(env.init)
     assert env.vocab >= 128
     s = snap.success
-    assert s.min() < 1e-4 and s.max() > 0.6 and ((s > 0.05) & (s < 0.6)).mean() > 0.15
-    hard = np.argsort(s)[:20]
+    assert s.min() < 1e-4 and s.max() > 0.3 and ((s > 0.05) & (s < 0.3)).mean() > 0.1
+    hard = np.argsort(env.delta)[:20]
+    assert s[hard].max() < 1e-3
     for p in hard:  # at a fork of a hard prompt the prior's most likely token is wrong, and confident
         k = int(np.flatnonzero(env.fork[p])[0])
         row = snap.pi[p * (env.K + 1) + k]
         assert env.accept[p, k, row.argmax()] == 0 and row.max() > 0.4
-        assert row @ env.accept[p, k] < row.max() / 100
+        assert row @ env.accept[p, k] < row.max() / 20
     # the background is Zipfian: log-frequency of the mean prior falls linearly in log-rank with slope ~ -zipf
     mean_pi = np.sort(snap.pi[:, 1:].mean(0))[::-1]
     slope = np.polyfit(np.log(np.arange(10, 100)), np.log(mean_pi[9:99]), 1)[0]
     assert -1.6 < slope < -0.7
+
+
+def test_forks_need_improbable_tokens_from_a_shared_pool_and_ordinary_positions_accept_the_dominant_one():
+    """Forking positions: the acceptable tokens come from one small pool shared by every prompt, and all but the
+    first (whose logit sets the prompt's difficulty) are improbable; elsewhere the dominant token is acceptable."""
+    env = FeatureLM()
+    pi = tables(env.base)[1]
+    K = env.K
+    fork_tokens, others = set(), []
+    for p in range(env.P):
+        for k in range(K):
+            row = p * (K + 1) + k
+            good = np.flatnonzero(env.accept[p, k])
+            assert len(good) == 2 and EOS not in good
+            top = env.base[row, 1:].argmax() + 1  # the dominant token
+            if env.fork[p, k]:
+                fork_tokens |= set(good.tolist())
+                set_by_delta = np.isclose(env.base[row, good], env.base[row, top] + env.delta[p])
+                if env.delta[p] < 0:  # (an easy prompt's first token becomes the dominant one)
+                    assert set_by_delta.sum() == 1
+                    others += pi[row, good[~set_by_delta]].tolist()
+            else:
+                assert env.accept[p, k, top] == 1
+    assert env.fork.sum(1).tolist() == [2] * env.P
+    assert len(fork_tokens) <= 4 * 2  # the pool: 4 n_correct tokens
+    assert np.median(others) < 0.05
 
 
 def test_runs_are_deterministic_and_parameters_are_shared():
@@ -268,3 +301,21 @@ def test_bad_feature_lm_settings_name_the_key(over, field):
 def test_unknown_environment_lists_the_known_ones():
     with pytest.raises(ValueError, match="bandit, toy_lm, feature_lm"):
         Trainer("atari", "grpo", 0)
+
+
+def test_step_clips_by_hand():
+    """GRPO's bounds [0.8, 1.2]: which tokens clip up or down, their pi_old, and the up-clipped share at forks."""
+    from sim.metrics import StepClips
+    old = np.log(np.array([[0.1, 0.5, 0.3, 0.9], [0.05, 0.6, 0.25, 0.5]]))
+    ratio = np.array([[1.5, 1.1, 1.3, 0.7], [2.0, 0.5, 1.25, 1.0]])
+    adv = np.array([[1.0, 1.0, 1.0, -1.0], [1.0, -1.0, 1.0, 1.0]])
+    mask = np.array([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    fork = np.array([[True, False, False, False], [False, False, True, False]])
+    clips = StepClips("grpo", {"eps_low": 0.2, "eps_high": 0.2})
+    clips.add(old + np.log(ratio), old, adv, mask, fork)
+    s = clips.summary()
+    # up: A > 0 and r > 1.2 -> (0,0) p 0.1 fork, (0,2) p 0.3, (1,0) p 0.05, (1,2) p 0.25 fork; low: (0,3), (1,1)
+    assert s["clip_up_frac"] == pytest.approx(4 / 7) and s["clip_low_frac"] == pytest.approx(2 / 7)
+    assert s["upclip_pold_median"] == pytest.approx(0.175) and s["upclip_pold_lt02"] == pytest.approx(2 / 4)
+    assert s["upclip_fork_share"] == pytest.approx(2 / 4)
+    assert s["freed_frac"] == 0.0  # eps_high 0.2 frees nothing

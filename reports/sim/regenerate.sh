@@ -13,6 +13,19 @@ sweep() {  # sweep ENV NAME ARGS...: one `cliplab sim` (5 seeds x 300 steps) int
   echo "$env/$name: $((SECONDS - t0)) s"
   DIRS+=("$RUNS/$env/$name")
 }
+# feature LM (shared parameters; defaults: rollouts 2 steps old, 8 minibatches): the same questions, DAPO for
+# clip-higher (no KL term), on-policy with one minibatch as the regime where ratios stay at 1; SAPO's mirrored
+# temperatures at the defaults and in a stressed regime (rollouts 6 steps old, 16 minibatches, SAPO_STRESS)
+sweep feature_lm clip_higher --algos dapo --set eps_high=0.2,0.28,100
+sweep feature_lm main --algos all
+sweep feature_lm random_reward --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100
+sweep feature_lm clip_higher_onpolicy --algos dapo --set staleness=0 --set minibatches=1 --set eps_high=0.2,0.28,100
+SAPO_STRESS=(--set staleness=6 --set minibatches=16 --set lr=0.06)
+sweep feature_lm sapo_stress_a --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=1.0 --set tau_neg=4.0
+sweep feature_lm sapo_stress_b --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=4.0 --set tau_neg=1.0
+sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
+sweep feature_lm sapo_default_a --algos sapo --set tau_pos=1.0 --set tau_neg=1.05
+sweep feature_lm sapo_default_b --algos sapo --set tau_pos=1.05 --set tau_neg=1.0
 # toy LM (tabular): every algorithm; DCPO with the binary reward; clip-higher with the KL penalty off (GRPO beta=0)
 # in the default regime, a stressed one (4 epochs, lr 0.1, rollouts 2 steps old) and on-policy (one minibatch);
 # the random-reward control; SAPO's temperatures at the defaults and in a stressed regime
@@ -28,17 +41,6 @@ sweep toy_lm sapo_stress_a --algos sapo --set epochs=4 --set lr=0.3 --set tau_po
 sweep toy_lm sapo_stress_b --algos sapo --set epochs=4 --set lr=0.3 --set tau_pos=2.0 --set tau_neg=1.0
 sweep toy_lm sapo_default_a --algos sapo --set tau_pos=1.0 --set tau_neg=1.05
 sweep toy_lm sapo_default_b --algos sapo --set tau_pos=1.05 --set tau_neg=1.0
-# feature LM (shared parameters; defaults: rollouts 2 steps old, 8 minibatches): the same questions, DAPO for
-# clip-higher (no KL term), on-policy with one minibatch as the regime where ratios stay at 1, SAPO at lr 0.1
-sweep feature_lm clip_higher --algos dapo --set eps_high=0.2,0.28,100
-sweep feature_lm main --algos all
-sweep feature_lm random_reward --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100
-sweep feature_lm clip_higher_onpolicy --algos dapo --set staleness=0 --set minibatches=1 --set eps_high=0.2,0.28,100
-sweep feature_lm sapo_stress_a --algos sapo --set lr=0.1 --set tau_pos=1.0 --set tau_neg=2.0
-sweep feature_lm sapo_stress_b --algos sapo --set lr=0.1 --set tau_pos=2.0 --set tau_neg=1.0
-sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
-sweep feature_lm sapo_default_a --algos sapo --set tau_pos=1.0 --set tau_neg=1.05
-sweep feature_lm sapo_default_b --algos sapo --set tau_pos=1.05 --set tau_neg=1.0
 # the algorithms beyond the seeds, in both environments: Clip-Cov and KL-Cov (a share of 0.02 of the batch's
 # tokens, so that a toy batch selects some) and CISPO beside PPO-clip (GRPO, KL off, token mean); GRPO under a
 # rollout/trainer mismatch (rollout_noise) without and with TIS / MIS
