@@ -234,9 +234,10 @@ class Trainer:
                   "peak_mem_mb": _peak_mem_mb(self.dev)})
         with (self.out / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(m) + "\n")
-        if self.tb:
+        if self.tb:  # a metric without a value this step (None: no up-clipped token, no trained response) is skipped
             for k, v in m.items():
-                self.tb.add_scalar(k, v, m["step"])
+                if v is not None:
+                    self.tb.add_scalar(k, v, m["step"])
         if self.step % c.run.save_every == 0 or self.step == c.run.steps:
             self.save()
         return m

@@ -239,4 +239,5 @@ def test_in_range_extremes_train_without_nan(tmp_path, tiny_path):
     tr = Trainer(gcfg.from_dict(raw))
     tr.fit()
     ms = [json.loads(x) for x in (tr.out / "metrics.jsonl").read_text().splitlines()]
-    assert len(ms) == 2 and all(math.isfinite(v) for m in ms for v in m.values())
+    assert len(ms) == 2 and all(math.isfinite(v) for m in ms for v in m.values()
+                                if v is not None)  # None: a mean over an empty subset (no wrong answer)
