@@ -136,3 +136,23 @@ def shards(n_rows: int, micro: int | None, ranks: int) -> list[list[np.ndarray]]
         raise ValueError(f"micro: expected a positive divisor of the {per} rows per rank, got {micro!r}")
     return [[np.arange(r * per + k * size, r * per + (k + 1) * size) for k in range(per // size)]
             for r in range(ranks)]
+
+
+ADV_READS = "round(adv[:, 0]) as each response's reward, mask, group_size (G contiguous rows per prompt)"
+
+
+def rollout_batch(seed, family):
+    """A generated batch plus the engine's log-probs: old_logp moved by N(0, 0.5) nats per token (N(0, 2) in the
+    extreme family)."""
+    b = batch_of(seed, family)
+    rng = np.random.default_rng(20_000 + seed)
+    b.extra["rollout_logp"] = b.old_logp + rng.normal(0.0, 2.0 if family == "extreme" else 0.5, b.mask.shape)
+    return b
+
+
+def advantage_batch(seed, family):
+    """Groups of G >= 2 (typical) or with lone responses, G = 1 (lone); rewards are rounded advantages."""
+    if family == "lone":
+        b = batch_of(seed, "typical")
+        return b.take(group_size=1)
+    return batch_of(seed, "typical", min_group=2)

@@ -25,10 +25,9 @@ import numpy as np
 
 from spec.registry import AGG_MODES
 
-from ..conform_cases import Check, batch_of
+from ..conform_cases import Check, batch_of, rollout_batch
 from . import reference as ref
 from .remote import Worker, loss_and_grad
-from .verl import rollout_batch
 
 ALL_AGG = [m for m in AGG_MODES if m != "seq_mean"]
 AGG_AND_DUAL = {"agg": ALL_AGG, "dual_clip": [None, 3.0]}

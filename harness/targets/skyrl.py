@@ -7,10 +7,9 @@ import numpy as np
 
 from spec.registry import AGG_MODES
 
-from ..conform_cases import Check, batch_of
+from ..conform_cases import ADV_READS, Check, advantage_batch, batch_of, rollout_batch
 from . import reference as ref
 from .remote import Worker, loss_and_grad
-from .verl import ADV_READS, advantage_batch, rollout_batch
 
 ALL_AGG = [m for m in AGG_MODES if m != "seq_mean"]
 LONE = "SkyRL's grpo estimator gives a prompt with a single response mean 0 and std 1."

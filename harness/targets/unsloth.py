@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..conform_cases import Batch, Check, batch_of
+from ..conform_cases import Batch, Check, batch_of, rollout_batch
 from . import reference as ref
 from .remote import Worker, loss_and_grad
-from .verl import rollout_batch
 
 MAX_COMPLETION = 8  # max_completion_length passed to dr_grpo: Dr.GRPO's constant L
 AGGS = ["token_mean", "group_token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",

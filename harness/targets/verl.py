@@ -7,7 +7,7 @@ import torch
 
 from spec.registry import AGG_MODES
 
-from ..conform_cases import Check, batch_of
+from ..conform_cases import ADV_READS, Check, advantage_batch, batch_of, rollout_batch
 from . import reference as ref
 from .reference import t64
 
@@ -20,7 +20,7 @@ VERL_AGG = {"token-mean": "token_mean", "seq-mean-token-sum": "seq_mean_token_su
 KL_NAMES = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3", "k3+": "k3",
             "abs": None}
 ALL_AGG = [m for m in AGG_MODES if m != "seq_mean"]
-ADV_READS = "round(adv[:, 0]) as each response's reward, mask, group_size (G contiguous rows per prompt)"
+
 
 
 def actor_config(**kw):
@@ -238,15 +238,6 @@ class Target:
         return out
 
 
-def rollout_batch(seed, family):
-    """A generated batch plus the engine's log-probs: old_logp moved by N(0, 0.5) nats per token (N(0, 2) in the
-    extreme family)."""
-    b = batch_of(seed, family)
-    rng = np.random.default_rng(20_000 + seed)
-    b.extra["rollout_logp"] = b.old_logp + rng.normal(0.0, 2.0 if family == "extreme" else 0.5, b.mask.shape)
-    return b
-
-
 def kl_batch(seed, family):
     """Policy and reference log-probs; the extreme family moves the reference by up to +-30 nats."""
     b = batch_of(seed, "typical")
@@ -257,9 +248,3 @@ def kl_batch(seed, family):
     return b
 
 
-def advantage_batch(seed, family):
-    """Groups of G >= 2 (typical) or with lone responses, G = 1 (lone); rewards are rounded advantages."""
-    if family == "lone":
-        b = batch_of(seed, "typical")
-        return b.take(group_size=1)
-    return batch_of(seed, "typical", min_group=2)
