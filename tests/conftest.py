@@ -25,3 +25,18 @@ def target_worker(name: str, timeout_s: float = 120.0):
         if os.environ.get("CLIPLAB_REQUIRE_TARGETS"):
             raise
         pytest.skip(str(exc))
+
+
+def exact_policy(name, logp, log_ratio, adv, mask, ref_offset=None, **hp):
+    """The exact (sympy) reference loss and gradient of a small hand-made batch, groups of one: every token's
+    log-prob ``logp``, old = logp - log_ratio, reference = logp + ref_offset, one advantage per row."""
+    import numpy as np
+
+    import spec
+    mask = np.array(mask, float)
+    policy = np.full(mask.shape, logp)
+    ref = policy + (0.0 if ref_offset is None else np.array(ref_offset, float))
+    adv = np.repeat(np.array(adv, float)[:, None], mask.shape[1], 1)
+    loss, grad = spec.policy_loss(name, policy, policy - np.array(log_ratio, float), adv, mask, group_size=1,
+                                  ref_logp=ref, **hp)
+    return float(loss), grad.astype(float)

@@ -4,9 +4,8 @@ the identity on two tokens with hidden states 0: every token's log-prob is -log 
 so the gradient w.r.t. a token's log-prob is twice that w.r.t. its first hidden unit."""
 import numpy as np
 import pytest
-from conftest import target_worker
+from conftest import exact_policy, target_worker
 
-import spec
 
 LOGP = -np.log(2.0)
 
@@ -32,14 +31,7 @@ def call(worker, kw, log_ratio, adv, mask, ref_offset=None):
 
 
 def exact(name, log_ratio, adv, mask, ref_offset=None, **hp):
-    """The exact (sympy) reference loss and gradient of the same batch, groups of one."""
-    mask = np.array(mask, float)
-    logp = np.full(mask.shape, LOGP)
-    ref = logp + (0.0 if ref_offset is None else np.array(ref_offset, float))
-    adv = np.repeat(np.array(adv, float)[:, None], mask.shape[1], 1)
-    loss, grad = spec.policy_loss(name, logp, logp - np.array(log_ratio, float), adv, mask, group_size=1,
-                                  ref_logp=ref, **hp)
-    return float(loss), grad.astype(float)
+    return exact_policy(name, LOGP, log_ratio, adv, mask, ref_offset, **hp)
 
 
 @pytest.mark.parametrize("kw, name, hp", [

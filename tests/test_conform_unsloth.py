@@ -2,9 +2,8 @@
 own virtualenv) on the minimal input, against values computed by hand or by the exact reference (spec)."""
 import numpy as np
 import pytest
-from conftest import target_worker
+from conftest import exact_policy, target_worker
 
-import spec
 
 LOGP = -1.0  # the policy's log-prob of every token (CISPO's loss reads it)
 
@@ -27,14 +26,7 @@ def call(worker, kw, log_ratio, adv, mask, ref_offset=None):
 
 
 def exact(name, log_ratio, adv, mask, ref_offset=None, **hp):
-    """The exact (sympy) reference loss and gradient of the same batch, groups of one."""
-    mask = np.array(mask, float)
-    logp = np.full(mask.shape, LOGP)
-    ref = logp + (0.0 if ref_offset is None else np.array(ref_offset, float))
-    adv = np.repeat(np.array(adv, float)[:, None], mask.shape[1], 1)
-    loss, grad = spec.policy_loss(name, logp, logp - np.array(log_ratio, float), adv, mask, group_size=1,
-                                  ref_logp=ref, **hp)
-    return float(loss), grad.astype(float)
+    return exact_policy(name, LOGP, log_ratio, adv, mask, ref_offset, **hp)
 
 
 @pytest.mark.parametrize("kw, name, hp", [
