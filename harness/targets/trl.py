@@ -27,6 +27,13 @@ def _import_trl():
     return require("trl", INSTALL)
 
 
+def trl_versions() -> dict:
+    """TRL's, transformers' and torch's versions (importing TRL as ``_import_trl`` does)."""
+    trl = _import_trl()
+    import transformers
+    return {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]}
+
+
 @functools.lru_cache(maxsize=1)
 def tiny_tokenizer():
     """A word-level tokenizer over t0..t59 plus pad/eos/unk, trained offline."""
@@ -166,10 +173,7 @@ class Target:
     tolerance = 1e-4  # TRL computes log-probs in float32 (trl/kernels/chunked_logprob.py) whatever the model dtype
 
     def __init__(self):
-        trl = _import_trl()
-        import transformers
-        self.versions = {"trl": trl.__version__, "transformers": transformers.__version__,
-                         "torch": torch.__version__.split("+")[0]}
+        self.versions = trl_versions()
         self.how = ("Each loss is GRPOTrainer._compute_loss on a 1-layer random Qwen2 model in float64, in train "
                     "mode, gradient_accumulation_steps 1, as `train()` calls it; old and reference log-probs are "
                     "the batch's log-ratios laid on the model's log-probs, and the gradient is taken w.r.t. the "

@@ -11,7 +11,7 @@ import torch
 from ..conform_cases import Batch, Check, batch_of
 from . import reference as ref
 from .reference import t64
-from .trl import INSTALL, PROMPT, VOCAB, _import_trl, loss_and_grad, make_trainer
+from .trl import INSTALL, PROMPT, VOCAB, _import_trl, loss_and_grad, make_trainer, trl_versions
 
 ADV_READS = "adv (rounded: one outcome reward per response), group_size, mask (completion lengths)"
 
@@ -109,10 +109,7 @@ class Target:
     tolerance = 1e-4  # TRL's log-probs are float32 (see the trl target)
 
     def __init__(self):
-        trl = _import_trl()
-        import transformers
-        self.versions = {"trl": trl.__version__, "transformers": transformers.__version__,
-                         "torch": torch.__version__.split("+")[0]}
+        self.versions = trl_versions()
         self.how = ("The loss is RLOOTrainer._compute_loss on a 1-layer random Qwen2 model in float64, train mode, "
                     "old per-sequence log-probs sum_t (logp - log r) laid on the model's log-probs, gradient w.r.t. "
                     "the per-token log-probs the trainer computes (float32 inside TRL, hence the tolerance). The "

@@ -23,7 +23,7 @@ import torch
 
 from ...conform_cases import STEP_ROWS, Batch, NotApplicable, StepCheck, step_batch
 from .. import reference as ref
-from ..trl import MAX_COMPLETION, VOCAB, _import_trl, loss_and_grad, make_trainer, trainer_inputs
+from ..trl import MAX_COMPLETION, VOCAB, loss_and_grad, make_trainer, trainer_inputs, trl_versions
 
 
 ROWS_NOTE = ("`mask.sum(-1).clamp(min=1.0)` keeps fully masked rows in each slice's mean over rows: factor = rows "
@@ -50,10 +50,7 @@ class StepTarget:
     tolerance = 1e-4  # TRL computes log-probs in float32 (as the loss-level target)
 
     def __init__(self):
-        trl = _import_trl()
-        import transformers
-        self.versions = {"trl": trl.__version__, "transformers": transformers.__version__,
-                         "torch": torch.__version__.split("+")[0]}
+        self.versions = trl_versions()
         self.how = ("Per process, the generation batch is a contiguous share of the rows; an optimisation step "
                     "uses its first `gradient_accumulation_steps` slices of `per_device_train_batch_size` rows (the "
                     "micro-batch size). Each slice is `GRPOTrainer._compute_loss` on the tiny Qwen2 model (float64 "
