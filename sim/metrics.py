@@ -8,7 +8,7 @@ import numpy as np
 from spec.registry import ALGORITHMS
 
 from .losses import dcpo_bounds
-from .tabular import CORRECT, MALFORMED, Rollout, Snapshot
+from .tabular import CORRECT, MALFORMED, Rollout, Snapshot, row_sum
 
 PASS_K = (1, 8, 64)
 
@@ -101,8 +101,8 @@ def entropy_law(old: Snapshot, new: Snapshot) -> dict:
     """Measured entropy change between two snapshots and its first-order prediction (Cui et al. Lemma 1):
     H(pi_c + dz) - H(pi_c) ~= -Cov_{a ~ pi_c}(log pi_c(a), dz_c(a)) per context c, weighted by old row weights."""
     dz = new.logits - old.logits
-    cov = (old.pi * old.logp * dz).sum(1) - (old.pi * old.logp).sum(1) * (old.pi * dz).sum(1)
-    h_old, h_new = -(old.pi * old.logp).sum(1), -(new.pi * new.logp).sum(1)
+    h_old, h_new = old.row_entropy, new.row_entropy
+    cov = row_sum(old.pi * old.logp * dz) + h_old * row_sum(old.pi * dz)
     return {"entropy_change": new.values["entropy"] - old.values["entropy"],
             "entropy_change_rows": float(old.weight @ (h_new - h_old)),
             "entropy_change_pred": float(-(old.weight @ cov))}
