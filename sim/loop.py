@@ -23,13 +23,6 @@ from spec.registry import ALGORITHMS, POLICY_ALGORITHMS
 EXTRA_STATS = ("trunc_frac", "cov_frac", "rc_weight_mean", "rc_cut_frac")
 
 
-def ppo_zeroed(logp, old_logp, adv, mask) -> float:
-    """How many tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8):
-    the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1)."""
-    r = np.exp(np.where(mask > 0, logp - old_logp, 0.0))
-    return float((((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8)))[mask > 0].sum())
-
-
 def build_env(env: str, cfg: dict):
     """The environment object of ``env`` under the settings ``cfg`` (sampling, exact metrics, policy rows)."""
     common = dict(n_prompts=cfg["n_prompts"], difficulty_low=cfg["difficulty_low"],
@@ -207,12 +200,11 @@ class Trainer:
                     hp = {**hp, "cov_seed": int(self.rng.integers(2**31 - 1))}
                 loss, grad, stats = policy_terms(alg, hp, logp, ro.old_logp[rows], adv[rows], m, g, ref_lp[rows],
                                                  rollout_lp[rows])
-                clips.add(logp, ro.old_logp[rows], adv[rows], m, self._at_fork(st))
+                zeroed = clips.add(logp, ro.old_logp[rows], adv[rows], m, self._at_fork(st))  # PPO-zeroed tokens
                 for key in EXTRA_STATS:
                     if key in stats:
                         extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
-                extra_sums["ppo_zeroed_frac"] = extra_sums.get("ppo_zeroed_frac", 0.0) + ppo_zeroed(
-                    logp, ro.old_logp[rows], adv[rows], m)
+                extra_sums["ppo_zeroed_frac"] = extra_sums.get("ppo_zeroed_frac", 0.0) + zeroed
                 self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad))
                 if cfg["adv"] == "gae":
                     self._critic_step(st, m, rows)

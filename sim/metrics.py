@@ -132,18 +132,22 @@ class StepClips:
         self.up_p, self.freed_p, self.dev = [], [], []
         self.has_fork = False
 
-    def add(self, logp, old_logp, adv, mask, fork=None):
-        """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions."""
+    def add(self, logp, old_logp, adv, mask, fork=None) -> float:
+        """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions. Returns how many
+        tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8, token
+        ratio): the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1)."""
         on = mask > 0
         log_ratio = np.where(on, logp - old_logp, 0.0)
+        token_ratio = np.exp(log_ratio)
+        zeroed = float((((adv > 0) & (token_ratio > 1.2)) | ((adv < 0) & (token_ratio < 0.8)))[on].sum())
         if self.alg.ratio == "token":
-            ratio = np.exp(log_ratio)
+            ratio = token_ratio
         else:
             lens = np.maximum(mask.sum(1, keepdims=True), 1.0)
             ratio = np.broadcast_to(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape)
         self.dev.append(np.abs(ratio[on & (adv != 0)] - 1.0))
         if not self.fixed:
-            return
+            return zeroed
         if self.alg.clip == "dynamic":
             lo, hi = dcpo_bounds(np.exp(np.where(on, old_logp, 0.0)), self.hp["eps_low"], self.hp["eps_high"],
                                  self.hp["r_max"])
@@ -158,6 +162,7 @@ class StepClips:
         if fork is not None:
             self.has_fork, self.up_fork = True, self.up_fork + (up & fork).sum()
         self.freed_p.append(p_old[freed])
+        return zeroed
 
     def summary(self) -> dict:
         dev = np.concatenate(self.dev) if self.dev else np.zeros(0)
