@@ -155,13 +155,12 @@ class StepClips:
             lo, hi = 1 - self.hp["eps_low"], 1 + self.hp["eps_high"]
         up, low = on & (adv > 0) & (ratio > hi), on & (adv < 0) & (ratio < lo)
         freed = on & (adv > 0) & (ratio > 1.2) & (ratio <= hi)
-        p_old = np.exp(old_logp)
         self.tokens += on.sum()
         self.up, self.low, self.freed = self.up + up.sum(), self.low + low.sum(), self.freed + freed.sum()
-        self.up_p.append(p_old[up])
+        self.up_p.append(np.exp(old_logp[up]))
         if fork is not None:
             self.has_fork, self.up_fork = True, self.up_fork + (up & fork).sum()
-        self.freed_p.append(p_old[freed])
+        self.freed_p.append(np.exp(old_logp[freed]))
         return zeroed
 
     def summary(self) -> dict:
