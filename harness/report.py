@@ -60,14 +60,13 @@ def plot_curves(groups: Groups, labels: list[str], path: Path, panels=PANELS, sm
 
 
 def _moving(c: np.ndarray, k: int) -> np.ndarray:
+    """Trailing mean over the last ``k`` steps of each row, NaNs ignored (a window without a value stays NaN)."""
     if k <= 1 or c.shape[1] < k:
         return c
-    out = np.full_like(c, np.nan)
-    for i in range(c.shape[1]):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            out[:, i] = np.nanmean(c[:, max(0, i - k + 1):i + 1], axis=1)
-    return out
+    padded = np.concatenate([np.full((c.shape[0], k - 1), np.nan), c], axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(np.lib.stride_tricks.sliding_window_view(padded, k, axis=1), axis=2)
 
 
 # ---- the report ----------------------------------------------------------------------------------------------

@@ -123,8 +123,9 @@ class FeatureLM:
         return np.where(mask > 0, self.ref[states, tokens], 0.0)
 
     # ---- sampling -----------------------------------------------------------------------------------------
-    def sampler(self, theta):
-        """What ``sample`` draws from: the parameters (rows are computed for the drawn prompts only)."""
+    def sampler(self, theta, snap=None):
+        """What ``sample`` draws from: the parameters (rows are computed for the drawn prompts only; ``snap`` is
+        not needed)."""
         return theta
 
     def sample(self, theta, prompts, group_size, rng) -> Rollout:
@@ -220,4 +221,4 @@ class FeatureLM:
         values["entropy_within"] = values["entropy"] - values["entropy_decision"]
         share = np.bincount(self.part, weights=weight * ent, minlength=len(PARTS))
         values.update({f"entropy_{name}": float(v) for name, v in zip(PARTS, share)})
-        return Snapshot(z, logp, pi, weight, success, prompt_entropy, values)
+        return Snapshot(z, logp, pi, weight, success, prompt_entropy, ent, values)

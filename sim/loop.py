@@ -12,21 +12,15 @@ from . import bandit, optim, toy_lm
 from .advantages import SmoothAdvantage, dynamic_sampling_filter, gae, group_advantages, overlong_penalty
 from .config import REWARD_SCHEMES, resolve
 from .feature_lm import FeatureLM
-from .losses import dpo_loss, policy_loss, value_loss
+from .losses import dpo_loss, policy_terms, value_loss
 from .metrics import StepClips, batch_cov, clean, entropy_law, exact_metrics, rollout_metrics
 from .tabular import CORRECT, MALFORMED, Rollout, TableEnv
+from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS, POLICY_ALGORITHMS
 
 #: Stats some losses add (CISPO's truncated share, Clip-Cov's and KL-Cov's selected share, rollout correction's mean
 #: weight and cut share), averaged over a step's tokens.
 EXTRA_STATS = ("trunc_frac", "cov_frac", "rc_weight_mean", "rc_cut_frac")
-
-
-def ppo_zeroed(logp, old_logp, adv, mask) -> float:
-    """How many tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8):
-    the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1)."""
-    r = np.exp(np.where(mask > 0, logp - old_logp, 0.0))
-    return float((((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8)))[mask > 0].sum())
 
 
 def build_env(env: str, cfg: dict):
@@ -98,6 +92,8 @@ class Trainer:
         self.cov_sum = 0.0
         if algo not in POLICY_ALGORITHMS:
             self._build_pairs()
+        else:  # checked once here; each update calls the unchecked terms
+            self.loss_hp = resolve_hparams(algo, cfg["loss"])
 
     # ---- rollouts ------------------------------------------------------------------------------------------
     def _collect(self, table):
@@ -153,7 +149,7 @@ class Trainer:
     # ---- one step ------------------------------------------------------------------------------------------
     def step(self) -> dict:
         """One rollout and its minibatch epochs; returns the step's metrics (exact ones on evaluation steps)."""
-        rec = {}
+        rec, snap = {}, None
         if self.step_no % self.cfg["eval_every"] == 0 or self.step_no == self.last_step:
             snap = self.env.snapshot(self.params) if self.step_no else self.snap
             rec.update(exact_metrics(snap, self.hard, self.easy))
@@ -161,7 +157,8 @@ class Trainer:
                 rec.update(entropy_law(self.snap, snap), cov_interval=self.cov_sum)
             self.snap, self.cov_sum = snap, 0.0
         self.history.append(self.params.copy() if self.cfg["staleness"] else self.params)
-        table = self.env.sampler(self._rollout_params())  # the policy ``staleness`` steps back, perturbed
+        params = self._rollout_params()  # the policy ``staleness`` steps back, perturbed
+        table = self.env.sampler(params, snap if params is self.params else None)
         rec.update(self._rl_step(table) if self.algo in POLICY_ALGORITHMS else self._dpo_step(table))
         rec["step"] = self.step_no
         self.step_no += 1
@@ -198,17 +195,16 @@ class Trainer:
                 rows = (mb[:, None] * g + np.arange(g)).reshape(-1)
                 st, tk, m = ro.states[rows], ro.tokens[rows], mask[rows]
                 logp, pi_rows = self.env.rows(self.params, st, tk, m)
-                hp = cfg["loss"]
-                if ALGORITHMS[self.algo].select == "clip_cov":  # Clip-Cov's random choice: a seed per update
+                hp, alg = self.loss_hp, ALGORITHMS[self.algo]
+                if alg.select == "clip_cov":  # Clip-Cov's random choice: a seed per update
                     hp = {**hp, "cov_seed": int(self.rng.integers(2**31 - 1))}
-                loss, grad, stats = policy_loss(self.algo, logp, ro.old_logp[rows], adv[rows], m, group_size=g,
-                                                ref_logp=ref_lp[rows], rollout_logp=rollout_lp[rows], **hp)
-                clips.add(logp, ro.old_logp[rows], adv[rows], m, self._at_fork(st))
+                loss, grad, stats = policy_terms(alg, hp, logp, ro.old_logp[rows], adv[rows], m, g, ref_lp[rows],
+                                                 rollout_lp[rows])
+                zeroed = clips.add(logp, ro.old_logp[rows], adv[rows], m, self._at_fork(st))  # PPO-zeroed tokens
                 for key in EXTRA_STATS:
                     if key in stats:
                         extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
-                extra_sums["ppo_zeroed_frac"] = extra_sums.get("ppo_zeroed_frac", 0.0) + ppo_zeroed(
-                    logp, ro.old_logp[rows], adv[rows], m)
+                extra_sums["ppo_zeroed_frac"] = extra_sums.get("ppo_zeroed_frac", 0.0) + zeroed
                 self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad))
                 if cfg["adv"] == "gae":
                     self._critic_step(st, m, rows)

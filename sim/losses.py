@@ -167,6 +167,13 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     check_token_shapes(shapes, group_size, hp["agg"])
     if cov_select is not None:
         check_cov_select(name, alg, bool((cov_select > mask).any()))
+    return policy_terms(alg, hp, logp, old_logp, adv, mask, group_size, ref_logp, rollout_logp, cov_select)
+
+
+def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=None, rollout_logp=None,
+                 cov_select=None):
+    """``policy_loss`` on inputs already checked: ``alg`` the registry entry, ``hp`` its resolved hyper-parameters,
+    float64 [B, T] arrays (the simulator's loop checks once per run, not once per update)."""
     on = mask > 0
     log_ratio = np.where(on, logp - old_logp, 0.0)
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"])

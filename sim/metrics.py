@@ -8,7 +8,7 @@ import numpy as np
 from spec.registry import ALGORITHMS
 
 from .losses import dcpo_bounds
-from .tabular import CORRECT, MALFORMED, Rollout, Snapshot
+from .tabular import CORRECT, MALFORMED, Rollout, Snapshot, row_sum
 
 PASS_K = (1, 8, 64)
 
@@ -101,8 +101,8 @@ def entropy_law(old: Snapshot, new: Snapshot) -> dict:
     """Measured entropy change between two snapshots and its first-order prediction (Cui et al. Lemma 1):
     H(pi_c + dz) - H(pi_c) ~= -Cov_{a ~ pi_c}(log pi_c(a), dz_c(a)) per context c, weighted by old row weights."""
     dz = new.logits - old.logits
-    cov = (old.pi * old.logp * dz).sum(1) - (old.pi * old.logp).sum(1) * (old.pi * dz).sum(1)
-    h_old, h_new = -(old.pi * old.logp).sum(1), -(new.pi * new.logp).sum(1)
+    h_old, h_new = old.row_entropy, new.row_entropy
+    cov = row_sum(old.pi * old.logp * dz) + h_old * row_sum(old.pi * dz)
     return {"entropy_change": new.values["entropy"] - old.values["entropy"],
             "entropy_change_rows": float(old.weight @ (h_new - h_old)),
             "entropy_change_pred": float(-(old.weight @ cov))}
@@ -132,18 +132,22 @@ class StepClips:
         self.up_p, self.freed_p, self.dev = [], [], []
         self.has_fork = False
 
-    def add(self, logp, old_logp, adv, mask, fork=None):
-        """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions."""
+    def add(self, logp, old_logp, adv, mask, fork=None) -> float:
+        """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions. Returns how many
+        tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8, token
+        ratio): the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1)."""
         on = mask > 0
         log_ratio = np.where(on, logp - old_logp, 0.0)
+        token_ratio = np.exp(log_ratio)
+        zeroed = float((((adv > 0) & (token_ratio > 1.2)) | ((adv < 0) & (token_ratio < 0.8)))[on].sum())
         if self.alg.ratio == "token":
-            ratio = np.exp(log_ratio)
+            ratio = token_ratio
         else:
             lens = np.maximum(mask.sum(1, keepdims=True), 1.0)
             ratio = np.broadcast_to(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape)
         self.dev.append(np.abs(ratio[on & (adv != 0)] - 1.0))
         if not self.fixed:
-            return
+            return zeroed
         if self.alg.clip == "dynamic":
             lo, hi = dcpo_bounds(np.exp(np.where(on, old_logp, 0.0)), self.hp["eps_low"], self.hp["eps_high"],
                                  self.hp["r_max"])
@@ -151,13 +155,13 @@ class StepClips:
             lo, hi = 1 - self.hp["eps_low"], 1 + self.hp["eps_high"]
         up, low = on & (adv > 0) & (ratio > hi), on & (adv < 0) & (ratio < lo)
         freed = on & (adv > 0) & (ratio > 1.2) & (ratio <= hi)
-        p_old = np.exp(old_logp)
         self.tokens += on.sum()
         self.up, self.low, self.freed = self.up + up.sum(), self.low + low.sum(), self.freed + freed.sum()
-        self.up_p.append(p_old[up])
+        self.up_p.append(np.exp(old_logp[up]))
         if fork is not None:
             self.has_fork, self.up_fork = True, self.up_fork + (up & fork).sum()
-        self.freed_p.append(p_old[freed])
+        self.freed_p.append(np.exp(old_logp[freed]))
+        return zeroed
 
     def summary(self) -> dict:
         dev = np.concatenate(self.dev) if self.dev else np.zeros(0)
