@@ -23,6 +23,14 @@ def _files(out: Path) -> dict:
     return {p.relative_to(out).as_posix(): p.read_text() for p in sorted((out / "runs").rglob("*")) if p.is_file()}
 
 
+def _written(path) -> bool:
+    """A part file with content; False if the run finished (and renamed it) between the glob and this look."""
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
 def test_resume_after_a_killed_sweep_equals_an_uninterrupted_one(tmp_path):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run_sweep("toy_lm", ALGOS, SEEDS, STEPS, out=str(whole), workers=2, progress=False)
@@ -33,7 +41,7 @@ def test_resume_after_a_killed_sweep_equals_an_uninterrupted_one(tmp_path):
     try:
         while time.time() < deadline:  # kill once one run is done and the next is part-written
             done = list(broken.glob("runs/*/done.json"))
-            parts = [p for p in broken.glob("runs/*/metrics.jsonl.part") if p.stat().st_size > 0]
+            parts = [p for p in broken.glob("runs/*/metrics.jsonl.part") if _written(p)]
             if done and parts:
                 break
             assert proc.poll() is None, "the sweep finished before it could be killed"
