@@ -213,11 +213,8 @@ def test_policy_loss(layer, name, data):
 
 
 def _policy(layer, name, logp, old, adv, mask, group_size, ref, rollout, hp):
-    out = LAYERS[layer].policy_loss(name, logp, old, adv, mask, group_size=group_size, ref_logp=ref,
-                                    rollout_logp=rollout, **hp)
-    if layer == "gpu" and out[0].requires_grad:
-        out[0].backward()
-    return out
+    return _backward(layer, LAYERS[layer].policy_loss(name, logp, old, adv, mask, group_size=group_size,
+                                                      ref_logp=ref, rollout_logp=rollout, **hp))
 
 
 @pytest.mark.parametrize("layer", LAYERS)
