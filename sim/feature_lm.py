@@ -102,7 +102,13 @@ class FeatureLM:
         """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi):
         the softmax is computed once per distinct context."""
         on = mask > 0
-        uniq, inv = np.unique(states[on], return_inverse=True)
+        visited = states[on]
+        seen = np.zeros(self.n_rows, dtype=bool)
+        seen[visited] = True
+        uniq = np.flatnonzero(seen)  # sorted, as np.unique, without its sort
+        index = np.empty(self.n_rows, dtype=np.intp)
+        index[uniq] = np.arange(len(uniq))
+        inv = index[visited]
         logp_u, pi_u = tables(self.logits(theta, uniq))
         logp = np.zeros(mask.shape)
         logp[on] = logp_u[inv, tokens[on]]
@@ -151,14 +157,12 @@ class FeatureLM:
             return np.clip(np.searchsorted(stacked, local + u) - local * V, 0, V - 1)
         tok_on, tok_off = draw(on_local), draw(off_local)
         pid = prompts[who]
-        acc = self.accept[pid] > 0  # [B, K, V]
         states = np.zeros((batch, T), dtype=np.int64)
         tokens = np.zeros((batch, T), dtype=np.int64)
         local = np.zeros((batch, T), dtype=np.int64)
         mask = np.zeros((batch, T))
         outcome = np.full(batch, MALFORMED, dtype=np.int64)
         alive, on = np.ones(batch, dtype=bool), np.ones(batch, dtype=bool)
-        every = np.arange(batch)
         for t in range(T):
             tok = np.where(on, tok_on[:, t], tok_off[:, t])
             local[:, t] = np.where(on, on_local[:, t], off_local[:, t])
@@ -166,7 +170,7 @@ class FeatureLM:
             tokens[:, t], mask[:, t] = np.where(alive, tok, 0), alive
             end = alive & (tok == EOS)
             outcome[end] = np.where(on[end] & (t == K), CORRECT, WRONG)
-            on = on & (acc[every, t, tok] if t < K else False)
+            on = on & (self.accept[pid, t, tok] > 0 if t < K else False)
             alive = alive & ~end
         states *= mask.astype(np.int64)
         old_logp = np.where(mask > 0, logp_t[local, tokens], 0.0)

@@ -190,17 +190,17 @@ class Trainer:
         clip_sum = tok_sum = loss_sum = 0.0
         extra_sums: dict = {}  # token-weighted sums of the stats some losses add (trunc_frac, cov_frac, rc_*)
         updates = 0
+        alg, in_group = ALGORITHMS[self.algo], np.arange(g)
         for _ in range(cfg["epochs"]):
             for mb in np.array_split(self.rng.permutation(n_groups), min(cfg["minibatches"], n_groups)):
-                rows = (mb[:, None] * g + np.arange(g)).reshape(-1)
-                st, tk, m = ro.states[rows], ro.tokens[rows], mask[rows]
+                rows = (mb[:, None] * g + in_group).reshape(-1)
+                st, tk, m, old, a = ro.states[rows], ro.tokens[rows], mask[rows], ro.old_logp[rows], adv[rows]
                 logp, pi_rows = self.env.rows(self.params, st, tk, m)
-                hp, alg = self.loss_hp, ALGORITHMS[self.algo]
+                hp = self.loss_hp
                 if alg.select == "clip_cov":  # Clip-Cov's random choice: a seed per update
                     hp = {**hp, "cov_seed": int(self.rng.integers(2**31 - 1))}
-                loss, grad, stats = policy_terms(alg, hp, logp, ro.old_logp[rows], adv[rows], m, g, ref_lp[rows],
-                                                 rollout_lp[rows])
-                zeroed = clips.add(logp, ro.old_logp[rows], adv[rows], m, self._at_fork(st))  # PPO-zeroed tokens
+                loss, grad, stats = policy_terms(alg, hp, logp, old, a, m, g, ref_lp[rows], rollout_lp[rows])
+                zeroed = clips.add(logp, old, a, m, self._at_fork(st))  # PPO-zeroed tokens
                 for key in EXTRA_STATS:
                     if key in stats:
                         extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
