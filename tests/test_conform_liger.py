@@ -2,8 +2,11 @@
 worker (its own virtualenv) against values computed by hand or by the exact reference (spec). The output layer is
 the identity on two tokens with hidden states 0: every token's log-prob is -log 2 and d logp / d h = (1/2, -1/2),
 so the gradient w.r.t. a token's log-prob is twice that w.r.t. its first hidden unit."""
+from functools import partial
+
 import numpy as np
 import pytest
+import trl_kernels
 from conftest import exact_policy, target_worker
 
 
@@ -34,30 +37,17 @@ def exact(name, log_ratio, adv, mask, ref_offset=None, **hp):
     return exact_policy(name, LOGP, log_ratio, adv, mask, ref_offset, **hp)
 
 
-@pytest.mark.parametrize("kw, name, hp", [
-    ({"loss_type": "grpo"}, "grpo", {"beta": 0.0}),
-    ({"loss_type": "sapo"}, "sapo", {}),
-    ({"loss_type": "dr_grpo", "max_completion_length": 8}, "dr_grpo", {"max_len": 8}),
-    ({"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon_low": 3e-4, "epsilon_high": 4e-4},
-     "gspo", {}),
-])
+@pytest.mark.parametrize("kw, name, hp", trl_kernels.SEQUENCE_MEAN_CASES)
 def test_sequence_means_count_empty_completions(worker, kw, name, hp):
-    # two completions, the second fully masked: the reference averages over the one non-empty completion, Liger
-    # divides by both
-    case = ([[0.1, -0.1], [0.0, 0.0]], [1.0, 1.0], [[1, 1], [0, 0]])
-    loss, grad = call(worker, {**kw, "beta": 0.0}, *case)
-    want, want_grad = exact(name, *case, **hp)
-    assert abs(want) > 0.1
-    assert loss == pytest.approx(want / 2, rel=1e-6)
-    assert grad == pytest.approx(want_grad / 2, rel=1e-6, abs=1e-7)
+    trl_kernels.sequence_means_count_empty_completions(partial(call, worker), exact, kw, name, hp, rel=1e-6)
 
 
 def test_dapo_divides_by_the_batch_tokens_not_per_group(worker):
-    # groups of one: 1 token with A = 1, 3 tokens with A = 0, on-policy
-    case = ([[0.0, 0, 0], [0.0, 0.0, 0.0]], [1.0, 0.0], [[1, 0, 0], [1, 1, 1]])
-    loss, _ = call(worker, {"loss_type": "dapo", "epsilon_high": 0.28, "beta": 0.0}, *case)
-    assert exact("dapo", *case)[0] == pytest.approx(-0.5)  # DAPO Eq. 8: the mean of the groups' token means
-    assert loss == pytest.approx(-0.25) == pytest.approx(exact("dapo", *case, agg="token_mean")[0])
+    trl_kernels.dapo_divides_by_the_batch_tokens_not_per_group(partial(call, worker), exact)
+
+
+def test_sequence_level_with_the_dapo_loss_weights_sequences_by_length(worker):
+    trl_kernels.sequence_level_with_the_dapo_loss_weights_sequences_by_length(partial(call, worker), exact, rel=1e-6)
 
 
 def test_the_defaults_are_dapo_without_clip_higher_and_with_a_kl_penalty(worker):
@@ -87,15 +77,6 @@ def test_the_bias_corrected_kl_gradient_is_lost_in_float32_far_from_the_referenc
     assert want_grad[0, 0] == pytest.approx(0.0, abs=1e-3)
     assert loss == pytest.approx(want, rel=1e-6)
     assert abs(grad[0, 0]) > 100.0
-
-
-def test_sequence_level_with_the_dapo_loss_weights_sequences_by_length(worker):
-    case = ([[1e-4, 0, 0], [-1e-4, 1e-4, 0.0]], [1.0, -1.0], [[1, 0, 0], [1, 1, 1]])
-    loss, _ = call(worker, {"loss_type": "dapo", "importance_sampling_level": "sequence", "epsilon_low": 3e-4,
-                            "epsilon_high": 4e-4, "beta": 0.0}, *case)
-    # GSPO Eq. 5: the mean over sequences of -s_i A_i, s_1 = e^1e-4, s_2 = 1; Liger weights each by its tokens
-    assert exact("gspo", *case)[0] == pytest.approx((1 - np.exp(1e-4)) / 2)
-    assert loss == pytest.approx((3 - np.exp(1e-4)) / 4, rel=1e-6)
 
 
 def test_the_log_prob_gradient_is_read_back_from_the_layer_gradients():
