@@ -136,8 +136,8 @@ class FeatureLM:
 
     def sample(self, theta, prompts, group_size, rng) -> Rollout:
         """G responses per prompt; rows of one prompt contiguous. Each (response, position) draws its token in both
-        contexts it could be in (on track, off track) by inverse CDF in one search over the stacked CDFs; the walk
-        then picks one per position."""
+        contexts it could be in (on track, off track) by inverse CDF in one search over the stacked CDFs; running
+        logical ands and ors over positions then say which context each token is in and where EOS ended it."""
         prompts = np.asarray(prompts)
         K, T, V = self.K, self.T, self.vocab
         n = len(prompts)
@@ -157,24 +157,26 @@ class FeatureLM:
             return np.clip(np.searchsorted(stacked, local + u) - local * V, 0, V - 1)
         tok_on, tok_off = draw(on_local), draw(off_local)
         pid = prompts[who]
-        states = np.zeros((batch, T), dtype=np.int64)
-        tokens = np.zeros((batch, T), dtype=np.int64)
-        local = np.zeros((batch, T), dtype=np.int64)
-        mask = np.zeros((batch, T))
-        outcome = np.full(batch, MALFORMED, dtype=np.int64)
-        alive, on = np.ones(batch, dtype=bool), np.ones(batch, dtype=bool)
-        for t in range(T):
-            tok = np.where(on, tok_on[:, t], tok_off[:, t])
-            local[:, t] = np.where(on, on_local[:, t], off_local[:, t])
-            states[:, t] = np.where(on, pid * (K + 1) + min(t, K), self.off0 + t)
-            tokens[:, t], mask[:, t] = np.where(alive, tok, 0), alive
-            end = alive & (tok == EOS)
-            outcome[end] = np.where(on[end] & (t == K), CORRECT, WRONG)
-            on = on & (self.accept[pid, t, tok] > 0 if t < K else False)
-            alive = alive & ~end
+        # on track at position t: every earlier answer token acceptable (never after the answer); alive: no EOS yet
+        on = np.zeros((batch, T), dtype=bool)
+        on[:, 0] = True
+        good = self.accept[pid[:, None], np.arange(K), tok_on[:, :K]] > 0
+        on[:, 1:K + 1] = np.logical_and.accumulate(good, axis=1)[:, :T - 1]
+        tok = np.where(on, tok_on, tok_off)
+        eos = tok == EOS
+        ended = np.logical_or.accumulate(eos, axis=1)
+        mask = np.ones((batch, T))
+        mask[:, 1:] = ~ended[:, :-1]
+        alive = ~ended[:, -1]
+        tokens = np.where(mask > 0, tok, 0)
+        states = np.where(on, pid[:, None] * (K + 1) + np.minimum(np.arange(T), K), self.off0 + np.arange(T))
         states *= mask.astype(np.int64)
+        local = np.where(on, on_local, off_local)
+        first = eos.argmax(1)  # the position of the EOS that ended the response (if any)
+        at_answer = (first == K) & on[np.arange(batch), first]
+        outcome = np.where(alive, MALFORMED, np.where(at_answer, CORRECT, WRONG))
         old_logp = np.where(mask > 0, logp_t[local, tokens], 0.0)
-        return Rollout(prompts, states, tokens, mask, old_logp, outcome, mask.sum(1).astype(np.int64), alive.copy())
+        return Rollout(prompts, states, tokens, mask, old_logp, outcome, mask.sum(1).astype(np.int64), alive)
 
     # ---- exact expectations -------------------------------------------------------------------------------
     def masses(self, pi):
