@@ -29,12 +29,13 @@ def row_sum(x: np.ndarray) -> np.ndarray:
         for v in range(1, V):
             total += x[:, v]
         return total
-    acc = [x[:, j].copy() for j in range(8)]
     done = V - V % 8
+    acc = x[:, :8]
     for i in range(8, done, 8):
-        for j in range(8):
-            acc[j] += x[:, i + j]
-    total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+        acc = acc + x[:, i:i + 8]
+    acc = acc[:, 0::2] + acc[:, 1::2]  # the pairwise tree ((0+1)+(2+3))+((4+5)+(6+7)), a level per call
+    acc = acc[:, 0::2] + acc[:, 1::2]
+    total = acc[:, 0] + acc[:, 1]
     for v in range(done, V):
         total += x[:, v]
     return total
@@ -52,7 +53,9 @@ def tables(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     z = logits - top[:, None]
     e = np.exp(z)
     total = row_sum(e)
-    return z - np.log(total)[:, None], e / total[:, None]
+    z -= np.log(total)[:, None]  # in place: a fresh table per temporary costs more than the arithmetic
+    e /= total[:, None]
+    return z, e
 
 
 @dataclass
