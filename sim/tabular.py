@@ -82,6 +82,14 @@ class Automaton:
         (self._edge_from, self._edge_to), self._edge_of = np.unique(pairs, axis=1, return_inverse=True)
         self._edge_of = self._edge_of.reshape(-1)
         self._correct = np.flatnonzero((flat_next < 0) & (self.outcome.reshape(-1) == CORRECT))
+        self._steps = []  # per position t: the edges leaving the states reachable in exactly t steps, their ends
+        reach = np.zeros(self.n_states, dtype=bool)
+        reach[self.start] = True
+        for _ in range(self.max_len):
+            edges = np.flatnonzero(reach[self._edge_from])
+            self._steps.append((edges, self._edge_from[edges], self._edge_to[edges]))
+            reach = np.zeros(self.n_states, dtype=bool)
+            reach[self._edge_to[edges]] = True
 
 
 @dataclass
@@ -184,18 +192,25 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
     """
     logp, pi = table
     ent = -row_sum(pi * logp)
-    kl_s = row_sum(pi * (logp - ref_logp)) if ref_logp is not None else np.zeros(aut.n_states)
+    if ref_logp is not None:
+        kl_s = logp - ref_logp
+        kl_s *= pi
+        kl_s = row_sum(kl_s)
+    else:
+        kl_s = np.zeros(aut.n_states)
     d = np.bincount(aut.start, minlength=aut.n_states) / aut.n_prompts
     visits = np.zeros(aut.n_states)
     flat_pi = pi.reshape(-1)
     move = np.bincount(aut._edge_of, weights=flat_pi[aut._cont], minlength=len(aut._edge_from))  # P(s -> s')
-    p_win = np.zeros(aut.n_states)
-    np.add.at(p_win, aut._correct // aut.vocab, flat_pi[aut._correct])
+    p_win = np.bincount(aut._correct // aut.vocab, weights=flat_pi[aut._correct], minlength=aut.n_states)
+    # d is exactly 0 off the states reachable in t steps, so their edges add only zeros: skipped (unless a
+    # NaN probability, 0 * NaN, must spread as in the full sum)
+    steps = aut._steps if np.isfinite(move).all() else [(slice(None), aut._edge_from, aut._edge_to)] * aut.max_len
     win_len = 0.0  # E[length * 1(correct)]: a response ending correctly at position t has t + 1 tokens
-    for t in range(aut.max_len):
+    for t, (edges, src, dst) in enumerate(steps):
         visits += d
         win_len += (t + 1) * (d @ p_win)
-        d = np.bincount(aut._edge_to, weights=d[aut._edge_from] * move, minlength=aut.n_states)
+        d = np.bincount(dst, weights=d[src] * move[edges], minlength=aut.n_states)
     success = np.bincount(aut.state_prompt, weights=visits * p_win, minlength=aut.n_prompts) * aut.n_prompts
     tokens, acc = visits.sum(), float(success.mean())
     return Exact(float(visits @ ent / tokens), float(visits @ kl_s / tokens), acc, float(tokens),
