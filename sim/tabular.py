@@ -106,36 +106,49 @@ class Rollout:
     truncated: np.ndarray  # [B] bool: still running at max_len
 
 
-def sample(aut: Automaton, table: tuple[np.ndarray, np.ndarray], prompts: np.ndarray, group_size: int,
-           rng: np.random.Generator) -> Rollout:
-    """Draw group_size responses per prompt from the policy ``table = (log pi, pi)``, vectorised over the batch."""
-    logp_table, pi = table
-    cdf = np.cumsum(pi, axis=1)
-    cdf[:, -1] = 1.0
+def sample(aut: Automaton, table, prompts: np.ndarray, group_size: int, rng: np.random.Generator) -> Rollout:
+    """Draw group_size responses per prompt, vectorised over the batch, from the policy ``table``: the full
+    (log pi, pi) table, or the logit table (then only the drawn prompts' rows are computed)."""
+    prompts = np.asarray(prompts)
+    drawn = np.zeros(aut.n_prompts, dtype=bool)
+    drawn[prompts] = True
+    sel = np.flatnonzero(drawn[aut.state_prompt])  # the drawn prompts' states: a response never leaves them
+    if isinstance(table, tuple):
+        logp_table, pi_sel = table[0], table[1][sel]
+    else:
+        logp_sel, pi_sel = tables(table[sel])
+        logp_table = np.empty(table.shape)  # other prompts' rows are never read
+        logp_table[sel] = logp_sel
+    vocab = aut.vocab
+    cdf = np.full((len(sel), -(-vocab // 8) * 8), np.inf)  # padded to whole 8-byte words of comparisons (never below u)
+    np.cumsum(pi_sel, axis=1, out=cdf[:, :vocab])
+    cdf[:, vocab - 1] = 1.0  # above every u < 1, so the drawn token is below vocab
+    cdf_table = np.empty((aut.n_states, cdf.shape[1]))
+    cdf_table[sel] = cdf
     batch, horizon = len(prompts) * group_size, aut.max_len
+    rows = np.arange(batch)  # the responses still running, and their states
     state = np.repeat(aut.start[prompts], group_size)
-    alive = np.ones(batch, dtype=bool)
-    states = np.zeros((batch, horizon), dtype=np.int64)
-    tokens = np.zeros((batch, horizon), dtype=np.int64)
-    mask = np.zeros((batch, horizon))
-    outcome = np.full(batch, MALFORMED, dtype=np.int64)
-    u = rng.random((batch, horizon))
+    states, tokens = np.zeros((2, horizon, batch), dtype=np.int64)  # position-major while drawn
+    mask = np.zeros((horizon, batch))
+    u = rng.random((batch, horizon)).T.copy()
     for t in range(horizon):
-        rows = np.flatnonzero(alive)
+        below = u[t][rows, None] > cdf_table.take(state, axis=0)
+        words = np.bitwise_count(below.view(np.uint64))  # per 8-byte word: how many cdf entries are below u
+        tok = words[:, 0] if words.shape[1] == 1 else words.sum(1)
+        states[t][rows], tokens[t][rows], mask[t][rows] = state, tok, 1.0
+        nxt = aut.next_state[state, tok]
+        running = nxt >= 0
+        rows, state = rows[running], nxt[running]
         if rows.size == 0:
             break
-        s = state[rows]
-        tok = (u[rows, t, None] > cdf[s]).sum(1)
-        tok = np.minimum(tok, aut.vocab - 1)
-        states[rows, t], tokens[rows, t], mask[rows, t] = s, tok, 1.0
-        nxt = aut.next_state[s, tok]
-        ended = nxt < 0
-        outcome[rows[ended]] = aut.outcome[s[ended], tok[ended]]
-        alive[rows[ended]] = False
-        state[rows] = np.where(ended, s, nxt)
+    states, tokens, mask = states.T.copy(), tokens.T.copy(), mask.T.copy()
+    lengths = mask.sum(1).astype(np.int64)
+    truncated = np.zeros(batch, dtype=bool)
+    truncated[rows] = True
+    last = (np.arange(batch), lengths - 1)
+    outcome = np.where(truncated, MALFORMED, aut.outcome[states[last], tokens[last]]).astype(np.int64)
     old_logp = np.where(mask > 0, logp_table[states, tokens], 0.0)
-    return Rollout(np.asarray(prompts), states, tokens, mask, old_logp, outcome, mask.sum(1).astype(np.int64),
-                   alive.copy())
+    return Rollout(prompts, states, tokens, mask, old_logp, outcome, lengths, truncated)
 
 
 def token_logp(logp_table: np.ndarray, states: np.ndarray, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -254,9 +267,9 @@ class TableEnv:
         self.ref = tables(init)[0]
 
     def sampler(self, params: np.ndarray, snap: Snapshot | None = None):
-        """What ``sample`` draws from: the full (log pi, pi) table (taken from ``snap``, a snapshot of ``params``,
-        if given)."""
-        return (snap.logp, snap.pi) if snap is not None else tables(params)
+        """What ``sample`` draws from: the full (log pi, pi) table of ``snap``, a snapshot of ``params``, if given,
+        else ``params`` (only the drawn prompts' rows are computed)."""
+        return (snap.logp, snap.pi) if snap is not None else params
 
     def sample(self, table, prompts, group_size, rng) -> Rollout:
         return sample(self.aut, table, prompts, group_size, rng)
