@@ -233,7 +233,10 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
 
 def xlogx(x: np.ndarray) -> np.ndarray:
     """x log x with 0 log 0 = 0."""
-    return np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0)
+    out = np.zeros(x.shape)
+    pos = x > 0
+    np.log(x, out=out, where=pos)
+    return np.multiply(out, x, out=out, where=pos)
 
 
 @dataclass
