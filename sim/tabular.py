@@ -82,14 +82,17 @@ class Automaton:
         (self._edge_from, self._edge_to), self._edge_of = np.unique(pairs, axis=1, return_inverse=True)
         self._edge_of = self._edge_of.reshape(-1)
         self._correct = np.flatnonzero((flat_next < 0) & (self.outcome.reshape(-1) == CORRECT))
-        self._steps = []  # per position t: the edges leaving the states reachable in exactly t steps, their ends
-        reach = np.zeros(self.n_states, dtype=bool)
-        reach[self.start] = True
+        # per position t: the edges leaving the states reachable in exactly t steps (their slice of _step_edges),
+        # their starts and their ends
+        reach, self._steps, edges, at = self.start, [], [], 0
         for _ in range(self.max_len):
-            edges = np.flatnonzero(reach[self._edge_from])
-            self._steps.append((edges, self._edge_from[edges], self._edge_to[edges]))
-            reach = np.zeros(self.n_states, dtype=bool)
-            reach[self._edge_to[edges]] = True
+            on = np.zeros(self.n_states, dtype=bool)
+            on[reach] = True
+            e = np.flatnonzero(on[self._edge_from])
+            self._steps.append((slice(at, at + len(e)), self._edge_from[e], self._edge_to[e]))
+            edges.append(e)
+            at, reach = at + len(e), self._edge_to[e]
+        self._step_edges = np.concatenate(edges)
 
 
 @dataclass
@@ -216,14 +219,15 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
     flat_pi = pi.reshape(-1)
     move = np.bincount(aut._edge_of, weights=flat_pi[aut._cont], minlength=len(aut._edge_from))  # P(s -> s')
     p_win = np.bincount(aut._correct // aut.vocab, weights=flat_pi[aut._correct], minlength=aut.n_states)
-    # d is exactly 0 off the states reachable in t steps, so their edges add only zeros: skipped (unless a
-    # NaN probability, 0 * NaN, must spread as in the full sum)
-    steps = aut._steps if np.isfinite(move).all() else [(slice(None), aut._edge_from, aut._edge_to)] * aut.max_len
+    if np.isfinite(move).all():  # d is exactly 0 off the states reachable in t steps: only zeros are skipped
+        moves, steps = move[aut._step_edges], aut._steps
+    else:  # 0 * NaN is NaN: every edge, as the full sum spreads it
+        moves, steps = move, [(slice(None), aut._edge_from, aut._edge_to)] * aut.max_len
     win_len = 0.0  # E[length * 1(correct)]: a response ending correctly at position t has t + 1 tokens
-    for t, (edges, src, dst) in enumerate(steps):
+    for t, (part, src, dst) in enumerate(steps):
         visits += d
         win_len += (t + 1) * (d @ p_win)
-        d = np.bincount(dst, weights=d[src] * move[edges], minlength=aut.n_states)
+        d = np.bincount(dst, weights=d[src] * moves[part], minlength=aut.n_states)
     success = np.bincount(aut.state_prompt, weights=visits * p_win, minlength=aut.n_prompts) * aut.n_prompts
     tokens, acc = visits.sum(), float(success.mean())
     return Exact(float(visits @ ent / tokens), float(visits @ kl_s / tokens), acc, float(tokens),
