@@ -77,10 +77,11 @@ class Automaton:
         self.n_states, self.vocab = self.next_state.shape
         self.n_prompts = len(self.start)
         flat_next = self.next_state.reshape(-1)
-        self._cont = np.flatnonzero(flat_next >= 0)
-        pairs = np.stack([self._cont // self.vocab, flat_next[self._cont]])
-        (self._edge_from, self._edge_to), self._edge_of = np.unique(pairs, axis=1, return_inverse=True)
-        self._edge_of = self._edge_of.reshape(-1)
+        cont = np.flatnonzero(flat_next >= 0)
+        pairs = np.stack([cont // self.vocab, flat_next[cont]])
+        (self._edge_from, self._edge_to), edge_of = np.unique(pairs, axis=1, return_inverse=True)
+        self._edge_of = np.full(flat_next.size, len(self._edge_from))  # of each (s, v); ending: one past the edges
+        self._edge_of[cont] = edge_of.reshape(-1)
         self._correct = np.flatnonzero((flat_next < 0) & (self.outcome.reshape(-1) == CORRECT))
         # per position t: the edges leaving the states reachable in exactly t steps (their slice of _step_edges),
         # their starts and their ends
@@ -162,7 +163,7 @@ def token_logp(logp_table: np.ndarray, states: np.ndarray, tokens: np.ndarray, m
 def row_logp(logits: np.ndarray, states: np.ndarray, tokens: np.ndarray, mask: np.ndarray):
     """log pi(a_t | s_t) [B, T] from only the visited rows of ``logits``; also returns pi of those rows."""
     on = mask > 0
-    logp_rows, pi_rows = tables(logits[states[on]])
+    logp_rows, pi_rows = tables(logits.take(states[on], axis=0))
     logp = np.zeros(mask.shape)
     logp[on] = logp_rows[np.arange(len(pi_rows)), tokens[on]]
     return logp, pi_rows
@@ -217,7 +218,7 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
     d = np.bincount(aut.start, minlength=aut.n_states) / aut.n_prompts
     visits = np.zeros(aut.n_states)
     flat_pi = pi.reshape(-1)
-    move = np.bincount(aut._edge_of, weights=flat_pi[aut._cont], minlength=len(aut._edge_from))  # P(s -> s')
+    move = np.bincount(aut._edge_of, weights=flat_pi, minlength=len(aut._edge_from) + 1)[:-1]  # P(s -> s')
     p_win = np.bincount(aut._correct // aut.vocab, weights=flat_pi[aut._correct], minlength=aut.n_states)
     if np.isfinite(move).all():  # d is exactly 0 off the states reachable in t steps: only zeros are skipped
         moves, steps = move[aut._step_edges], aut._steps
