@@ -114,17 +114,17 @@ def sample(aut: Automaton, table, prompts: np.ndarray, group_size: int, rng: np.
     """Draw group_size responses per prompt, vectorised over the batch, from the policy ``table``: the full
     (log pi, pi) table, or the logit table (then only the drawn prompts' rows are computed)."""
     prompts = np.asarray(prompts)
-    drawn = np.zeros(aut.n_prompts, dtype=bool)
-    drawn[prompts] = True
-    sel = np.flatnonzero(drawn[aut.state_prompt])  # the drawn prompts' states: a response never leaves them
+    picked = np.zeros(aut.n_prompts, dtype=bool)
+    picked[prompts] = True
+    sel = np.flatnonzero(picked[aut.state_prompt])  # the drawn prompts' states: a response never leaves them
     if isinstance(table, tuple):
-        logp_table, pi_sel = table[0], table[1][sel]
+        logp_table, pi_sel = table[0], table[1].take(sel, axis=0)
     else:
-        logp_sel, pi_sel = tables(table[sel])
+        logp_sel, pi_sel = tables(table.take(sel, axis=0))
         logp_table = np.empty(table.shape)  # other prompts' rows are never read
         logp_table[sel] = logp_sel
     vocab = aut.vocab
-    cdf = np.full((len(sel), -(-vocab // 8) * 8), np.inf)  # padded to whole 8-byte words of comparisons (never below u)
+    cdf = np.full((len(sel), -(-vocab // 8) * 8), np.inf)  # padded to whole 8-byte words of comparisons
     np.cumsum(pi_sel, axis=1, out=cdf[:, :vocab])
     cdf[:, vocab - 1] = 1.0  # above every u < 1, so the drawn token is below vocab
     cdf_table = np.empty((aut.n_states, cdf.shape[1]))
@@ -132,26 +132,29 @@ def sample(aut: Automaton, table, prompts: np.ndarray, group_size: int, rng: np.
     batch, horizon = len(prompts) * group_size, aut.max_len
     rows = np.arange(batch)  # the responses still running, and their states
     state = np.repeat(aut.start[prompts], group_size)
-    states, tokens = np.zeros((2, horizon, batch), dtype=np.int64)  # position-major while drawn
-    mask = np.zeros((horizon, batch))
-    u = rng.random((batch, horizon)).T.copy()
+    u = rng.random((batch, horizon)).T.copy()  # position-major
+    drawn = []  # per position: the running responses, their states and their tokens
     for t in range(horizon):
         below = u[t][rows, None] > cdf_table.take(state, axis=0)
         words = np.bitwise_count(below.view(np.uint64))  # per 8-byte word: how many cdf entries are below u
         tok = words[:, 0] if words.shape[1] == 1 else words.sum(1)
-        states[t][rows], tokens[t][rows], mask[t][rows] = state, tok, 1.0
+        drawn.append((rows, state, tok))
         nxt = aut.next_state[state, tok]
         running = nxt >= 0
         rows, state = rows[running], nxt[running]
         if rows.size == 0:
             break
-    states, tokens, mask = states.T.copy(), tokens.T.copy(), mask.T.copy()
+    row, state, tok = (np.concatenate(x) for x in zip(*drawn))
+    at = row * horizon + np.repeat(np.arange(len(drawn)), [len(r) for r, _, _ in drawn])  # flat [B, T] index
+    states, tokens = np.zeros((2, batch * horizon), dtype=np.int64)
+    mask, old_logp = np.zeros((2, batch * horizon))
+    states[at], tokens[at], mask[at], old_logp[at] = state, tok, 1.0, logp_table[state, tok]
+    states, tokens, mask, old_logp = (x.reshape(batch, horizon) for x in (states, tokens, mask, old_logp))
     lengths = mask.sum(1).astype(np.int64)
     truncated = np.zeros(batch, dtype=bool)
     truncated[rows] = True
     last = (np.arange(batch), lengths - 1)
     outcome = np.where(truncated, MALFORMED, aut.outcome[states[last], tokens[last]]).astype(np.int64)
-    old_logp = np.where(mask > 0, logp_table[states, tokens], 0.0)
     return Rollout(prompts, states, tokens, mask, old_logp, outcome, lengths, truncated)
 
 

@@ -163,3 +163,20 @@ def test_xlogx_is_zero_off_the_positive_reals():
     got = xlogx(x)
     assert got[:5].tobytes() == np.zeros(5).tobytes()
     assert got[5] == 0.5 * np.log(0.5) and got[6] == 0.0 and got[7] == np.inf
+
+
+@pytest.mark.parametrize("n_think,n_answers", [(1, 2), (2, 4), (4, 5), (6, 12)])
+def test_sample_draws_each_token_by_inverse_cdf(n_think, n_answers):
+    """Every vocabulary width (below, at and above a multiple of 8): token t of response b is the number of CDF
+    entries of pi(.|s_t) below u[b, t] (the last entry taken as 1), and the log-probs are those of the table."""
+    aut, logits, _ = toy_lm.build(n_prompts=5, max_len=7, n_think=n_think, n_answers=n_answers, env_seed=6)
+    logp, pi = tables(logits)
+    ro = sample(aut, (logp, pi), np.array([4, 0, 2]), 9, np.random.default_rng(8))
+    u = np.random.default_rng(8).random(ro.mask.shape)
+    cdf = np.cumsum(pi, axis=1)
+    cdf[:, -1] = 1.0
+    on = ro.mask > 0
+    assert np.array_equal(ro.tokens[on], (u[on][:, None] > cdf[ro.states[on]]).sum(1))
+    assert np.array_equal(ro.old_logp[on], logp[ro.states[on], ro.tokens[on]])
+    assert not ro.tokens[~on].any() and not ro.states[~on].any() and not ro.old_logp[~on].any()
+    assert np.array_equal(ro.lengths, on.sum(1)) and np.array_equal(ro.states[:, 0], np.repeat(aut.start[[4, 0, 2]], 9))
