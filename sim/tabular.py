@@ -53,9 +53,7 @@ def tables(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     z = logits - top[:, None]
     e = np.exp(z)
     total = row_sum(e)
-    z -= np.log(total)[:, None]  # in place: a fresh table per temporary costs more than the arithmetic
-    e /= total[:, None]
-    return z, e
+    return z - np.log(total)[:, None], e / total[:, None]
 
 
 @dataclass
