@@ -209,11 +209,12 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
     ``table`` is the policy's (log pi, pi), ``ref_logp`` the reference's log pi table.
     """
     logp, pi = table
-    ent = -row_sum(pi * logp)
+    terms = pi * logp
+    ent = -row_sum(terms)
     if ref_logp is not None:
-        kl_s = logp - ref_logp
-        kl_s *= pi
-        kl_s = row_sum(kl_s)
+        np.subtract(logp, ref_logp, out=terms)
+        terms *= pi
+        kl_s = row_sum(terms)
     else:
         kl_s = np.zeros(aut.n_states)
     d = np.bincount(aut.start, minlength=aut.n_states) / aut.n_prompts
