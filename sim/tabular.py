@@ -29,12 +29,13 @@ def row_sum(x: np.ndarray) -> np.ndarray:
         for v in range(1, V):
             total += x[:, v]
         return total
-    acc = [x[:, j].copy() for j in range(8)]
     done = V - V % 8
+    acc = x[:, :8]
     for i in range(8, done, 8):
-        for j in range(8):
-            acc[j] += x[:, i + j]
-    total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+        acc = acc + x[:, i:i + 8]
+    acc = acc[:, 0::2] + acc[:, 1::2]  # the pairwise tree ((0+1)+(2+3))+((4+5)+(6+7)), a level per call
+    acc = acc[:, 0::2] + acc[:, 1::2]
+    total = acc[:, 0] + acc[:, 1]
     for v in range(done, V):
         total += x[:, v]
     return total
@@ -74,11 +75,23 @@ class Automaton:
         self.n_states, self.vocab = self.next_state.shape
         self.n_prompts = len(self.start)
         flat_next = self.next_state.reshape(-1)
-        self._cont = np.flatnonzero(flat_next >= 0)
-        pairs = np.stack([self._cont // self.vocab, flat_next[self._cont]])
-        (self._edge_from, self._edge_to), self._edge_of = np.unique(pairs, axis=1, return_inverse=True)
-        self._edge_of = self._edge_of.reshape(-1)
+        cont = np.flatnonzero(flat_next >= 0)
+        pairs = np.stack([cont // self.vocab, flat_next[cont]])
+        (self._edge_from, self._edge_to), edge_of = np.unique(pairs, axis=1, return_inverse=True)
+        self._edge_of = np.full(flat_next.size, len(self._edge_from))  # of each (s, v); ending: one past the edges
+        self._edge_of[cont] = edge_of.reshape(-1)
         self._correct = np.flatnonzero((flat_next < 0) & (self.outcome.reshape(-1) == CORRECT))
+        # per position t: the edges leaving the states reachable in exactly t steps (their slice of _step_edges),
+        # their starts and their ends
+        reach, self._steps, edges, at = self.start, [], [], 0
+        for _ in range(self.max_len):
+            on = np.zeros(self.n_states, dtype=bool)
+            on[reach] = True
+            e = np.flatnonzero(on[self._edge_from])
+            self._steps.append((slice(at, at + len(e)), self._edge_from[e], self._edge_to[e]))
+            edges.append(e)
+            at, reach = at + len(e), self._edge_to[e]
+        self._step_edges = np.concatenate(edges)
 
 
 @dataclass
@@ -95,36 +108,52 @@ class Rollout:
     truncated: np.ndarray  # [B] bool: still running at max_len
 
 
-def sample(aut: Automaton, table: tuple[np.ndarray, np.ndarray], prompts: np.ndarray, group_size: int,
-           rng: np.random.Generator) -> Rollout:
-    """Draw group_size responses per prompt from the policy ``table = (log pi, pi)``, vectorised over the batch."""
-    logp_table, pi = table
-    cdf = np.cumsum(pi, axis=1)
-    cdf[:, -1] = 1.0
+def sample(aut: Automaton, table, prompts: np.ndarray, group_size: int, rng: np.random.Generator) -> Rollout:
+    """Draw group_size responses per prompt, vectorised over the batch, from the policy ``table``: the full
+    (log pi, pi) table, or the logit table (then only the drawn prompts' rows are computed)."""
+    prompts = np.asarray(prompts)
+    picked = np.zeros(aut.n_prompts, dtype=bool)
+    picked[prompts] = True
+    sel = np.flatnonzero(picked[aut.state_prompt])  # the drawn prompts' states: a response never leaves them
+    if isinstance(table, tuple):
+        logp_table, pi_sel = table[0], table[1].take(sel, axis=0)
+    else:
+        logp_sel, pi_sel = tables(table.take(sel, axis=0))
+        logp_table = np.empty(table.shape)  # other prompts' rows are never read
+        logp_table[sel] = logp_sel
+    vocab = aut.vocab
+    cdf = np.full((len(sel), -(-vocab // 8) * 8), np.inf)  # padded to whole 8-byte words of comparisons
+    np.cumsum(pi_sel, axis=1, out=cdf[:, :vocab])
+    cdf[:, vocab - 1] = 1.0  # above every u < 1, so the drawn token is below vocab
+    cdf_table = np.empty((aut.n_states, cdf.shape[1]))
+    cdf_table[sel] = cdf
     batch, horizon = len(prompts) * group_size, aut.max_len
+    rows = np.arange(batch)  # the responses still running, and their states
     state = np.repeat(aut.start[prompts], group_size)
-    alive = np.ones(batch, dtype=bool)
-    states = np.zeros((batch, horizon), dtype=np.int64)
-    tokens = np.zeros((batch, horizon), dtype=np.int64)
-    mask = np.zeros((batch, horizon))
-    outcome = np.full(batch, MALFORMED, dtype=np.int64)
-    u = rng.random((batch, horizon))
+    u = rng.random((batch, horizon)).T.copy()  # position-major
+    drawn = []  # per position: the running responses, their states and their tokens
     for t in range(horizon):
-        rows = np.flatnonzero(alive)
+        below = u[t][rows, None] > cdf_table.take(state, axis=0)
+        words = np.bitwise_count(below.view(np.uint64))  # per 8-byte word: how many cdf entries are below u
+        tok = words[:, 0] if words.shape[1] == 1 else words.sum(1)
+        drawn.append((rows, state, tok))
+        nxt = aut.next_state[state, tok]
+        running = nxt >= 0
+        rows, state = rows[running], nxt[running]
         if rows.size == 0:
             break
-        s = state[rows]
-        tok = (u[rows, t, None] > cdf[s]).sum(1)
-        tok = np.minimum(tok, aut.vocab - 1)
-        states[rows, t], tokens[rows, t], mask[rows, t] = s, tok, 1.0
-        nxt = aut.next_state[s, tok]
-        ended = nxt < 0
-        outcome[rows[ended]] = aut.outcome[s[ended], tok[ended]]
-        alive[rows[ended]] = False
-        state[rows] = np.where(ended, s, nxt)
-    old_logp = np.where(mask > 0, logp_table[states, tokens], 0.0)
-    return Rollout(np.asarray(prompts), states, tokens, mask, old_logp, outcome, mask.sum(1).astype(np.int64),
-                   alive.copy())
+    row, state, tok = (np.concatenate(x) for x in zip(*drawn))
+    at = row * horizon + np.repeat(np.arange(len(drawn)), [len(r) for r, _, _ in drawn])  # flat [B, T] index
+    states, tokens = np.zeros((2, batch * horizon), dtype=np.int64)
+    mask, old_logp = np.zeros((2, batch * horizon))
+    states[at], tokens[at], mask[at], old_logp[at] = state, tok, 1.0, logp_table[state, tok]
+    states, tokens, mask, old_logp = (x.reshape(batch, horizon) for x in (states, tokens, mask, old_logp))
+    lengths = mask.sum(1).astype(np.int64)
+    truncated = np.zeros(batch, dtype=bool)
+    truncated[rows] = True
+    last = (np.arange(batch), lengths - 1)
+    outcome = np.where(truncated, MALFORMED, aut.outcome[states[last], tokens[last]]).astype(np.int64)
+    return Rollout(prompts, states, tokens, mask, old_logp, outcome, lengths, truncated)
 
 
 def token_logp(logp_table: np.ndarray, states: np.ndarray, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -135,7 +164,7 @@ def token_logp(logp_table: np.ndarray, states: np.ndarray, tokens: np.ndarray, m
 def row_logp(logits: np.ndarray, states: np.ndarray, tokens: np.ndarray, mask: np.ndarray):
     """log pi(a_t | s_t) [B, T] from only the visited rows of ``logits``; also returns pi of those rows."""
     on = mask > 0
-    logp_rows, pi_rows = tables(logits[states[on]])
+    logp_rows, pi_rows = tables(logits.take(states[on], axis=0))
     logp = np.zeros(mask.shape)
     logp[on] = logp_rows[np.arange(len(pi_rows)), tokens[on]]
     return logp, pi_rows
@@ -180,19 +209,28 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
     ``table`` is the policy's (log pi, pi), ``ref_logp`` the reference's log pi table.
     """
     logp, pi = table
-    ent = -row_sum(pi * logp)
-    kl_s = row_sum(pi * (logp - ref_logp)) if ref_logp is not None else np.zeros(aut.n_states)
+    terms = pi * logp
+    ent = -row_sum(terms)
+    if ref_logp is not None:
+        np.subtract(logp, ref_logp, out=terms)
+        terms *= pi
+        kl_s = row_sum(terms)
+    else:
+        kl_s = np.zeros(aut.n_states)
     d = np.bincount(aut.start, minlength=aut.n_states) / aut.n_prompts
     visits = np.zeros(aut.n_states)
     flat_pi = pi.reshape(-1)
-    move = np.bincount(aut._edge_of, weights=flat_pi[aut._cont], minlength=len(aut._edge_from))  # P(s -> s')
-    p_win = np.zeros(aut.n_states)
-    np.add.at(p_win, aut._correct // aut.vocab, flat_pi[aut._correct])
+    move = np.bincount(aut._edge_of, weights=flat_pi, minlength=len(aut._edge_from) + 1)[:-1]  # P(s -> s')
+    p_win = np.bincount(aut._correct // aut.vocab, weights=flat_pi[aut._correct], minlength=aut.n_states)
+    if np.isfinite(move).all():  # d is exactly 0 off the states reachable in t steps: only zeros are skipped
+        moves, steps = move[aut._step_edges], aut._steps
+    else:  # 0 * NaN is NaN: every edge, as the full sum spreads it
+        moves, steps = move, [(slice(None), aut._edge_from, aut._edge_to)] * aut.max_len
     win_len = 0.0  # E[length * 1(correct)]: a response ending correctly at position t has t + 1 tokens
-    for t in range(aut.max_len):
+    for t, (part, src, dst) in enumerate(steps):
         visits += d
         win_len += (t + 1) * (d @ p_win)
-        d = np.bincount(aut._edge_to, weights=d[aut._edge_from] * move, minlength=aut.n_states)
+        d = np.bincount(dst, weights=d[src] * moves[part], minlength=aut.n_states)
     success = np.bincount(aut.state_prompt, weights=visits * p_win, minlength=aut.n_prompts) * aut.n_prompts
     tokens, acc = visits.sum(), float(success.mean())
     return Exact(float(visits @ ent / tokens), float(visits @ kl_s / tokens), acc, float(tokens),
@@ -202,7 +240,10 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
 
 def xlogx(x: np.ndarray) -> np.ndarray:
     """x log x with 0 log 0 = 0."""
-    return np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0)
+    out = np.zeros(x.shape)
+    pos = x > 0
+    np.log(x, out=out, where=pos)
+    return np.multiply(out, x, out=out, where=pos)
 
 
 @dataclass
@@ -236,9 +277,9 @@ class TableEnv:
         self.ref = tables(init)[0]
 
     def sampler(self, params: np.ndarray, snap: Snapshot | None = None):
-        """What ``sample`` draws from: the full (log pi, pi) table (taken from ``snap``, a snapshot of ``params``,
-        if given)."""
-        return (snap.logp, snap.pi) if snap is not None else tables(params)
+        """What ``sample`` draws from: the full (log pi, pi) table of ``snap``, a snapshot of ``params``, if given,
+        else ``params`` (only the drawn prompts' rows are computed)."""
+        return (snap.logp, snap.pi) if snap is not None else params
 
     def sample(self, table, prompts, group_size, rng) -> Rollout:
         return sample(self.aut, table, prompts, group_size, rng)

@@ -123,3 +123,60 @@ def test_row_sum_is_numpy_row_sum_bit_for_bit():
         for scale in (0.1, 3.0, 30.0):
             x = np.exp(scale * rng.standard_normal((257, width)))
             assert np.array_equal(row_sum(x), x.sum(1)), width
+
+
+def _visits_over_every_edge(aut, pi):
+    """The expected visits by the forward DP over every edge at every position (the reference)."""
+    d = np.bincount(aut.start, minlength=aut.n_states) / aut.n_prompts
+    visits = np.zeros(aut.n_states)
+    move = np.bincount(aut._edge_of, weights=pi.reshape(-1))[:len(aut._edge_from)]
+    for _ in range(aut.max_len):
+        visits += d
+        d = np.bincount(aut._edge_to, weights=d[aut._edge_from] * move, minlength=aut.n_states)
+    return visits
+
+
+def test_exact_skips_only_zero_edges_bit_for_bit():
+    """The DP's step t sums only the edges leaving states reachable in t steps; the visits equal the sum over every
+    edge exactly, and a NaN probability spreads as it does there."""
+    aut, logits, _ = toy_lm.build(n_prompts=6, max_len=9, env_seed=4)
+    logits = logits + np.random.default_rng(2).standard_normal(logits.shape)
+    assert np.array_equal(exact(aut, tables(logits)).visits, _visits_over_every_edge(aut, tables(logits)[1]))
+    logits[aut.start[2] + 8, 3] = np.nan  # reached at the last position only; the full sum spreads 0 * NaN earlier
+    got, want = exact(aut, tables(logits)).visits, _visits_over_every_edge(aut, tables(logits)[1])
+    assert np.isnan(want).any() and np.array_equal(got, want, equal_nan=True)
+
+
+def test_sampling_from_logits_equals_sampling_from_the_table():
+    """Drawing from the logit table (the drawn prompts' rows only) gives the rollout of the full (log pi, pi)."""
+    aut, logits, _ = toy_lm.build(n_prompts=12, env_seed=5)
+    a = sample(aut, tables(logits), np.array([7, 2, 11]), 16, np.random.default_rng(4))
+    b = sample(aut, logits, np.array([7, 2, 11]), 16, np.random.default_rng(4))
+    for field in a.__dataclass_fields__:
+        x, y = getattr(a, field), getattr(b, field)
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), field
+
+
+def test_xlogx_is_zero_off_the_positive_reals():
+    from sim.tabular import xlogx
+    x = np.array([0.0, -0.0, -1.0, np.nan, -np.inf, 0.5, 1.0, np.inf])
+    got = xlogx(x)
+    assert got[:5].tobytes() == np.zeros(5).tobytes()
+    assert got[5] == 0.5 * np.log(0.5) and got[6] == 0.0 and got[7] == np.inf
+
+
+@pytest.mark.parametrize("n_think,n_answers", [(1, 2), (2, 4), (4, 5), (6, 12)])
+def test_sample_draws_each_token_by_inverse_cdf(n_think, n_answers):
+    """Every vocabulary width (below, at and above a multiple of 8): token t of response b is the number of CDF
+    entries of pi(.|s_t) below u[b, t] (the last entry taken as 1), and the log-probs are those of the table."""
+    aut, logits, _ = toy_lm.build(n_prompts=5, max_len=7, n_think=n_think, n_answers=n_answers, env_seed=6)
+    logp, pi = tables(logits)
+    ro = sample(aut, (logp, pi), np.array([4, 0, 2]), 9, np.random.default_rng(8))
+    u = np.random.default_rng(8).random(ro.mask.shape)
+    cdf = np.cumsum(pi, axis=1)
+    cdf[:, -1] = 1.0
+    on = ro.mask > 0
+    assert np.array_equal(ro.tokens[on], (u[on][:, None] > cdf[ro.states[on]]).sum(1))
+    assert np.array_equal(ro.old_logp[on], logp[ro.states[on], ro.tokens[on]])
+    assert not ro.tokens[~on].any() and not ro.states[~on].any() and not ro.old_logp[~on].any()
+    assert np.array_equal(ro.lengths, on.sum(1)) and np.array_equal(ro.states[:, 0], np.repeat(aut.start[[4, 0, 2]], 9))
