@@ -22,7 +22,7 @@ def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage
     RLOO (2402.14740, Sec. 3): G/(G-1) (R - mean_g); GPG (2504.02546 Sec. 2): (B / M) (R - mean_g)."""
     groups = _grouped(rewards, group_size)
     check_advantage_kind(kind, group_size, unbiased, eps)
-    centred = groups - groups.mean(1, keepdims=True)
+    centred = groups - np.add.reduce(groups, 1, keepdims=True) / group_size  # groups.mean(1, keepdims=True)
     if kind == "dr_grpo":
         return centred.reshape(-1)
     if kind == "rloo":
@@ -30,8 +30,10 @@ def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage
     if kind == "gpg":
         live = group_size * int((groups.max(1) > groups.min(1)).sum())
         return (groups.size / max(live, 1) * centred).reshape(-1)
-    std = groups.std(1, ddof=1 if unbiased else 0, keepdims=True)
-    den = std + eps
+    den = np.add.reduce(centred * centred, 1, keepdims=True)  # groups.std(1, ddof, keepdims=True) + eps, as NumPy
+    den /= group_size - 1 if unbiased else group_size
+    np.sqrt(den, out=den)
+    den += eps
     return np.divide(centred, den, out=np.zeros_like(centred), where=den > 0).reshape(-1)
 
 

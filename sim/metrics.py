@@ -74,24 +74,33 @@ def _mean(x) -> float | None:
     return float(x.mean()) if x.size else None
 
 
+def _ratio(count, n) -> float | None:
+    """count / n (the mean of n values summing to the integer ``count``, exactly as ``_mean``), None if n = 0."""
+    return float(count / n) if n else None
+
+
 def rollout_metrics(ro: Rollout, rewards: np.ndarray, group_size: int) -> dict:
     """The metrics of the generated responses of one step."""
     correct = ro.outcome == CORRECT
     groups = rewards.reshape(-1, group_size)
+    n, n_correct = len(correct), np.count_nonzero(correct)
+    len_sum, len_correct = ro.lengths.sum(), ro.lengths[correct].sum()  # integers: their sums are exact
     return {
-        "reward": _mean(rewards), "accuracy": _mean(correct),
-        "zero_grad_frac": _mean(groups.max(1) == groups.min(1)),
-        "resp_len": _mean(ro.lengths), "len_correct": _mean(ro.lengths[correct]),
-        "len_wrong": _mean(ro.lengths[~correct]), "malformed": _mean(ro.outcome == MALFORMED),
-        "truncated": _mean(ro.truncated),
+        "reward": _mean(rewards), "accuracy": _ratio(n_correct, n),
+        "zero_grad_frac": _ratio(np.count_nonzero(groups.max(1) == groups.min(1)), len(groups)),
+        "resp_len": _ratio(len_sum, n), "len_correct": _ratio(len_correct, n_correct),
+        "len_wrong": _ratio(len_sum - len_correct, n - n_correct),
+        "malformed": _ratio(np.count_nonzero(ro.outcome == MALFORMED), n),
+        "truncated": _ratio(np.count_nonzero(ro.truncated), n),
     }
 
 
 def exact_metrics(snap: Snapshot, hard: np.ndarray, easy: np.ndarray) -> dict:
     """The snapshot's exact metrics, pass@k, and the entropy of the initially hardest and easiest prompts."""
     out = dict(snap.values)
+    fail = 1.0 - snap.success
     for k in PASS_K:
-        out[f"pass@{k}"] = float((1.0 - (1.0 - snap.success) ** k).mean())
+        out[f"pass@{k}"] = float((1.0 - fail ** k).mean())
     out["entropy_hard"] = float(snap.prompt_entropy[hard].mean())
     out["entropy_easy"] = float(snap.prompt_entropy[easy].mean())
     return out
@@ -102,7 +111,12 @@ def entropy_law(old: Snapshot, new: Snapshot) -> dict:
     H(pi_c + dz) - H(pi_c) ~= -Cov_{a ~ pi_c}(log pi_c(a), dz_c(a)) per context c, weighted by old row weights."""
     dz = new.logits - old.logits
     h_old, h_new = old.row_entropy, new.row_entropy
-    cov = row_sum(old.pi * old.logp * dz) + h_old * row_sum(old.pi * dz)
+    terms = np.empty((2, *dz.shape))  # pi log pi dz and pi dz, row-summed in one pass
+    np.multiply(old.pi, old.logp, out=terms[0])
+    terms[0] *= dz
+    np.multiply(old.pi, dz, out=terms[1])
+    sums = row_sum(terms.reshape(-1, dz.shape[1]))
+    cov = sums[:len(dz)] + h_old * sums[len(dz):]
     return {"entropy_change": new.values["entropy"] - old.values["entropy"],
             "entropy_change_rows": float(old.weight @ (h_new - h_old)),
             "entropy_change_pred": float(-(old.weight @ cov))}
@@ -111,10 +125,14 @@ def entropy_law(old: Snapshot, new: Snapshot) -> dict:
 def batch_cov(logp: np.ndarray, adv: np.ndarray, mask: np.ndarray) -> float | None:
     """Cov(log pi(y_t), A_t) over the masked tokens of a batch."""
     on = mask > 0
-    if on.sum() < 2:
+    n = np.count_nonzero(on)
+    if n < 2:
         return None
     x, a = logp[on], adv[on]
-    return float(((x - x.mean()) * (a - a.mean())).mean())
+    x -= np.add.reduce(x) / n  # x.mean(), in place
+    a -= np.add.reduce(a) / n
+    x *= a
+    return float(np.add.reduce(x) / n)
 
 
 class StepClips:
