@@ -111,12 +111,10 @@ def entropy_law(old: Snapshot, new: Snapshot) -> dict:
     H(pi_c + dz) - H(pi_c) ~= -Cov_{a ~ pi_c}(log pi_c(a), dz_c(a)) per context c, weighted by old row weights."""
     dz = new.logits - old.logits
     h_old, h_new = old.row_entropy, new.row_entropy
-    terms = np.empty((2, *dz.shape))  # pi log pi dz and pi dz, row-summed in one pass
-    np.multiply(old.pi, old.logp, out=terms[0])
-    terms[0] *= dz
-    np.multiply(old.pi, dz, out=terms[1])
-    sums = row_sum(terms.reshape(-1, dz.shape[1]))
-    cov = sums[:len(dz)] + h_old * sums[len(dz):]
+    pi_logp_dz = old.pi * old.logp
+    pi_logp_dz *= dz
+    dz *= old.pi  # pi * dz, in place: no more [R, V] temporaries than needed
+    cov = row_sum(pi_logp_dz) + h_old * row_sum(dz)
     return {"entropy_change": new.values["entropy"] - old.values["entropy"],
             "entropy_change_rows": float(old.weight @ (h_new - h_old)),
             "entropy_change_pred": float(-(old.weight @ cov))}
