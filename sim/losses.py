@@ -173,9 +173,10 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
 
 
 def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=None, rollout_logp=None,
-                 cov_select=None):
+                 cov_select=None, keep=None):
     """``policy_loss`` on inputs already checked: ``alg`` the registry entry, ``hp`` its resolved hyper-parameters,
-    float64 [B, T] arrays (the simulator's loop checks once per run, not once per update)."""
+    float64 [B, T] arrays (the simulator's loop checks once per run, not once per update). ``keep`` (a dict, optional)
+    receives what ``StepClips.add`` would compute again: ``token_ratio`` and, for DCPO, the ``bounds`` (lo, hi)."""
     on = mask > 0
     tokens = int(np.count_nonzero(on))  # the mask is 0/1: its sum
     n = float(max(tokens, 1))
@@ -191,6 +192,8 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
     else:
         with np.errstate(over="ignore"):
             ratio = np.exp(log_ratio)
+        if keep is not None:
+            keep["token_ratio"] = ratio
         if alg.ratio == "sequence_token":
             ratio = np.broadcast_to(np.exp(_row_mean(log_ratio, mask, mask.sum(1)))[:, None], mask.shape)
         clipped = np.zeros(mask.shape, dtype=bool)
@@ -209,9 +212,11 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
             dtok = -ratio * adv + chosen * hp["kl_cov_coef"] * np.sign(log_ratio)
         else:
             if alg.clip == "dynamic":
-                check_dcpo_old_logp((old_logp[on] > 0).any())
+                check_dcpo_old_logp(np.count_nonzero((old_logp > 0) & on) > 0)
                 lo, hi = _bounds_unchecked(np.exp(np.where(on, old_logp, 0.0)), hp["eps_low"], hp["eps_high"],
                                            hp["r_max"])
+                if keep is not None:
+                    keep["bounds"] = lo, hi
             else:
                 lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
             loss_tok, dtok, clipped = _clip_terms(ratio, adv, lo, hi, hp["dual_clip"], hp["delta"])

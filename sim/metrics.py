@@ -148,13 +148,16 @@ class StepClips:
         self.up_p, self.freed_p, self.dev = [], [], []
         self.has_fork = False
 
-    def add(self, logp, old_logp, adv, mask, fork=None) -> float:
+    def add(self, logp, old_logp, adv, mask, fork=None, token_ratio=None, bounds=None) -> float:
         """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions. Returns how many
         tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8, token
-        ratio): the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1)."""
+        ratio): the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1). ``token_ratio`` and ``bounds``
+        (optional) are what ``policy_terms`` keeps of the same update, so as not to compute them again."""
         on = mask > 0
-        log_ratio = np.where(on, logp - old_logp, 0.0)
-        token_ratio = np.exp(log_ratio)
+        log_ratio = None if token_ratio is not None and self.alg.ratio == "token" else \
+            np.where(on, logp - old_logp, 0.0)
+        if token_ratio is None:
+            token_ratio = np.exp(log_ratio)
         pos, neg = adv > 0, adv < 0
         pos &= on
         neg &= on
@@ -167,7 +170,9 @@ class StepClips:
         self.dev.append(ratio[on & (adv != 0)])  # |ratio - 1| taken in summary
         if not self.fixed:
             return zeroed
-        if self.alg.clip == "dynamic":
+        if bounds is not None:
+            lo, hi = bounds
+        elif self.alg.clip == "dynamic":
             lo, hi = dcpo_bounds(np.exp(np.where(on, old_logp, 0.0)), self.hp["eps_low"], self.hp["eps_high"],
                                  self.hp["r_max"])
         else:
