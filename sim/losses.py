@@ -44,11 +44,17 @@ def kl(logp, ref_logp, kind="k3", old_logp=None):
 
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
     """DCPO Eq. 21-27: the branch around r = 1 of abs((r - 1) * r * q) <= eps, capped at r_max."""
+    q = check_dcpo_q(q, eps_low, eps_high, r_max)
+    return _bounds_unchecked(q, eps_low, eps_high, r_max)
+
+
+def check_dcpo_q(q, eps_low, eps_high, r_max):
+    """``dcpo_bounds``' checks: q a finite float64 array of probabilities in (0, 1] (returned), valid widths."""
     q = as_float("q", q)
     check_dcpo_bounds_args(eps_low, eps_high, r_max)
     if q.size:
         check_q(float(q.min()), float(q.max()))
-    return _bounds_unchecked(q, eps_low, eps_high, r_max)
+    return q
 
 
 def _bounds_unchecked(q, eps_low, eps_high, r_max):
@@ -176,7 +182,7 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
                  cov_select=None, keep=None):
     """``policy_loss`` on inputs already checked: ``alg`` the registry entry, ``hp`` its resolved hyper-parameters,
     float64 [B, T] arrays (the simulator's loop checks once per run, not once per update). ``keep`` (a dict, optional)
-    receives what ``StepClips.add`` would compute again: ``token_ratio`` and, for DCPO, the ``bounds`` (lo, hi)."""
+    receives what ``StepClips.add`` would compute again: ``token_ratio`` and, for DCPO, ``bounds`` (q, lo, hi)."""
     on = mask > 0
     tokens = int(np.count_nonzero(on))  # the mask is 0/1: its sum
     n = float(max(tokens, 1))
@@ -213,10 +219,10 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
         else:
             if alg.clip == "dynamic":
                 check_dcpo_old_logp(np.count_nonzero((old_logp > 0) & on) > 0)
-                lo, hi = _bounds_unchecked(np.exp(np.where(on, old_logp, 0.0)), hp["eps_low"], hp["eps_high"],
-                                           hp["r_max"])
+                q = np.exp(np.where(on, old_logp, 0.0))
+                lo, hi = _bounds_unchecked(q, hp["eps_low"], hp["eps_high"], hp["r_max"])
                 if keep is not None:
-                    keep["bounds"] = lo, hi
+                    keep["bounds"] = q, lo, hi
             else:
                 lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
             loss_tok, dtok, clipped = _clip_terms(ratio, adv, lo, hi, hp["dual_clip"], hp["delta"])

@@ -7,7 +7,7 @@ import numpy as np
 
 from spec.registry import ALGORITHMS
 
-from .losses import dcpo_bounds
+from .losses import check_dcpo_q, dcpo_bounds
 from .tabular import CORRECT, MALFORMED, Rollout, Snapshot, row_sum
 
 PASS_K = (1, 8, 64)
@@ -170,8 +170,9 @@ class StepClips:
         self.dev.append(ratio[on & (adv != 0)])  # |ratio - 1| taken in summary
         if not self.fixed:
             return zeroed
-        if bounds is not None:
-            lo, hi = bounds
+        if bounds is not None:  # DCPO's from policy_terms, q checked as dcpo_bounds checks it
+            q, lo, hi = bounds
+            check_dcpo_q(q, self.hp["eps_low"], self.hp["eps_high"], self.hp["r_max"])
         elif self.alg.clip == "dynamic":
             lo, hi = dcpo_bounds(np.exp(np.where(on, old_logp, 0.0)), self.hp["eps_low"], self.hp["eps_high"],
                                  self.hp["r_max"])
