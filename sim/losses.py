@@ -68,8 +68,7 @@ def _clip_terms(r, adv, lo, hi, dual_clip, delta=None):
     """PPO-clip (1707.06347 Eq. 7) with the optional two-sided clip min(r, delta) (INTELLECT-2 2505.07291) and
     dual clip (1912.09729 Eq. 5): loss, d loss / d log r, and the indicator of a zeroed gradient."""
     unclipped = (r if delta is None else np.where(r > delta, delta, r)) * adv
-    clipped_value = np.minimum(np.maximum(r, lo), hi)  # np.clip(r, lo, hi) for r >= 0 and lo, hi >= 0
-    clipped_value *= adv
+    clipped_value = np.minimum(np.maximum(r, lo), hi) * adv  # np.clip(r, lo, hi) for r >= 0 and lo, hi >= 0
     use_unclipped = unclipped <= clipped_value
     loss = np.where(use_unclipped, unclipped, clipped_value)
     np.negative(loss, out=loss)
@@ -116,7 +115,7 @@ def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n):
     log_rho = np.where(on, old_logp - rollout_logp, 0.0)
     with np.errstate(over="ignore"):
         if kind == "seq_mis":
-            log_rho = np.broadcast_to(log_rho.sum(1, keepdims=True), mask.shape)
+            log_rho = log_rho.sum(1, keepdims=True)  # [B, 1]: broadcast by what uses it
         rho = np.exp(log_rho)
     if kind == "tis":
         w, cut = np.minimum(rho, hp["tis_cap"]), rho > hp["tis_cap"]
@@ -126,10 +125,9 @@ def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n):
     return w, {"rc_weight_mean": float((w * mask).sum() / n), "rc_cut_frac": float(np.count_nonzero(cut & on) / n)}
 
 
-def _sequence_terms(alg, hp, log_ratio, adv, mask):
+def _sequence_terms(alg, hp, log_ratio, adv, mask, on):
     """GSPO (Eq. 5-7) and GMPO (geometric mean of log-clipped token ratios): per-row loss, its gradient per token
-    d loss_i / d logp_t, the zeroed-gradient indicator per token, and the ratio shown in stats."""
-    on = mask > 0
+    d loss_i / d logp_t, the zeroed-gradient indicator per token, and the ratio shown in stats ([B, 1] for GSPO)."""
     lens = mask.sum(1)
     safe_lens = np.where(lens > 0, lens, 1.0)[:, None]
     a_seq = _row_mean(adv, mask, lens)
@@ -138,8 +136,7 @@ def _sequence_terms(alg, hp, log_ratio, adv, mask):
         seq_loss, dseq, seq_clipped = _clip_terms(s, a_seq, 1 - hp["eps_low"], 1 + hp["eps_high"], hp["dual_clip"],
                                                   hp["delta"])
         dtok = dseq[:, None] / safe_lens * mask
-        return seq_loss, dtok, np.broadcast_to(seq_clipped[:, None], mask.shape) & on, \
-            np.broadcast_to(s[:, None], mask.shape)
+        return seq_loss, dtok, seq_clipped[:, None] & on, s[:, None]
     sgn = np.sign(a_seq)[:, None]
     x_clip = np.clip(log_ratio, -hp["eps_low"], hp["eps_high"])
     use_x = sgn * log_ratio <= sgn * x_clip  # the unclipped term wins ties, as in PPO
@@ -192,8 +189,8 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
     policy_weights = weights if rc_weights is None else weights * rc_weights
 
     if alg.ratio in ("sequence", "geometric"):
-        seq_loss, dtok, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask)
-        loss_tok = np.broadcast_to(seq_loss[:, None], mask.shape)
+        seq_loss, dtok, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask, on)
+        loss_tok = seq_loss[:, None]
         grad = policy_weights.sum(1, keepdims=True) * dtok
     else:
         with np.errstate(over="ignore"):
@@ -201,7 +198,7 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
         if keep is not None:
             keep["token_ratio"] = ratio
         if alg.ratio == "sequence_token":
-            ratio = np.broadcast_to(np.exp(_row_mean(log_ratio, mask, mask.sum(1)))[:, None], mask.shape)
+            ratio = np.exp(_row_mean(log_ratio, mask, mask.sum(1)))[:, None]  # [B, 1]: broadcast where used
         clipped = np.zeros(mask.shape, dtype=bool)
         if alg.clip == "soft":
             loss_tok, dtok = _sapo_terms(ratio, adv, hp["tau_pos"], hp["tau_neg"])

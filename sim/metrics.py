@@ -166,7 +166,7 @@ class StepClips:
             ratio = token_ratio
         else:
             lens = np.maximum(mask.sum(1, keepdims=True), 1.0)
-            ratio = np.broadcast_to(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape)
+            ratio = np.repeat(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape[1], axis=1)
         self.dev.append(ratio[on & (adv != 0)])  # |ratio - 1| taken in summary
         if not self.fixed:
             return zeroed
