@@ -22,7 +22,7 @@ def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage
     RLOO (2402.14740, Sec. 3): G/(G-1) (R - mean_g); GPG (2504.02546 Sec. 2): (B / M) (R - mean_g)."""
     groups = _grouped(rewards, group_size)
     check_advantage_kind(kind, group_size, unbiased, eps)
-    centred = groups - groups.mean(1, keepdims=True)
+    centred = groups - np.add.reduce(groups, 1, keepdims=True) / group_size  # groups.mean(1, keepdims=True)
     if kind == "dr_grpo":
         return centred.reshape(-1)
     if kind == "rloo":
@@ -30,8 +30,10 @@ def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage
     if kind == "gpg":
         live = group_size * int((groups.max(1) > groups.min(1)).sum())
         return (groups.size / max(live, 1) * centred).reshape(-1)
-    std = groups.std(1, ddof=1 if unbiased else 0, keepdims=True)
-    den = std + eps
+    den = np.add.reduce(centred * centred, 1, keepdims=True)  # groups.std(1, ddof, keepdims=True) + eps, as NumPy
+    den /= group_size - 1 if unbiased else group_size
+    np.sqrt(den, out=den)
+    den += eps
     return np.divide(centred, den, out=np.zeros_like(centred), where=den > 0).reshape(-1)
 
 
@@ -51,20 +53,18 @@ class SmoothAdvantage:
         groups = _grouped(rewards, group_size)
         ids = list(prompt_ids)
         check_prompt_ids(ids, len(groups))
-        out = np.empty_like(groups)
-        for g, (pid, r) in enumerate(zip(ids, groups)):
-            visits, mu_old, var_old = self.history.get(pid, (0, 0.0, 0.0))
-            i = visits + 1
-            mu_new, var_new = r.mean(), r.var()
-            mu_tot = (mu_new + (i - 1) * mu_old) / i
-            shift = (mu_old - mu_new) * (mu_old - mu_new)  # a product: ** 2 of a Python float can raise OverflowError
-            var_tot = (var_new + (i - 1) * var_old) / i + (i - 1) / i**2 * shift
-            a_new, a_tot = _standardise(r, mu_new, var_new), _standardise(r, mu_tot, var_tot)
-            sa_new = (i - 1) / i * a_new + a_tot / i
-            sa_tot = a_new / i + (i - 1) / i * a_tot
-            out[g] = np.where(np.abs(sa_new) < np.abs(sa_tot), sa_new, sa_tot)
-            self.history[pid] = (i, float(mu_tot), float(var_tot))
-        return out.reshape(-1)
+        past = np.array([self.history.get(pid, (0, 0.0, 0.0)) for pid in ids], dtype=float).reshape(-1, 3)
+        i, mu_old, var_old = past[:, :1] + 1.0, past[:, 1:2], past[:, 2:]  # one column per group
+        mu_new, var_new = groups.mean(1, keepdims=True), groups.var(1, keepdims=True)
+        mu_tot = (mu_new + (i - 1) * mu_old) / i
+        shift = (mu_old - mu_new) * (mu_old - mu_new)
+        var_tot = (var_new + (i - 1) * var_old) / i + (i - 1) / (i * i) * shift
+        a_new, a_tot = _standardise(groups, mu_new, var_new), _standardise(groups, mu_tot, var_tot)
+        sa_new = (i - 1) / i * a_new + a_tot / i
+        sa_tot = a_new / i + (i - 1) / i * a_tot
+        for pid, visits, mu, var in zip(ids, i[:, 0].tolist(), mu_tot[:, 0].tolist(), var_tot[:, 0].tolist()):
+            self.history[pid] = (int(visits), mu, var)
+        return np.where(np.abs(sa_new) < np.abs(sa_tot), sa_new, sa_tot).reshape(-1)
 
     def state_dict(self):
         return {"history": {k: list(v) for k, v in self.history.items()}}

@@ -44,11 +44,17 @@ def kl(logp, ref_logp, kind="k3", old_logp=None):
 
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
     """DCPO Eq. 21-27: the branch around r = 1 of abs((r - 1) * r * q) <= eps, capped at r_max."""
+    q = check_dcpo_q(q, eps_low, eps_high, r_max)
+    return _bounds_unchecked(q, eps_low, eps_high, r_max)
+
+
+def check_dcpo_q(q, eps_low, eps_high, r_max):
+    """``dcpo_bounds``' checks: q a finite float64 array of probabilities in (0, 1] (returned), valid widths."""
     q = as_float("q", q)
     check_dcpo_bounds_args(eps_low, eps_high, r_max)
     if q.size:
         check_q(float(q.min()), float(q.max()))
-    return _bounds_unchecked(q, eps_low, eps_high, r_max)
+    return q
 
 
 def _bounds_unchecked(q, eps_low, eps_high, r_max):
@@ -61,20 +67,22 @@ def _bounds_unchecked(q, eps_low, eps_high, r_max):
 def _clip_terms(r, adv, lo, hi, dual_clip, delta=None):
     """PPO-clip (1707.06347 Eq. 7) with the optional two-sided clip min(r, delta) (INTELLECT-2 2505.07291) and
     dual clip (1912.09729 Eq. 5): loss, d loss / d log r, and the indicator of a zeroed gradient."""
-    capped_r = r if delta is None else np.where(r > delta, delta, r)
-    unclipped = capped_r * adv
-    clipped_value = np.clip(r, lo, hi) * adv
+    unclipped = (r if delta is None else np.where(r > delta, delta, r)) * adv
+    clipped_value = np.minimum(np.maximum(r, lo), hi) * adv  # np.clip(r, lo, hi) for r >= 0 and lo, hi >= 0
     use_unclipped = unclipped <= clipped_value
-    loss = -np.where(use_unclipped, unclipped, clipped_value)
+    loss = np.where(use_unclipped, unclipped, clipped_value)
+    np.negative(loss, out=loss)
     live = use_unclipped if delta is None else use_unclipped & (r <= delta)
-    dloss = np.where(live, -r * adv, 0.0)
-    clipped = ~use_unclipped if delta is None else ~use_unclipped | (use_unclipped & (r > delta) & (adv != 0))
+    dloss = np.where(live, loss, 0.0)  # where live, loss = -r * adv
+    clipped = ~use_unclipped
+    if delta is not None:
+        clipped |= use_unclipped & (r > delta) & (adv != 0)
     if dual_clip is not None:
         cap = -dual_clip * adv
         capped = (adv < 0) & (loss > cap)
-        loss = np.where(capped, cap, loss)
-        dloss = np.where(capped, 0.0, dloss)
-        clipped = clipped | capped
+        np.copyto(loss, cap, where=capped)
+        np.copyto(dloss, 0.0, where=capped)
+        clipped |= capped
     return loss, dloss, clipped
 
 
@@ -97,31 +105,29 @@ def _cispo_bounds(hp):
     return 1 - hp["eps_low"], hi
 
 
-def _rollout_weights(hp, old_logp, rollout_logp, mask):
+def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n):
     """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
-    (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats)."""
+    (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats), the
+    weights None without a correction. ``on`` is ``mask > 0``, ``n`` its count (at least 1)."""
     kind = hp["rollout_correction"]
     if kind is None:
-        return np.ones(mask.shape), {}
-    on = mask > 0
+        return None, {}
     log_rho = np.where(on, old_logp - rollout_logp, 0.0)
     with np.errstate(over="ignore"):
         if kind == "seq_mis":
-            log_rho = np.broadcast_to(log_rho.sum(1, keepdims=True), mask.shape)
+            log_rho = log_rho.sum(1, keepdims=True)  # [B, 1]: broadcast by what uses it
         rho = np.exp(log_rho)
     if kind == "tis":
         w, cut = np.minimum(rho, hp["tis_cap"]), rho > hp["tis_cap"]
     else:
         cut = (rho < hp["mis_low"]) | (rho > hp["mis_high"])
         w = np.where(cut, 0.0, rho)
-    n = max(mask.sum(), 1.0)
-    return w, {"rc_weight_mean": float((w * mask).sum() / n), "rc_cut_frac": float((cut * mask).sum() / n)}
+    return w, {"rc_weight_mean": float((w * mask).sum() / n), "rc_cut_frac": float(np.count_nonzero(cut & on) / n)}
 
 
-def _sequence_terms(alg, hp, log_ratio, adv, mask):
+def _sequence_terms(alg, hp, log_ratio, adv, mask, on):
     """GSPO (Eq. 5-7) and GMPO (geometric mean of log-clipped token ratios): per-row loss, its gradient per token
-    d loss_i / d logp_t, the zeroed-gradient indicator per token, and the ratio shown in stats."""
-    on = mask > 0
+    d loss_i / d logp_t, the zeroed-gradient indicator per token, and the ratio shown in stats ([B, 1] for GSPO)."""
     lens = mask.sum(1)
     safe_lens = np.where(lens > 0, lens, 1.0)[:, None]
     a_seq = _row_mean(adv, mask, lens)
@@ -130,8 +136,7 @@ def _sequence_terms(alg, hp, log_ratio, adv, mask):
         seq_loss, dseq, seq_clipped = _clip_terms(s, a_seq, 1 - hp["eps_low"], 1 + hp["eps_high"], hp["dual_clip"],
                                                   hp["delta"])
         dtok = dseq[:, None] / safe_lens * mask
-        return seq_loss, dtok, np.broadcast_to(seq_clipped[:, None], mask.shape) & on, \
-            np.broadcast_to(s[:, None], mask.shape)
+        return seq_loss, dtok, seq_clipped[:, None] & on, s[:, None]
     sgn = np.sign(a_seq)[:, None]
     x_clip = np.clip(log_ratio, -hp["eps_low"], hp["eps_high"])
     use_x = sgn * log_ratio <= sgn * x_clip  # the unclipped term wins ties, as in PPO
@@ -171,24 +176,29 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
 
 
 def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=None, rollout_logp=None,
-                 cov_select=None):
+                 cov_select=None, keep=None):
     """``policy_loss`` on inputs already checked: ``alg`` the registry entry, ``hp`` its resolved hyper-parameters,
-    float64 [B, T] arrays (the simulator's loop checks once per run, not once per update)."""
+    float64 [B, T] arrays (the simulator's loop checks once per run, not once per update). ``keep`` (a dict, optional)
+    receives what ``StepClips.add`` would compute again: ``token_ratio`` and, for DCPO, ``bounds`` (q, lo, hi)."""
     on = mask > 0
+    tokens = int(np.count_nonzero(on))  # the mask is 0/1: its sum
+    n = float(max(tokens, 1))
     log_ratio = np.where(on, logp - old_logp, 0.0)
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"])
-    rc_weights, stats = _rollout_weights(hp, old_logp, rollout_logp, mask)
-    policy_weights = weights * rc_weights
+    rc_weights, stats = _rollout_weights(hp, old_logp, rollout_logp, mask, on, n)
+    policy_weights = weights if rc_weights is None else weights * rc_weights
 
     if alg.ratio in ("sequence", "geometric"):
-        seq_loss, dtok, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask)
-        loss_tok = np.broadcast_to(seq_loss[:, None], mask.shape)
+        seq_loss, dtok, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask, on)
+        loss_tok = seq_loss[:, None]
         grad = policy_weights.sum(1, keepdims=True) * dtok
     else:
         with np.errstate(over="ignore"):
             ratio = np.exp(log_ratio)
+        if keep is not None:
+            keep["token_ratio"] = ratio
         if alg.ratio == "sequence_token":
-            ratio = np.broadcast_to(np.exp(_row_mean(log_ratio, mask, mask.sum(1)))[:, None], mask.shape)
+            ratio = np.exp(_row_mean(log_ratio, mask, mask.sum(1)))[:, None]  # [B, 1]: broadcast where used
         clipped = np.zeros(mask.shape, dtype=bool)
         if alg.clip == "soft":
             loss_tok, dtok = _sapo_terms(ratio, adv, hp["tau_pos"], hp["tau_neg"])
@@ -196,7 +206,7 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
             lo, hi = _cispo_bounds(hp)
             w = np.clip(ratio, lo, hi)
             loss_tok, dtok = -w * adv * logp, -w * adv
-            stats["trunc_frac"] = float((((ratio < lo) | (ratio > hi)) * mask).sum() / max(mask.sum(), 1.0))
+            stats["trunc_frac"] = float(np.count_nonzero(((ratio < lo) | (ratio > hi)) & on) / n)
         elif alg.ratio == "none":  # GPG: -A * logp
             loss_tok, dtok = -adv * logp, -adv
         elif alg.clip == "off":  # KL-Cov: -r*A, plus kl_cov_coef * |log r| on the selected tokens
@@ -205,9 +215,11 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
             dtok = -ratio * adv + chosen * hp["kl_cov_coef"] * np.sign(log_ratio)
         else:
             if alg.clip == "dynamic":
-                check_dcpo_old_logp((old_logp[on] > 0).any())
-                lo, hi = _bounds_unchecked(np.exp(np.where(on, old_logp, 0.0)), hp["eps_low"], hp["eps_high"],
-                                           hp["r_max"])
+                check_dcpo_old_logp(np.count_nonzero((old_logp > 0) & on) > 0)
+                q = np.exp(np.where(on, old_logp, 0.0))
+                lo, hi = _bounds_unchecked(q, hp["eps_low"], hp["eps_high"], hp["r_max"])
+                if keep is not None:
+                    keep["bounds"] = q, lo, hi
             else:
                 lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
             loss_tok, dtok, clipped = _clip_terms(ratio, adv, lo, hi, hp["dual_clip"], hp["delta"])
@@ -218,16 +230,21 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
         grad = policy_weights * dtok
 
     loss_tok = np.where(on, loss_tok, 0.0)
-    stats.update(_stats(ratio, clipped, mask))
+    stats.update(clip_frac=float(np.count_nonzero(clipped & on) / n), ratio_mean=float((ratio * mask).sum() / n),
+                 tokens=tokens)
     if alg.select is not None:
-        stats["cov_frac"] = float((chosen * mask).sum() / max(mask.sum(), 1.0))
-    loss = float((policy_weights * loss_tok).sum())
+        stats["cov_frac"] = float(np.count_nonzero(chosen & on) / n)
+    loss_tok *= policy_weights
+    loss = float(loss_tok.sum())
     if hp["beta"] > 0:
         kl_tok, dkl = _kl_terms(logp, ref_logp, hp["kl"], log_ratio)
         kl_tok = np.where(on, kl_tok, 0.0)
-        loss += float((weights * hp["beta"] * kl_tok).sum())
-        grad = grad + hp["beta"] * weights * np.where(on, dkl, 0.0)
-        stats["kl_mean"] = float(kl_tok.sum() / max(mask.sum(), 1.0))
+        beta_weights = weights * hp["beta"]
+        loss += float((beta_weights * kl_tok).sum())
+        dkl = np.where(on, dkl, 0.0)
+        dkl *= beta_weights
+        grad += dkl
+        stats["kl_mean"] = float(kl_tok.sum() / n)
     return loss, grad, stats
 
 
@@ -240,12 +257,6 @@ def _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select):
         return clip_cov_select(cov, mask, clipped, hp["clip_cov_lb"], hp["clip_cov_ub"], hp["clip_cov_ratio"],
                                hp["cov_seed"])
     return kl_cov_select(cov, mask, hp["kl_cov_ratio"])
-
-
-def _stats(ratio, clipped, mask):
-    n = max(mask.sum(), 1.0)
-    return {"clip_frac": float((clipped * mask).sum() / n), "ratio_mean": float((ratio * mask).sum() / n),
-            "tokens": int(mask.sum())}
 
 
 def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip"], agg="token_mean",

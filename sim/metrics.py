@@ -7,7 +7,7 @@ import numpy as np
 
 from spec.registry import ALGORITHMS
 
-from .losses import dcpo_bounds
+from .losses import check_dcpo_q, dcpo_bounds
 from .tabular import CORRECT, MALFORMED, Rollout, Snapshot, row_sum
 
 PASS_K = (1, 8, 64)
@@ -74,24 +74,33 @@ def _mean(x) -> float | None:
     return float(x.mean()) if x.size else None
 
 
+def _ratio(count, n) -> float | None:
+    """count / n (the mean of n values summing to the integer ``count``, exactly as ``_mean``), None if n = 0."""
+    return float(count / n) if n else None
+
+
 def rollout_metrics(ro: Rollout, rewards: np.ndarray, group_size: int) -> dict:
     """The metrics of the generated responses of one step."""
     correct = ro.outcome == CORRECT
     groups = rewards.reshape(-1, group_size)
+    n, n_correct = len(correct), np.count_nonzero(correct)
+    len_sum, len_correct = ro.lengths.sum(), ro.lengths[correct].sum()  # integers: their sums are exact
     return {
-        "reward": _mean(rewards), "accuracy": _mean(correct),
-        "zero_grad_frac": _mean(groups.max(1) == groups.min(1)),
-        "resp_len": _mean(ro.lengths), "len_correct": _mean(ro.lengths[correct]),
-        "len_wrong": _mean(ro.lengths[~correct]), "malformed": _mean(ro.outcome == MALFORMED),
-        "truncated": _mean(ro.truncated),
+        "reward": _mean(rewards), "accuracy": _ratio(n_correct, n),
+        "zero_grad_frac": _ratio(np.count_nonzero(groups.max(1) == groups.min(1)), len(groups)),
+        "resp_len": _ratio(len_sum, n), "len_correct": _ratio(len_correct, n_correct),
+        "len_wrong": _ratio(len_sum - len_correct, n - n_correct),
+        "malformed": _ratio(np.count_nonzero(ro.outcome == MALFORMED), n),
+        "truncated": _ratio(np.count_nonzero(ro.truncated), n),
     }
 
 
 def exact_metrics(snap: Snapshot, hard: np.ndarray, easy: np.ndarray) -> dict:
     """The snapshot's exact metrics, pass@k, and the entropy of the initially hardest and easiest prompts."""
     out = dict(snap.values)
+    fail = 1.0 - snap.success
     for k in PASS_K:
-        out[f"pass@{k}"] = float((1.0 - (1.0 - snap.success) ** k).mean())
+        out[f"pass@{k}"] = float((1.0 - fail ** k).mean())
     out["entropy_hard"] = float(snap.prompt_entropy[hard].mean())
     out["entropy_easy"] = float(snap.prompt_entropy[easy].mean())
     return out
@@ -102,7 +111,10 @@ def entropy_law(old: Snapshot, new: Snapshot) -> dict:
     H(pi_c + dz) - H(pi_c) ~= -Cov_{a ~ pi_c}(log pi_c(a), dz_c(a)) per context c, weighted by old row weights."""
     dz = new.logits - old.logits
     h_old, h_new = old.row_entropy, new.row_entropy
-    cov = row_sum(old.pi * old.logp * dz) + h_old * row_sum(old.pi * dz)
+    pi_logp_dz = old.pi * old.logp
+    pi_logp_dz *= dz
+    dz *= old.pi  # pi * dz, in place: no more [R, V] temporaries than needed
+    cov = row_sum(pi_logp_dz) + h_old * row_sum(dz)
     return {"entropy_change": new.values["entropy"] - old.values["entropy"],
             "entropy_change_rows": float(old.weight @ (h_new - h_old)),
             "entropy_change_pred": float(-(old.weight @ cov))}
@@ -111,10 +123,14 @@ def entropy_law(old: Snapshot, new: Snapshot) -> dict:
 def batch_cov(logp: np.ndarray, adv: np.ndarray, mask: np.ndarray) -> float | None:
     """Cov(log pi(y_t), A_t) over the masked tokens of a batch."""
     on = mask > 0
-    if on.sum() < 2:
+    n = np.count_nonzero(on)
+    if n < 2:
         return None
     x, a = logp[on], adv[on]
-    return float(((x - x.mean()) * (a - a.mean())).mean())
+    x -= np.add.reduce(x) / n  # x.mean(), in place
+    a -= np.add.reduce(a) / n
+    x *= a
+    return float(np.add.reduce(x) / n)
 
 
 class StepClips:
@@ -132,51 +148,72 @@ class StepClips:
         self.up_p, self.freed_p, self.dev = [], [], []
         self.has_fork = False
 
-    def add(self, logp, old_logp, adv, mask, fork=None) -> float:
+    def add(self, logp, old_logp, adv, mask, fork=None, token_ratio=None, bounds=None) -> float:
         """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions. Returns how many
         tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8, token
-        ratio): the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1)."""
+        ratio): the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1). ``token_ratio`` and ``bounds``
+        (optional) are what ``policy_terms`` keeps of the same update, so as not to compute them again."""
         on = mask > 0
-        log_ratio = np.where(on, logp - old_logp, 0.0)
-        token_ratio = np.exp(log_ratio)
-        zeroed = float((((adv > 0) & (token_ratio > 1.2)) | ((adv < 0) & (token_ratio < 0.8)))[on].sum())
+        log_ratio = None if token_ratio is not None and self.alg.ratio == "token" else \
+            np.where(on, logp - old_logp, 0.0)
+        if token_ratio is None:
+            token_ratio = np.exp(log_ratio)
+        pos, neg = adv > 0, adv < 0
+        pos &= on
+        neg &= on
+        zeroed = float(np.count_nonzero((pos & (token_ratio > 1.2)) | (neg & (token_ratio < 0.8))))
         if self.alg.ratio == "token":
             ratio = token_ratio
         else:
             lens = np.maximum(mask.sum(1, keepdims=True), 1.0)
-            ratio = np.broadcast_to(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape)
-        self.dev.append(np.abs(ratio[on & (adv != 0)] - 1.0))
+            ratio = np.repeat(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape[1], axis=1)
+        self.dev.append(ratio[on & (adv != 0)])  # |ratio - 1| taken in summary
         if not self.fixed:
             return zeroed
-        if self.alg.clip == "dynamic":
+        if bounds is not None:  # DCPO's from policy_terms, q checked as dcpo_bounds checks it
+            q, lo, hi = bounds
+            check_dcpo_q(q, self.hp["eps_low"], self.hp["eps_high"], self.hp["r_max"])
+        elif self.alg.clip == "dynamic":
             lo, hi = dcpo_bounds(np.exp(np.where(on, old_logp, 0.0)), self.hp["eps_low"], self.hp["eps_high"],
                                  self.hp["r_max"])
         else:
             lo, hi = 1 - self.hp["eps_low"], 1 + self.hp["eps_high"]
-        up, low = on & (adv > 0) & (ratio > hi), on & (adv < 0) & (ratio < lo)
-        freed = on & (adv > 0) & (ratio > 1.2) & (ratio <= hi)
-        self.tokens += on.sum()
-        self.up, self.low, self.freed = self.up + up.sum(), self.low + low.sum(), self.freed + freed.sum()
-        self.up_p.append(np.exp(old_logp[up]))
+        up, low = pos & (ratio > hi), neg & (ratio < lo)
+        freed = pos & (ratio > 1.2) & (ratio <= hi)
+        self.tokens += np.count_nonzero(on)
+        self.up += np.count_nonzero(up)
+        self.low += np.count_nonzero(low)
+        self.freed += np.count_nonzero(freed)
+        self.up_p.append(old_logp[up])  # pi_old = exp(old_logp) taken in summary
         if fork is not None:
-            self.has_fork, self.up_fork = True, self.up_fork + (up & fork).sum()
-        self.freed_p.append(np.exp(old_logp[freed]))
+            self.has_fork, self.up_fork = True, self.up_fork + np.count_nonzero(up & fork)
+        self.freed_p.append(old_logp[freed])
         return zeroed
 
     def summary(self) -> dict:
-        dev = np.concatenate(self.dev) if self.dev else np.zeros(0)
-        out = {"ratio_dev_median": float(np.median(dev)) if dev.size else None}
+        dev = np.abs(np.concatenate(self.dev) - 1.0) if self.dev else np.zeros(0)
+        out = {"ratio_dev_median": _median(dev) if dev.size else None}
         if not self.fixed or not self.tokens:
             return out | {"clip_up_frac": None, "clip_low_frac": None, "upclip_pold_median": None,
                           "upclip_pold_lt02": None, "upclip_fork_share": None, "freed_frac": None,
                           "freed_pold_median": None}
-        up_p, freed_p = np.concatenate(self.up_p), np.concatenate(self.freed_p)
+        up_p, freed_p = np.exp(np.concatenate(self.up_p)), np.exp(np.concatenate(self.freed_p))
         return out | {"clip_up_frac": self.up / self.tokens, "clip_low_frac": self.low / self.tokens,
-                "upclip_pold_median": float(np.median(up_p)) if up_p.size else None,
-                "upclip_pold_lt02": float((up_p < 0.2).mean()) if up_p.size else None,
+                "upclip_pold_median": _median(up_p) if up_p.size else None,
+                "upclip_pold_lt02": float(np.count_nonzero(up_p < 0.2) / up_p.size) if up_p.size else None,
                 "upclip_fork_share": self.up_fork / self.up if self.has_fork and self.up else None,
                 "freed_frac": self.freed / self.tokens,
-                "freed_pold_median": float(np.median(freed_p)) if freed_p.size else None}
+                "freed_pold_median": _median(freed_p) if freed_p.size else None}
+
+
+def _median(x) -> float:
+    """``float(np.median(x))`` of a non-empty 1-D float array, computed as NumPy does (partition at the middle,
+    and at the end to see a NaN), without its overhead."""
+    h, odd = len(x) // 2, len(x) % 2
+    p = np.partition(x, [h, -1] if odd else [h - 1, h, -1])
+    if np.isnan(p[-1]):
+        return float(p[-1])
+    return float(p[h] if odd else (p[h - 1] + p[h]) / 2)
 
 
 def clean(record: dict) -> dict:
