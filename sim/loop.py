@@ -144,7 +144,7 @@ class Trainer:
             self.old_values = self.values[ro.states] * ro.mask
             adv, self.returns = gae(tok_r, self.old_values, ro.mask, cfg["gamma"], cfg["lam"])
             return adv
-        return np.broadcast_to(seq[:, None], ro.mask.shape) * ro.mask
+        return seq[:, None] * ro.mask
 
     # ---- one step ------------------------------------------------------------------------------------------
     def step(self) -> dict:
@@ -199,8 +199,10 @@ class Trainer:
                 hp = self.loss_hp
                 if alg.select == "clip_cov":  # Clip-Cov's random choice: a seed per update
                     hp = {**hp, "cov_seed": int(self.rng.integers(2**31 - 1))}
-                loss, grad, stats = policy_terms(alg, hp, logp, old, a, m, g, ref_lp[rows], rollout_lp[rows])
-                zeroed = clips.add(logp, old, a, m, self._at_fork(st))  # PPO-zeroed tokens
+                kept: dict = {}  # the token ratio (and DCPO's bounds) the loss computed, for StepClips
+                loss, grad, stats = policy_terms(alg, hp, logp, old, a, m, g, ref_lp[rows], rollout_lp[rows],
+                                                 keep=kept)
+                zeroed = clips.add(logp, old, a, m, self._at_fork(st), **kept)  # PPO-zeroed tokens
                 for key in EXTRA_STATS:
                     if key in stats:
                         extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
