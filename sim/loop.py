@@ -1,6 +1,7 @@
 """The vectorised RL loop: rollouts, rewards, advantages, minibatch epochs of ``policy_loss``, optimiser steps."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Callable
 
@@ -23,17 +24,30 @@ from spec.registry import ALGORITHMS, POLICY_ALGORITHMS
 EXTRA_STATS = ("trunc_frac", "cov_frac", "rc_weight_mean", "rc_cut_frac")
 
 
+#: The settings each environment is built from (beyond n_prompts, the difficulty range and env_seed).
+ENV_KEYS = {"bandit": ("n_arms",), "toy_lm": ("max_len", "n_think", "n_answers"),
+            "feature_lm": ("vocab", "answer_len", "max_len", "n_correct", "forks", "n_features", "zipf", "confidence")}
+
+
 def build_env(env: str, cfg: dict):
-    """The environment object of ``env`` under the settings ``cfg`` (sampling, exact metrics, policy rows)."""
-    common = dict(n_prompts=cfg["n_prompts"], difficulty_low=cfg["difficulty_low"],
-                  difficulty_high=cfg["difficulty_high"], env_seed=cfg["env_seed"])
-    if env == "bandit":
-        return TableEnv(*bandit.build(n_arms=cfg["n_arms"], **common))
+    """The environment object of ``env`` under the settings ``cfg`` (sampling, exact metrics, policy rows). Built
+    once per process for each distinct setting: runs only read it, and its arrays are read-only."""
+    keys = ("n_prompts", "difficulty_low", "difficulty_high", "env_seed", *ENV_KEYS[env])
+    return _build_env(env, tuple((k, cfg[k]) for k in keys))
+
+
+@functools.lru_cache(maxsize=8)
+def _build_env(env: str, settings: tuple):
+    kw = dict(settings)
     if env == "feature_lm":
-        keys = ("vocab", "answer_len", "max_len", "n_correct", "forks", "n_features", "zipf", "confidence")
-        return FeatureLM(**common, **{k: cfg[k] for k in keys})
-    return TableEnv(*toy_lm.build(max_len=cfg["max_len"], n_think=cfg["n_think"], n_answers=cfg["n_answers"],
-                                  **common))
+        built = FeatureLM(**kw)
+    else:
+        built = TableEnv(*(bandit if env == "bandit" else toy_lm).build(**kw))
+    owners = [built] + ([built.aut] if isinstance(built, TableEnv) else [])
+    for value in (v for owner in owners for v in vars(owner).values()):
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return built
 
 
 def rewards_of(ro: Rollout, cfg: dict, rng: np.random.Generator | None = None) -> np.ndarray:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from sim import config
-from sim.loop import Trainer, run
+from sim.loop import Trainer, build_env, run
 from sim.tabular import exact, tables
 from spec.registry import ALGORITHMS
 
@@ -152,3 +152,16 @@ def test_parse_sets_rejects_malformed_items(bad):
 def test_steps_must_be_positive():
     with pytest.raises(ValueError, match="^steps:"):
         run("toy_lm", "grpo", 0, 0)
+
+
+@pytest.mark.parametrize("env", ["bandit", "toy_lm", "feature_lm"])
+def test_runs_share_one_read_only_environment_per_setting(env):
+    a, b = Trainer(env, "grpo", 0), Trainer(env, "grpo", 1)
+    assert a.env is b.env
+    assert Trainer(env, "grpo", 0, {"env_seed": 1}).env is not a.env
+    arrays = [v for v in vars(a.env).values() if isinstance(v, np.ndarray)]
+    assert arrays and not any(x.flags.writeable for x in arrays)
+    with pytest.raises(ValueError, match="read-only"):
+        arrays[0][...] = 0
+    a.step(), b.step()  # training writes only its own parameters
+    assert a.params.flags.writeable and build_env(env, a.cfg) is a.env
