@@ -9,7 +9,7 @@ PY=${PYTHON:-python}
 JOBS=${JOBS:-$(nproc)}
 DIRS=()
 FAILED=$(mktemp)
-trap 'kill $(jobs -p) 2> /dev/null; rm -f "$FAILED"' EXIT
+trap 'kill $(jobs -p) 2> /dev/null || true; rm -f "$FAILED"' EXIT
 T0=$SECONDS
 sweep() {  # sweep ENV NAME ARGS...: one `cliplab sim` (5 seeds x 300 steps) into RUNS/ENV/NAME, timed, in the background
   local env=$1 name=$2; shift 2
