@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tabular import CORRECT, MALFORMED, WRONG, Rollout, Snapshot, tables, xlogx
+from .tabular import CORRECT, MALFORMED, WRONG, Rollout, Snapshot, distinct, tables, xlogx
 
 EOS = 0
 #: Kinds of context, for the entropy's attribution: answer positions (ordinary, forking), the EOS decision after
@@ -102,13 +102,7 @@ class FeatureLM:
         """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi):
         the softmax is computed once per distinct context."""
         on = mask > 0
-        visited = states[on]
-        seen = np.zeros(self.n_rows, dtype=bool)
-        seen[visited] = True
-        uniq = np.flatnonzero(seen)  # sorted, as np.unique, without its sort
-        index = np.empty(self.n_rows, dtype=np.intp)
-        index[uniq] = np.arange(len(uniq))
-        inv = index[visited]
+        uniq, inv = distinct(states[on], self.n_rows)
         logp_u, pi_u = tables(self.logits(theta, uniq))
         logp = np.zeros(mask.shape)
         logp[on] = logp_u[inv, tokens[on]]

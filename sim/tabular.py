@@ -161,13 +161,25 @@ def token_logp(logp_table: np.ndarray, states: np.ndarray, tokens: np.ndarray, m
     return np.where(mask > 0, logp_table[states, tokens], 0.0)
 
 
+def distinct(ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` for ids in [0, n), by a lookup table instead of a sort."""
+    seen = np.zeros(n, dtype=bool)
+    seen[ids] = True
+    uniq = np.flatnonzero(seen)
+    index = np.empty(n, dtype=np.intp)
+    index[uniq] = np.arange(len(uniq))
+    return uniq, index[ids]
+
+
 def row_logp(logits: np.ndarray, states: np.ndarray, tokens: np.ndarray, mask: np.ndarray):
-    """log pi(a_t | s_t) [B, T] from only the visited rows of ``logits``; also returns pi of those rows."""
+    """log pi(a_t | s_t) [B, T] from only the visited rows of ``logits`` (the softmax once per distinct state); also
+    returns pi of each response token's row."""
     on = mask > 0
-    logp_rows, pi_rows = tables(logits.take(states[on], axis=0))
+    uniq, inv = distinct(states[on], len(logits))
+    logp_u, pi_u = tables(logits.take(uniq, axis=0))
     logp = np.zeros(mask.shape)
-    logp[on] = logp_rows[np.arange(len(pi_rows)), tokens[on]]
-    return logp, pi_rows
+    logp[on] = logp_u[inv, tokens[on]]
+    return logp, pi_u.take(inv, axis=0)
 
 
 def token_logit_grad(tokens: np.ndarray, mask: np.ndarray, pi_rows: np.ndarray, grad_logp: np.ndarray) -> np.ndarray:

@@ -3,11 +3,11 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import bandit, toy_lm
-from sim.tabular import CORRECT, MALFORMED, WRONG, exact, sample, tables
+from sim.tabular import CORRECT, MALFORMED, WRONG, distinct, exact, sample, tables
 
 
 def _enumerate(aut, logits, ref_logits):
@@ -180,3 +180,12 @@ def test_sample_draws_each_token_by_inverse_cdf(n_think, n_answers):
     assert np.array_equal(ro.old_logp[on], logp[ro.states[on], ro.tokens[on]])
     assert not ro.tokens[~on].any() and not ro.states[~on].any() and not ro.old_logp[~on].any()
     assert np.array_equal(ro.lengths, on.sum(1)) and np.array_equal(ro.states[:, 0], np.repeat(aut.start[[4, 0, 2]], 9))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=60))
+def test_distinct_is_numpys_unique_with_inverse(ids):
+    ids = np.array(ids)
+    uniq, inv = distinct(ids, 31)
+    want_uniq, want_inv = np.unique(ids, return_inverse=True)
+    assert (uniq == want_uniq).all() and (inv == want_inv).all()
