@@ -129,3 +129,18 @@ def test_report_reads_real_model_run_folders(tmp_path):
     text = md.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| GSPO clips far more"))
     assert "GSPO 21%" in row and "GRPO 1.05%" in row and "20x" in row and "**partly**" in row
+
+
+def test_keep_heap_reuses_memory_for_large_temporaries():
+    import resource
+    from sim.sweep import keep_heap
+    from sim.tabular import tables
+    keep_heap()
+    z = np.random.default_rng(0).standard_normal((1288, 128))  # a feature_lm evaluation's logit table (1.3 MB)
+    for _ in range(3):
+        tables(z)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(50):
+        tables(z)
+    # without it every call maps and zero-fills fresh pages for its 1.3 MB arrays: about 1,250 faults a call
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 500
