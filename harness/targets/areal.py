@@ -3,28 +3,22 @@
 DPO engine's ``dpo_pair_logratios`` + ``dpo_preference_loss``."""
 from __future__ import annotations
 
-from spec.registry import AGG_MODES
-
 from ..conform_cases import Check, batch_of
 from . import reference as ref
-from .remote import Worker, loss_and_grad
+from .remote import RemoteTarget, loss_and_grad
 
-ALL_AGG = [m for m in AGG_MODES if m != "seq_mean"]
 DPO_READS = "rows 2k / 2k+1 as pair k's chosen / rejected response: logp (policy), ref_logp (reference), mask"
 
 
-class Target:
+class Target(RemoteTarget):
     name = "areal"
 
-    def __init__(self):
-        self.worker = Worker(self.name)
-        self.versions = self.worker.versions()
-        self.how = ("`ppo_actor_loss_fn` and `sapo_loss_fn` on [B, T] tensors with a boolean loss_mask, the "
-                    "decoupled proximal policy off (proximal_logprobs = old_logprobs, rejection_sampling=None); "
-                    "DPO as AReaL's DPO engine combines `dpo_pair_logratios` (each row packed after one prompt "
-                    "token) and `dpo_preference_loss`, averaged over pairs. Gradient d loss / d log_prob by "
-                    "autograd, float64 (AReaL casts the DPO logits to float32: differences near 1e-7), in AReaL's "
-                    "own virtualenv (torch only; its package __init__ files bypassed).")
+    how = ("`ppo_actor_loss_fn` and `sapo_loss_fn` on [B, T] tensors with a boolean loss_mask, the "
+           "decoupled proximal policy off (proximal_logprobs = old_logprobs, rejection_sampling=None); "
+           "DPO as AReaL's DPO engine combines `dpo_pair_logratios` (each row packed after one prompt "
+           "token) and `dpo_preference_loss`, averaged over pairs. Gradient d loss / d log_prob by "
+           "autograd, float64 (AReaL casts the DPO logits to float32: differences near 1e-7), in AReaL's "
+           "own virtualenv (torch only; its package __init__ files bypassed).")
 
     def run(self, op, **kw):
         def run(b):
@@ -39,13 +33,13 @@ class Target:
     def _policy(self, name, call, kw, knob, ref_hp, seq_adv=None, names=None, grid=None, note=""):
         op = "sapo" if call == "sapo_loss_fn" else "ppo"
         return Check(name, call, knob, self.run(op, **kw), ref.policy(name, **ref_hp),
-                     ref.policy_grid(names or [name], ref_hp, grid or {"agg": ALL_AGG}, rows_counted=True,
+                     ref.policy_grid(names or [name], ref_hp, grid or {"agg": ref.TOKEN_AGG}, rows_counted=True,
                                      exclude=(name, ref_hp)),
                      lambda s, f: batch_of(s, f, seq_adv=seq_adv), exact=ref.exact_policy(name, **ref_hp),
                      note=note)
 
     def checks(self) -> list[Check]:
-        dual = {"agg": ALL_AGG, "dual_clip": [None, 3.0]}
+        dual = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
         ppo = "ppo_actor_loss_fn"
         out = [
             self._policy("ppo", ppo, {"eps_clip": 0.2}, "eps_clip=0.2", {}, grid=dual),

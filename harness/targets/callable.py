@@ -145,7 +145,7 @@ class CallableTarget:
         return float(out.detach()), grad.numpy(), b
 
     def checks(self) -> list[Check]:
-        aggs = [m for m in AGG_MODES if m != "seq_mean"]
+        aggs = ref.TOKEN_AGG
         conv, cands = None, []
         if self.algorithm is not None:
             conv = ref.policy(self.algorithm, **self.hp)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..conform_cases import Batch, Check
-from .remote import TargetError, Worker, loss_and_grad
+from .remote import RemoteTarget, TargetError, loss_and_grad
 from .unsloth import AGGS, far_ref_batch, grpo_check, loss_type_checks, row_advantages, seq_batch
 
 VOCAB, HIDDEN = 32, 8
@@ -71,23 +71,20 @@ def layer_batch(cases):
     return lambda seed, family: with_layer(cases(seed, family), seed)
 
 
-class Target:
+class Target(RemoteTarget):
     name = "liger"
     tolerance = TOLERANCE
-
-    def __init__(self):
-        self.worker = Worker(self.name, timeout_s=120.0)
-        self.versions = self.worker.versions()
-        self.how = (f"Each loss is `LigerFusedLinearGRPOLoss(compiled=False, **kw)(h, W, ids, mask, advantages, "
-                    "ref_per_token_logps=..., old_per_token_logps=...)` (chunk_size 1, one advantage per response) "
-                    f"on a fixed output weight W [{VOCAB}, {HIDDEN}] and hidden states h ~ N(0, 0.3^2) drawn per "
-                    "batch; old and reference log-probs are the batch's log-ratios laid on the layer's float64 "
-                    "log-probs, which the reference reads. Liger works in float32 whatever the input dtype, hence "
-                    "the float32 tolerance. The gradient w.r.t. each token's log-prob is Liger's gradient w.r.t. "
-                    "that token's hidden state divided along d logp / d h (a case fails if any of that gradient, or "
-                    "of the weight's, is off what it implies). The grpo checks with beta > 0 move the reference "
-                    "log-probs by up to 25 nats in their extreme family. loss_type luspo and vespo have no "
-                    "reference convention and are not checked.")
+    timeout_s = 120.0
+    how = (f"Each loss is `LigerFusedLinearGRPOLoss(compiled=False, **kw)(h, W, ids, mask, advantages, "
+           "ref_per_token_logps=..., old_per_token_logps=...)` (chunk_size 1, one advantage per response) "
+           f"on a fixed output weight W [{VOCAB}, {HIDDEN}] and hidden states h ~ N(0, 0.3^2) drawn per "
+           "batch; old and reference log-probs are the batch's log-ratios laid on the layer's float64 "
+           "log-probs, which the reference reads. Liger works in float32 whatever the input dtype, hence "
+           "the float32 tolerance. The gradient w.r.t. each token's log-prob is Liger's gradient w.r.t. "
+           "that token's hidden state divided along d logp / d h (a case fails if any of that gradient, or "
+           "of the weight's, is off what it implies). The grpo checks with beta > 0 move the reference "
+           "log-probs by up to 25 nats in their extreme family. loss_type luspo and vespo have no "
+           "reference convention and are not checked.")
 
     def run(self, kw: dict):
         def run(b: Batch):

@@ -23,35 +23,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.registry import AGG_MODES
-
 from ..conform_cases import Check, batch_of, rollout_batch
 from . import reference as ref
-from .remote import Worker, loss_and_grad
+from .remote import RemoteTarget, loss_and_grad
 
-ALL_AGG = [m for m in AGG_MODES if m != "seq_mean"]
-AGG_AND_DUAL = {"agg": ALL_AGG, "dual_clip": [None, 3.0]}
+AGG_AND_DUAL = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
 ROLLOUT_READ = "logp, old_logp, adv, mask and rollout_logp (the rollout engine's log-probs)"
 PAIRS_READ = ("logp and ref_logp summed over each row's unmasked tokens as sequence log-probs; rows 2k (chosen) and "
               "2k + 1 (rejected) form pair k")
 
 
-class Target:
+class Target(RemoteTarget):
     name = "openrlhf"
 
-    def __init__(self, worker: Worker | None = None):
-        self.worker = worker or Worker(self.name)
-        self.versions = self.worker.versions()
-        self.how = ("`PolicyLoss(...)(log_probs, old_log_probs, advantages, action_mask, rollout_log_probs, dp_size, "
-                    "batch_num_tokens, global_batch_size)` on the whole batch as one micro-batch of one rank: "
-                    "dp_size=1 and the batch's own token count and non-empty rows (the actor's "
-                    "`get_loss_batch_info` without a process group), the mask as a bool tensor like the trainer's "
-                    "action_mask. `DPOLoss(beta, label_smoothing, ipo)` on sequence log-probs summed over unmasked "
-                    "tokens, as the DPO trainer sums them. Gradients d loss / d log_probs by autograd, float64, in "
-                    "a virtualenv of its own (openrlhf imported without its package `__init__`, which needs "
-                    "flash_attn). On a batch without tokens the loss is 0 / 0 = NaN (batch_num_tokens = 0), "
-                    "listed as the target's error. Not checked: the binary_kl and tv gates of the rollout "
-                    "correction (the reference has none).")
+    how = ("`PolicyLoss(...)(log_probs, old_log_probs, advantages, action_mask, rollout_log_probs, dp_size, "
+           "batch_num_tokens, global_batch_size)` on the whole batch as one micro-batch of one rank: "
+           "dp_size=1 and the batch's own token count and non-empty rows (the actor's "
+           "`get_loss_batch_info` without a process group), the mask as a bool tensor like the trainer's "
+           "action_mask. `DPOLoss(beta, label_smoothing, ipo)` on sequence log-probs summed over unmasked "
+           "tokens, as the DPO trainer sums them. Gradients d loss / d log_probs by autograd, float64, in "
+           "a virtualenv of its own (openrlhf imported without its package `__init__`, which needs "
+           "flash_attn). On a batch without tokens the loss is 0 / 0 = NaN (batch_num_tokens = 0), "
+           "listed as the target's error. Not checked: the binary_kl and tv gates of the rollout "
+           "correction (the reference has none).")
 
     # ---- callers ---------------------------------------------------------------------------------------------
     def _call(self, op, kw, b, **arrays):
@@ -82,12 +76,12 @@ class Target:
             self._policy("grpo", "token_level_loss=False (sample level)", {"token_level_loss": False},
                          {"beta": 0.0}, AGG_AND_DUAL),
             self._policy("dapo", "clip_eps_high=0.28 (DAPO clip-higher, token_level_loss=True)",
-                         {"clip_eps_high": 0.28}, {}, {"agg": ALL_AGG},
+                         {"clip_eps_high": 0.28}, {}, {"agg": ref.TOKEN_AGG},
                          note="token_level_loss=True divides by every token of the batch; DAPO Eq. 8 averages each "
                          "group's tokens, then the groups."),
             self._policy("gspo", "policy_loss_type='gspo', clip 3e-4/4e-4",
                          {"policy_loss_type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}, {},
-                         {"agg": ALL_AGG}, seq_adv=True, names=["gspo", "gspo_token"]),
+                         {"agg": ref.TOKEN_AGG}, seq_adv=True, names=["gspo", "gspo_token"]),
         ]
 
     def rollout_checks(self) -> list[Check]:

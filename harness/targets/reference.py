@@ -15,6 +15,9 @@ from spec.registry import AGG_MODES, GROUP_AGG_MODES, PARTS, RELEASED, get_algor
 
 from ..conform_cases import Convention
 
+#: The aggregation modes of a token-level loss: every mode but seq_mean (a per-sequence loss's mean).
+TOKEN_AGG = [m for m in AGG_MODES if m != "seq_mean"]
+
 
 SEQ_MEANS = ("seq_mean_token_mean", "seq_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 
@@ -113,7 +116,7 @@ def aggregate(mode: str, max_len=None) -> Convention:
 
 
 def all_aggregations(max_len=None) -> list:
-    return [aggregate(m, max_len) for m in AGG_MODES if m != "seq_mean"]
+    return [aggregate(m, max_len) for m in TOKEN_AGG]
 
 
 def kl(kind: str) -> Convention:

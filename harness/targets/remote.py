@@ -97,6 +97,17 @@ class Worker:
             self.proc = None
 
 
+
+class RemoteTarget:
+    """A target whose framework runs in a worker of its own environment. The subclass sets ``name`` (the worker and
+    environment), ``how`` (what it drives, for the report) and, if one call may take longer, ``timeout_s``."""
+
+    timeout_s = 60.0
+
+    def __init__(self, worker: Worker | None = None):
+        self.worker = worker or Worker(self.name, timeout_s=self.timeout_s)
+        self.versions = self.worker.versions()
+
 def loss_and_grad(name: str, out, shape) -> tuple[float, np.ndarray | None]:
     """A worker's ``{"loss", "grad"}`` as (float, array of ``shape``), or a TargetError saying what was wrong."""
     if not isinstance(out, dict) or "loss" not in out:

@@ -5,31 +5,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.registry import AGG_MODES
-
 from ..conform_cases import ADV_READS, Check, advantage_batch, batch_of, rollout_batch
 from . import reference as ref
-from .remote import Worker, loss_and_grad
+from .remote import RemoteTarget, loss_and_grad
 
-ALL_AGG = [m for m in AGG_MODES if m != "seq_mean"]
 LONE = "SkyRL's grpo estimator gives a prompt with a single response mean 0 and std 1."
 GAE_NOTE = ("SkyRL's GAE runs its recursion over every column, padding included (the last valid token bootstraps "
             "from the value at the next, padded, position), and whitens the advantages over the mask.")
 ROLLOUT_READS = "logp, old_logp, adv, mask and rollout_logp (the engine's log-probs, old_logp + N(0, 0.5))"
 
 
-class Target:
+class Target(RemoteTarget):
     name = "skyrl"
 
-    def __init__(self):
-        self.worker = Worker(self.name)
-        self.versions = self.worker.versions()
-        self.how = ("Policy losses are `PolicyLossRegistry.get(policy_loss_type)(log_probs, old_log_probs, "
-                    "advantages, config, loss_mask, rollout_logprobs)` with an `AlgorithmConfig`, on advantages "
-                    "first scaled by `apply_loss_reduction_to_advantages_minibatch` as SkyRL's trainer does (one "
-                    "mini-batch; micro-batch = the batch; max_seq_len = the batch's padded width; prompt_mean's "
-                    "prompts = the batch's groups); the gradient is d loss / d log_prob by autograd, float64, "
-                    "in SkyRL's own virtualenv (Python 3.11, its package __init__ files bypassed, Ray absent).")
+    how = ("Policy losses are `PolicyLossRegistry.get(policy_loss_type)(log_probs, old_log_probs, "
+           "advantages, config, loss_mask, rollout_logprobs)` with an `AlgorithmConfig`, on advantages "
+           "first scaled by `apply_loss_reduction_to_advantages_minibatch` as SkyRL's trainer does (one "
+           "mini-batch; micro-batch = the batch; max_seq_len = the batch's padded width; prompt_mean's "
+           "prompts = the batch's groups); the gradient is d loss / d log_prob by autograd, float64, "
+           "in SkyRL's own virtualenv (Python 3.11, its package __init__ files bypassed, Ray absent).")
 
     # ---- callers ---------------------------------------------------------------------------------------------
     def policy_run(self, loss, reduction, rollout=False, **config):
@@ -63,7 +57,7 @@ class Target:
     def _policy(self, name, call, knob, run, ref_hp, seq_adv=None, names=None, grid=None, note="", cases=None,
                 reads=None, more=()):
         conv = ref.policy(name, **ref_hp)
-        cands = ref.policy_grid(names or [name], ref_hp, grid or {"agg": ALL_AGG}, rows_counted=True,
+        cands = ref.policy_grid(names or [name], ref_hp, grid or {"agg": ref.TOKEN_AGG}, rows_counted=True,
                                 exclude=(name, ref_hp)) + list(more)
         extra = {"reads": reads} if reads else {}
         return Check(name, f"PolicyLossRegistry.get({call!r})", knob, run, conv, cands,
@@ -71,7 +65,7 @@ class Target:
                      exact=ref.exact_policy(name, **ref_hp), note=note, **extra)
 
     def policy_checks(self) -> list[Check]:
-        dual = {"agg": ALL_AGG, "dual_clip": [None, 3.0]}
+        dual = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
         gspo_clip = {"eps_clip_low": 3e-4, "eps_clip_high": 4e-4}
         return [
             self._policy("ppo", "regular", "SkyRL defaults (eps_clip 0.2, loss_reduction=token_mean)",
@@ -98,11 +92,11 @@ class Target:
                          {"agg": "token_mean"}),
             self._policy("cispo", "cispo", "cispo_eps_clip_low 1, cispo_eps_clip_high 4 (defaults), token_mean",
                          self.policy_run("cispo", "token_mean"), {},
-                         grid={"agg": ALL_AGG, "cap_mode": ["relative", "absolute"]}),
+                         grid={"agg": ref.TOKEN_AGG, "cap_mode": ["relative", "absolute"]}),
             self._policy("clip_cov", "clip_cov", "clip_ratio=1.0 (every candidate chosen: SkyRL draws them with "
                          "torch.randperm), window (1, 5), token_mean",
                          self.policy_run("clip_cov", "token_mean", clip_cov={"clip_ratio": 1.0}),
-                         {"clip_cov_ratio": 1.0}, more=ref.policy_grid(["ppo"], {}, {"agg": ALL_AGG}),
+                         {"clip_cov_ratio": 1.0}, more=ref.policy_grid(["ppo"], {}, {"agg": ref.TOKEN_AGG}),
                          note="SkyRL selects by the covariance of the advantages after the loss reduction has "
                          "scaled them, and multiplies the chosen tokens' loss by 0 (value and gradient)."),
             self._policy("kl_cov", "kl_cov", "kl_cov_frac=0.2, ppo_kl_coef=1.0, token_mean",
@@ -128,7 +122,8 @@ class Target:
             out.append(self._policy("ppo", "regular", f"off_policy_correction: {label}, token_mean",
                                     self.policy_run("regular", "token_mean", rollout=True,
                                                     off_policy_correction=correction),
-                                    hp, grid={"agg": ALL_AGG, "rollout_correction": [None, "tis", "mis", "seq_mis"]},
+                                    hp, grid={"agg": ref.TOKEN_AGG,
+                                              "rollout_correction": [None, "tis", "mis", "seq_mis"]},
                                     cases=rollout_batch, reads=ROLLOUT_READS))
         return out
 

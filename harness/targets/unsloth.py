@@ -12,7 +12,7 @@ import numpy as np
 
 from ..conform_cases import Batch, Check, batch_of, rollout_batch
 from . import reference as ref
-from .remote import Worker, loss_and_grad
+from .remote import RemoteTarget, loss_and_grad
 
 MAX_COMPLETION = 8  # max_completion_length passed to dr_grpo: Dr.GRPO's constant L
 AGGS = ["token_mean", "group_token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",
@@ -56,18 +56,16 @@ def far_ref_batch(seed: int, family: str) -> Batch:
     return b
 
 
-class Target:
+class Target(RemoteTarget):
     name = "unsloth"
 
-    def __init__(self):
-        self.worker = Worker(self.name, timeout_s=180.0)  # the first call waits for transformers and datasets
-        self.versions = self.worker.versions()
-        self.how = ("Each loss is `grpo_compute_loss(ref, new, old, sampling_per_token_logps, input_ids, mask, beta, "
-                    "advantages, **kw)` as Unsloth's GRPO trainer calls it for one micro-batch (one advantage per "
-                    "response, num_items_in_batch the batch's token count, gradient accumulation 1; "
-                    "sampling_per_token_logps None except in the vLLM importance-sampling checks, which pass the "
-                    "rollout engine's log-probs), in float64 in its own virtualenv (unsloth_zoo imported past its "
-                    "package __init__); the gradient is d loss / d new by autograd. " + FAMILIES_NOTE)
+    timeout_s = 180.0  # the first call waits for transformers and datasets
+    how = ("Each loss is `grpo_compute_loss(ref, new, old, sampling_per_token_logps, input_ids, mask, beta, "
+           "advantages, **kw)` as Unsloth's GRPO trainer calls it for one micro-batch (one advantage per "
+           "response, num_items_in_batch the batch's token count, gradient accumulation 1; "
+           "sampling_per_token_logps None except in the vLLM importance-sampling checks, which pass the "
+           "rollout engine's log-probs), in float64 in its own virtualenv (unsloth_zoo imported past its "
+           "package __init__); the gradient is d loss / d new by autograd. " + FAMILIES_NOTE)
 
     def run(self, kw: dict):
         def run(b: Batch):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spec.registry import AGG_MODES
-
 from ..conform_cases import ADV_READS, Check, advantage_batch, batch_of, rollout_batch
 from . import reference as ref
 from .reference import t64
@@ -19,8 +17,6 @@ VERL_AGG = {"token-mean": "token_mean", "seq-mean-token-sum": "seq_mean_token_su
             "token-sum": None}
 KL_NAMES = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3", "k3+": "k3",
             "abs": None}
-ALL_AGG = [m for m in AGG_MODES if m != "seq_mean"]
-
 
 
 def actor_config(**kw):
@@ -112,7 +108,7 @@ class Target:
 
     def beyond_seed_checks(self) -> list[Check]:
         """CISPO, GPG, GMPO (geo_mean), Clip-Cov, KL-Cov and the rollout corrections (TIS, IcePop)."""
-        agg = {"agg": ALL_AGG}
+        agg = {"agg": ref.TOKEN_AGG}
         no_dual = {"clip_ratio_c": 1e9}
         out = [
             self._policy("cispo", "cispo", "clip_ratio_low 1.0, clip_ratio_high 4.0, token-mean",
@@ -144,7 +140,7 @@ class Target:
             out.append(self._policy("grpo", "vanilla", f"{label}, clip_ratio_c=1e9, token-mean",
                                     self.policy_run("vanilla", "token-mean", rollout_is, **no_dual),
                                     {"beta": 0.0, "agg": "token_mean", **hp},
-                                    {"agg": ALL_AGG, "rollout_correction": [None, "tis", "mis", "seq_mis"]},
+                                    {"agg": ref.TOKEN_AGG, "rollout_correction": [None, "tis", "mis", "seq_mis"]},
                                     cases=rollout_batch))
         return out
 
@@ -157,13 +153,13 @@ class Target:
                      exact=ref.exact_policy(name, **ref_hp), note=note)
 
     def policy_checks(self) -> list[Check]:
-        dual = {"agg": ALL_AGG, "dual_clip": [None, 3.0]}
+        dual = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
         out = [
             self._policy("ppo", "vanilla", "verl defaults (clip_ratio 0.2, clip_ratio_c 3, token-mean)",
                          self.policy_run("vanilla", "token-mean"), {}, dual),
             self._policy("ppo", "vanilla", "clip_ratio_c=10 (dual clip)",
                          self.policy_run("vanilla", "token-mean", clip_ratio_c=10.0), {"dual_clip": 10.0},
-                         {"agg": ALL_AGG, "dual_clip": [None, 10.0]}),
+                         {"agg": ref.TOKEN_AGG, "dual_clip": [None, 10.0]}),
             self._policy("grpo", "vanilla", "verl defaults (token-mean, clip_ratio_c 3); KL loss checked apart",
                          self.policy_run("vanilla", "token-mean"), {"beta": 0.0}, dual),
             self._policy("dapo", "vanilla", "DAPO recipe: clip_ratio_low 0.2, clip_ratio_high 0.28, token-mean",
@@ -173,26 +169,26 @@ class Target:
                          self.policy_run("vanilla", "seq-mean-token-sum-norm"), {}, dual),
             self._policy("gspo", "gspo", "clip 3e-4/4e-4, verl's default loss_agg_mode token-mean",
                          self.policy_run("gspo", "token-mean", clip_ratio_low=3e-4, clip_ratio_high=4e-4), {},
-                         {"agg": ALL_AGG}, seq_adv=True, names=["gspo", "gspo_token"]),
+                         {"agg": ref.TOKEN_AGG}, seq_adv=True, names=["gspo", "gspo_token"]),
             self._policy("gspo", "gspo", "clip 3e-4/4e-4, loss_agg_mode=seq-mean-token-mean",
                          self.policy_run("gspo", "seq-mean-token-mean", clip_ratio_low=3e-4, clip_ratio_high=4e-4),
-                         {}, {"agg": ALL_AGG}, seq_adv=True, names=["gspo", "gspo_token"],
+                         {}, {"agg": ref.TOKEN_AGG}, seq_adv=True, names=["gspo", "gspo_token"],
                          note="verl clamps the log of the sequence ratio at 10 (`torch.clamp(..., max=10.0)`)."),
             self._policy("gspo_token", "gspo", "token advantages, loss_agg_mode=seq-mean-token-mean",
                          self.policy_run("gspo", "seq-mean-token-mean", clip_ratio_low=3e-4, clip_ratio_high=4e-4),
-                         {}, {"agg": ALL_AGG}, seq_adv=False, names=["gspo_token"]),
+                         {}, {"agg": ref.TOKEN_AGG}, seq_adv=False, names=["gspo_token"]),
             self._policy("sapo", "sapo", "loss_agg_mode=seq-mean-token-mean (tau_pos 1, tau_neg 1.05)",
-                         self.policy_run("sapo", "seq-mean-token-mean"), {}, {"agg": ALL_AGG}),
+                         self.policy_run("sapo", "seq-mean-token-mean"), {}, {"agg": ref.TOKEN_AGG}),
         ]
         for mode, agg in VERL_AGG.items():
             if agg is None:
                 continue
             out.append(self._policy("grpo", "vanilla", f"loss_agg_mode={mode}, clip_ratio_c=1e9 (dual clip off)",
                                     self.policy_run("vanilla", mode, clip_ratio_c=1e9), {"beta": 0.0, "agg": agg},
-                                    {"agg": ALL_AGG}))
+                                    {"agg": ref.TOKEN_AGG}))
             if mode != "seq-mean-token-mean":
                 out.append(self._policy("sapo", "sapo", f"loss_agg_mode={mode}", self.policy_run("sapo", mode),
-                                        {"agg": agg}, {"agg": ALL_AGG}))
+                                        {"agg": agg}, {"agg": ref.TOKEN_AGG}))
         return out
 
     def agg_checks(self) -> list[Check]:

@@ -8,21 +8,18 @@ from __future__ import annotations
 
 from ...conform_cases import StepCheck
 from .. import reference as ref
-from ..remote import Worker, loss_and_grad
+from ..remote import RemoteTarget, loss_and_grad
 
 
-class StepTarget:
+class StepTarget(RemoteTarget):
     name = "openrlhf"
 
-    def __init__(self):
-        self.worker = Worker(self.name)
-        self.versions = self.worker.versions()
-        self.how = ("`policy_step` of the OpenRLHF worker: `PolicyLoss(...)(..., dp_size, batch_num_tokens, "
-                    "global_batch_size)` per micro-batch with the normalisers of `iter_grad_accum_global_norm` "
-                    "(the non-dynamic batch path), each loss's gradient divided by gas x dp_size (DeepSpeed's "
-                    "1 / gas, then the ranks' mean); float64, gradient w.r.t. the per-token log-probs. Not driven: "
-                    "the dynamic-batch path (`train.dynamic_batch_enable`), whose normalisers come from the replay "
-                    "buffer.")
+    how = ("`policy_step` of the OpenRLHF worker: `PolicyLoss(...)(..., dp_size, batch_num_tokens, "
+           "global_batch_size)` per micro-batch with the normalisers of `iter_grad_accum_global_norm` "
+           "(the non-dynamic batch path), each loss's gradient divided by gas x dp_size (DeepSpeed's "
+           "1 / gas, then the ranks' mean); float64, gradient w.r.t. the per-token log-probs. Not driven: "
+           "the dynamic-batch path (`train.dynamic_batch_enable`), whose normalisers come from the replay "
+           "buffer.")
 
     def run(self, **module):
         def step(b, micro, ranks):
