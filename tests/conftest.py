@@ -1,4 +1,6 @@
+import contextlib
 import os
+import sys
 
 from hypothesis import HealthCheck, settings
 
@@ -40,3 +42,26 @@ def exact_policy(name, logp, log_ratio, adv, mask, ref_offset=None, **hp):
     loss, grad = spec.policy_loss(name, policy, policy - np.array(log_ratio, float), adv, mask, group_size=1,
                                   ref_logp=ref, **hp)
     return float(loss), grad.astype(float)
+
+
+@contextlib.contextmanager
+def importable_module(folder, name: str, source: str):
+    """Module ``name`` with ``source``, written to ``folder`` and importable for the block (as a user's code)."""
+    (folder / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)
+
+
+def engine_row(target_cls, pick, seeds: int) -> dict:
+    """The conformance engine's row for the first check of a remote target that ``pick(check)`` selects; the
+    target's worker is closed afterwards."""
+    from harness.conform import run_check
+    target = target_cls()
+    try:
+        return run_check(next(c for c in target.checks() if pick(c)), seeds=seeds)[0]
+    finally:
+        target.worker.close()

@@ -4,10 +4,9 @@ import math
 
 import numpy as np
 import pytest
-from conftest import target_worker
+from conftest import engine_row, target_worker
 
 import spec
-from harness.conform import run_check
 from harness.targets.remote import loss_and_grad
 
 # Two on-policy responses (r = 1): one token with A = 1, three tokens with A = 0.5 (sequence-level advantages).
@@ -84,11 +83,6 @@ def test_dpo_is_eq7_on_sequence_sums(areal):
 
 def test_the_engine_finds_the_token_averaged_gspo(areal):  # the fixture skips when the environment is not built
     from harness.targets.areal import Target
-    target = Target()
-    try:
-        check = next(c for c in target.checks() if c.algorithm == "gspo")
-        row = run_check(check, seeds=3)[0]
-    finally:
-        target.worker.close()
+    row = engine_row(Target, lambda c: c.algorithm == "gspo", seeds=3)
     assert row["status"] == "differs" and "gspo[agg=token_mean]" in row["matches"]
     assert row["minimal"]["tokens"] >= 2  # one token per batch cannot tell the two means apart

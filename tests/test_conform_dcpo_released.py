@@ -1,9 +1,9 @@
 """DCPO's released code (lime-RL/DCPO) as a named reference convention: a callable written from its documented
 formulas (shared/reference/anchors.md) is reported as matching "DCPO's released code"; the paper's version agrees."""
-import sys
 import textwrap
 
 import pytest
+from conftest import importable_module
 
 from harness.conform import conform, verdict
 from harness.targets import reference as ref
@@ -42,12 +42,8 @@ MODULE = textwrap.dedent('''
 
 @pytest.fixture(scope="module", autouse=True)
 def user_module(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("dcpo_code")
-    (folder / "cliplab_dcpo_code.py").write_text(MODULE)
-    sys.path.insert(0, str(folder))
-    yield
-    sys.path.remove(str(folder))
-    sys.modules.pop("cliplab_dcpo_code", None)
+    with importable_module(tmp_path_factory.mktemp("dcpo_code"), "cliplab_dcpo_code", MODULE):
+        yield
 
 
 def test_the_released_settings_follow_clip_ratio_c():

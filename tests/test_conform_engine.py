@@ -1,10 +1,10 @@
 """The conformance engine on user callables: verdicts, shrinking, what a target matches, reports, bad input."""
 import json
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from conftest import importable_module
 
 from harness.conform import conform, conform_command, markdown, shrink, strict_json
 from harness.conform_cases import TOLERANCE, Batch
@@ -43,12 +43,8 @@ MODULE = textwrap.dedent('''
 
 @pytest.fixture(scope="module", autouse=True)
 def user_module(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("usercode")
-    (folder / "cliplab_user_losses.py").write_text(MODULE)
-    sys.path.insert(0, str(folder))
-    yield
-    sys.path.remove(str(folder))
-    sys.modules.pop("cliplab_user_losses", None)
+    with importable_module(tmp_path_factory.mktemp("usercode"), "cliplab_user_losses", MODULE):
+        yield
 
 
 def test_a_paper_grpo_callable_agrees_and_a_tuple_is_unpacked():

@@ -5,11 +5,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import target_worker
+from conftest import engine_row, target_worker
 
 import gpu
 import spec
-from harness.conform import run_check
 from harness.targets.remote import loss_and_grad
 
 # An empty response and a one-token response, on-policy (r = 1), A = 1.
@@ -121,11 +120,6 @@ def test_gae_bootstraps_from_padded_values_and_whitens(skyrl):
 
 def test_the_engine_finds_the_empty_rows_counted(skyrl):  # the fixture skips when the environment is not built
     from harness.targets.skyrl import Target
-    target = Target()
-    try:
-        check = next(c for c in target.checks() if c.knob == "loss_reduction=sequence_mean")
-        row = run_check(check, seeds=4)[0]
-    finally:
-        target.worker.close()
+    row = engine_row(Target, lambda c: c.knob == "loss_reduction=sequence_mean", seeds=4)
     assert row["status"] == "differs"
     assert any("with empty rows counted" in m for m in row["matches"])
