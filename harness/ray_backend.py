@@ -1,8 +1,9 @@
 """Run the simulator's sweeps on a Ray cluster (``cliplab sim ... --backend ray``); local processes stay the default.
 
-Each run is ``sim.sweep.run_task`` executed on a Ray worker into a worker-local folder; the worker returns the run's
-files and the driver writes them into ``OUT/runs/<run>/`` (``done.json`` last, atomically), so nodes need no shared
-file system and the folder is byte-for-byte what the process backend writes. Resuming skips done runs as before."""
+Each job (a run, or a label's seeds stacked, as ``sim.sweep.jobs`` groups them) is ``sim.sweep.run_tasks`` executed
+on a Ray worker into a worker-local folder; the worker returns the runs' files and the driver writes them into
+``OUT/runs/<run>/`` (``done.json`` last, atomically), so nodes need no shared file system and the folder is
+byte-for-byte what the process backend writes. Resuming skips done runs as before."""
 from __future__ import annotations
 
 import os
@@ -16,13 +17,13 @@ BACKENDS = ("process", "ray")
 RUN_FILES = ("config.json", "metrics.jsonl", "done.json")  # written in this order; done.json marks a finished run
 
 
-def run_remote(task: dict) -> dict:
-    """On a worker: run one sweep task into a temporary folder and return its files' bytes."""
-    from sim.sweep import run_task
+def run_remote(tasks: list[dict]) -> dict:
+    """On a worker: run one job's tasks into a temporary folder and return each run's files' bytes, by run id."""
+    from sim.sweep import run_tasks
     with tempfile.TemporaryDirectory(prefix="cliplab-ray-") as tmp:
-        run_task(task, tmp)
-        folder = Path(tmp) / "runs" / task["id"]
-        return {name: (folder / name).read_bytes() for name in RUN_FILES}
+        run_tasks(tasks, tmp)
+        return {t["id"]: {name: (Path(tmp) / "runs" / t["id"] / name).read_bytes() for name in RUN_FILES}
+                for t in tasks}
 
 
 def store(out: Path, task_id: str, files: dict) -> None:
@@ -42,7 +43,7 @@ def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict
                   progress: bool = True) -> dict:
     """``sim.sweep.run_sweep`` with the runs spread over Ray workers; returns (and writes) the same summary.
     Connects to ``address`` (a running cluster, e.g. ``auto``) or starts a local instance with ``num_cpus``."""
-    from sim.sweep import owned, plan, prepare, summarise, write_json
+    from sim.sweep import jobs, owned, plan, prepare, summarise, write_json
     try:
         import ray
     except ImportError:
@@ -56,14 +57,15 @@ def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict
                      log_to_driver=False)
         try:
             remote = ray.remote(num_cpus=1)(run_remote)
-            pending = {remote.remote(t): t["id"] for t in todo}
+            pending = [remote.remote(job) for job in jobs(todo)]
             bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env} (ray)", unit="run",
                        disable=not progress)
             while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
+                ready, pending = ray.wait(pending, num_returns=1)
                 for ref in ready:
-                    store(out_path, pending.pop(ref), ray.get(ref))
-                    bar.update()
+                    for run_id, files in ray.get(ref).items():
+                        store(out_path, run_id, files)
+                        bar.update()
             bar.close()
         finally:
             if started:

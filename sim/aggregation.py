@@ -9,13 +9,24 @@ def _safe_div(mask, count):
     return mask / np.maximum(count, 1.0)
 
 
-def agg_weights(mask: np.ndarray, agg: str, group_size: int | None = None, max_len=None) -> np.ndarray:
-    """Weights w[i, t] of each aggregation mode; fully masked rows and groups get weight 0 and are not counted."""
+def _per_row(counts: np.ndarray, rows: int) -> np.ndarray:
+    """[blocks] counts -> [B, 1]: each block's count on its ``rows`` rows, at least 1."""
+    return np.repeat(np.maximum(counts, 1), rows)[:, None]
+
+
+def agg_weights(mask: np.ndarray, agg: str, group_size: int | None = None, max_len=None,
+                blocks: int = 1) -> np.ndarray:
+    """Weights w[i, t] of each aggregation mode; fully masked rows and groups get weight 0 and are not counted.
+
+    ``blocks``: the batch is that many independent batches of equal size stacked by rows (the simulator's seeds),
+    each normalised on its own."""
+    rows = len(mask) // blocks
     if agg == "token_mean":
-        return mask / max(mask.sum(), 1.0)
+        per_block = mask.reshape(blocks, -1)
+        return (per_block / np.maximum(np.add.reduce(per_block, 1), 1.0)[:, None]).reshape(mask.shape)
     lens = np.add.reduce(mask, 1, keepdims=True)
     if agg in ("seq_mean_token_mean", "seq_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"):
-        n_seq = max(np.count_nonzero(lens), 1)
+        n_seq = _per_row(np.count_nonzero(lens.reshape(blocks, -1), 1), rows)
         if agg == "seq_mean_token_sum":
             return mask / n_seq
         if agg == "seq_mean_token_sum_norm":
@@ -24,7 +35,7 @@ def agg_weights(mask: np.ndarray, agg: str, group_size: int | None = None, max_l
         w /= n_seq
         return w
     group_tokens = np.add.reduce(lens.reshape(-1, group_size), 1)
-    n_groups = max(np.count_nonzero(group_tokens), 1)
+    n_groups = _per_row(np.count_nonzero(group_tokens.reshape(blocks, -1), 1), rows)
     if agg == "group_token_mean":
         groups = mask.reshape(-1, group_size * mask.shape[1])
         w = _safe_div(groups, group_tokens[:, None]).reshape(mask.shape)

@@ -18,12 +18,16 @@ until EOS (wrong) or ``max_len`` (truncated: malformed). EOS before position K e
 
 Rows of the logit table: on-track context (p, t <= K) is row p (K + 1) + t; off-track position t is row
 P (K + 1) + t. Exact expectations come from a forward recursion over positions of the on- and off-track masses.
+
+``copies`` > 1 stacks that many independent policies (one per simulated seed) over the same environment: the
+parameters are the copies' ``theta`` one under the other, copy c's contexts and prompts are numbered from
+c R and c P (R contexts, P prompts), and ``rows`` and ``grad`` serve every copy's tokens in one call.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .tabular import CORRECT, MALFORMED, WRONG, Rollout, Snapshot, distinct, tables, xlogx
+from .tabular import CORRECT, MALFORMED, WRONG, Rollout, Snapshot, distinct, tables, uniforms, xlogx
 
 EOS = 0
 #: Kinds of context, for the entropy's attribution: answer positions (ordinary, forking), the EOS decision after
@@ -35,7 +39,7 @@ class FeatureLM:
     """The environment and its log-linear policy; ``theta`` is the trained parameter array."""
 
     def __init__(self, n_prompts=256, vocab=128, answer_len=4, max_len=8, n_correct=2, forks=2, n_features=32,
-                 zipf=1.1, confidence=2.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0):
+                 zipf=1.1, confidence=2.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0, copies=1):
         if max_len < answer_len + 1:
             raise ValueError(f"max_len: expected at least answer_len + 1 ({answer_len + 1}), got {max_len}")
         if n_correct + 2 > vocab:
@@ -87,7 +91,8 @@ class FeatureLM:
         rand /= np.linalg.norm(rand, axis=1, keepdims=True)
         self.phi = np.concatenate([np.ones((self.n_rows, 1)), np.eye(T)[pos], on_track[:, None].astype(float),
                                    rand], axis=1)
-        self.init = np.zeros((self.phi.shape[1], V))
+        self.copies, self.n_states, self.n_features = copies, copies * self.n_rows, self.phi.shape[1]
+        self.init = np.zeros((copies * self.n_features, V))
         self.ref = tables(base)[0]
         self.info = {"delta": self.delta, "fork": fork}
 
@@ -98,76 +103,103 @@ class FeatureLM:
             return self.base + self.phi @ theta
         return self.base[rows] + self.phi[rows] @ theta
 
+    def _copy(self, theta, c):
+        """Copy c's ``theta`` in the stacked parameters."""
+        return theta[c * self.n_features:(c + 1) * self.n_features]
+
+    def _by_copy(self, ids):
+        """Sorted stacked context ids -> (copy, its local ids, their slice of ``ids``) for each copy present."""
+        cuts = np.searchsorted(ids, np.arange(self.copies + 1) * self.n_rows)
+        return [(c, ids[a:b] - c * self.n_rows, slice(a, b)) for c, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+
     def rows(self, theta, states, tokens, mask):
         """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi):
-        the softmax is computed once per distinct context."""
+        the softmax is computed once per distinct context, the logits copy by copy."""
         on = mask > 0
-        uniq, inv = distinct(states[on], self.n_rows)
-        logp_u, pi_u = tables(self.logits(theta, uniq))
+        uniq, inv = distinct(states[on], self.n_states)
+        z = [self.logits(self._copy(theta, c), local) for c, local, _ in self._by_copy(uniq)]
+        logp_u, pi_u = tables(z[0] if len(z) == 1 else np.concatenate(z))
         logp = np.zeros(mask.shape)
         logp[on] = logp_u[inv, tokens[on]]
         return logp, (uniq, inv, pi_u)
 
     def grad(self, theta, states, tokens, mask, rows, grad_logp):
         """d loss / d theta = sum_c phi(c)^T sum_{t: c_t = c} g_t (1[v = a_t] - pi(v|c)) (softmax and log-linear
-        chain rule), summed per distinct context ``c``."""
+        chain rule), summed per distinct context ``c``, per copy."""
         uniq, inv, pi_u = rows
         on = mask > 0
         g = grad_logp[on]
         n, V = len(uniq), self.vocab
         dz = np.bincount(inv * V + tokens[on], weights=g, minlength=n * V).reshape(n, V)
         dz -= np.bincount(inv, weights=g, minlength=n)[:, None] * pi_u
-        return self.phi[uniq].T @ dz
+        if self.copies == 1:
+            return self.phi[uniq].T @ dz
+        out = np.zeros((self.copies * self.n_features, V))  # copies without tokens here get no gradient
+        for c, local, part in self._by_copy(uniq):
+            out[c * self.n_features:(c + 1) * self.n_features] = self.phi[local].T @ dz[part]
+        return out
 
     def ref_logp(self, states, tokens, mask):
-        return np.where(mask > 0, self.ref[states, tokens], 0.0)
+        return np.where(mask > 0, self.ref[states % self.n_rows, tokens], 0.0)
+
+    def at_fork(self, states):
+        """Which tokens sit at forking positions."""
+        return self.part[states % self.n_rows] == 1
 
     # ---- sampling -----------------------------------------------------------------------------------------
-    def sampler(self, theta, snap=None):
-        """What ``sample`` draws from: the parameters (rows are computed for the drawn prompts only; ``snap`` is
-        not needed)."""
-        return theta
-
     def sample(self, theta, prompts, group_size, rng) -> Rollout:
         """G responses per prompt; rows of one prompt contiguous. Each (response, position) draws its token in both
         contexts it could be in (on track, off track) by inverse CDF in one search over the stacked CDFs; running
-        logical ands and ors over positions then say which context each token is in and where EOS ended it."""
+        logical ands and ors over positions then say which context each token is in and where EOS ended it.
+
+        With copies, ``prompts`` are stacked ids in copy order, equally many per copy, and ``rng`` one generator
+        per copy (``uniforms``); each copy draws what it would draw alone."""
+        gens = rng if isinstance(rng, (list, tuple)) else [rng]
         prompts = np.asarray(prompts)
-        K, T, V = self.K, self.T, self.vocab
-        n = len(prompts)
-        local_rows = np.concatenate([(prompts[:, None] * (K + 1) + np.arange(K + 1)).reshape(-1),
-                                     self.off0 + np.arange(T)])
-        logp_t, pi_t = tables(self.logits(theta, local_rows))
+        K, T, V, copies = self.K, self.T, self.vocab, len(gens)
+        n = len(prompts) // copies  # prompts per copy
+        width = n * (K + 1) + T  # rows of one copy's table: its prompts' on-track contexts, then the off-track ones
+        copy_of = prompts // self.P
+        pid = prompts % self.P
+        on_rows = (pid[:, None] * (K + 1) + np.arange(K + 1)).reshape(copies, -1)
+        z = [self.logits(self._copy(theta, c), np.concatenate([on_rows[i], self.off0 + np.arange(T)]))
+             for i, c in enumerate(copy_of[::n])]
+        logp_t, pi_t = tables(z[0] if copies == 1 else np.concatenate(z))
         cdf = np.cumsum(pi_t, axis=1)
         cdf[:, -1] = 1.0
-        stacked = (cdf + np.arange(len(cdf))[:, None]).reshape(-1)  # row r's CDF shifted into [r, r + 1]
+        cdf += (np.arange(len(cdf)) % width)[:, None]  # row r of a copy's table shifted into [r, r + 1]
+        stacked = cdf.reshape(copies, -1)
         batch = n * group_size
         who = np.repeat(np.arange(n), group_size)
         on_local = who[:, None] * (K + 1) + np.minimum(np.arange(T), K)
         off_local = np.broadcast_to(n * (K + 1) + np.arange(T), (batch, T))
-        u = rng.random((batch, T))
+        u = uniforms(gens, copies * batch, T).reshape(copies, batch, T)
 
         def draw(local):
-            return np.clip(np.searchsorted(stacked, local + u) - local * V, 0, V - 1)
+            return np.concatenate([np.clip(np.searchsorted(stacked[i], local + u[i]) - local * V, 0, V - 1)
+                                   for i in range(copies)])
         tok_on, tok_off = draw(on_local), draw(off_local)
-        pid = prompts[who]
+        row_pid = np.repeat(pid, group_size)
+        row_copy = np.repeat(copy_of, group_size)[:, None]
         # on track at position t: every earlier answer token acceptable (never after the answer); alive: no EOS yet
-        on = np.zeros((batch, T), dtype=bool)
+        on = np.zeros((copies * batch, T), dtype=bool)
         on[:, 0] = True
-        good = self.accept[pid[:, None], np.arange(K), tok_on[:, :K]] > 0
+        good = self.accept[row_pid[:, None], np.arange(K), tok_on[:, :K]] > 0
         on[:, 1:K + 1] = np.logical_and.accumulate(good, axis=1)[:, :T - 1]
         tok = np.where(on, tok_on, tok_off)
         eos = tok == EOS
         ended = np.logical_or.accumulate(eos, axis=1)
-        mask = np.ones((batch, T))
+        mask = np.ones((copies * batch, T))
         mask[:, 1:] = ~ended[:, :-1]
         alive = ~ended[:, -1]
         tokens = np.where(mask > 0, tok, 0)
-        states = np.where(on, pid[:, None] * (K + 1) + np.minimum(np.arange(T), K), self.off0 + np.arange(T))
+        states = np.where(on, row_pid[:, None] * (K + 1) + np.minimum(np.arange(T), K), self.off0 + np.arange(T))
+        states += row_copy * self.n_rows
         states *= mask.astype(np.int64)
-        local = np.where(on, on_local, off_local)
+        local = np.where(on, np.tile(on_local, (copies, 1)), np.tile(off_local, (copies, 1))) + \
+            (np.arange(copies * batch) // batch * width)[:, None]
         first = eos.argmax(1)  # the position of the EOS that ended the response (if any)
-        at_answer = (first == K) & on[np.arange(batch), first]
+        at_answer = (first == K) & on[np.arange(copies * batch), first]
         outcome = np.where(alive, MALFORMED, np.where(at_answer, CORRECT, WRONG))
         old_logp = np.where(mask > 0, logp_t[local, tokens], 0.0)
         return Rollout(prompts, states, tokens, mask, old_logp, outcome, mask.sum(1).astype(np.int64), alive)
@@ -191,8 +223,12 @@ class FeatureLM:
             f[:, t + 1] = f[:, t] * (1.0 - eos_off[t]) + leave
         return o, f, acc, o[:, K] * eos_on[:, K]
 
+    def snapshots(self, theta) -> list[Snapshot]:
+        """Each copy's exact metrics."""
+        return [self.snapshot(self._copy(theta, c)) for c in range(self.copies)]
+
     def snapshot(self, theta) -> Snapshot:
-        """Exact metrics of the policy ``theta`` over the pool (each prompt equally likely)."""
+        """Exact metrics of one copy's policy ``theta`` over the pool (each prompt equally likely)."""
         P, K = self.P, self.K
         z = self.logits(theta)
         logp, pi = tables(z)

@@ -15,7 +15,7 @@ from .config import REWARD_SCHEMES, resolve
 from .feature_lm import FeatureLM
 from .losses import dpo_loss, policy_terms, value_loss
 from .metrics import StepClips, batch_cov, clean, entropy_law, exact_metrics, rollout_metrics
-from .tabular import CORRECT, MALFORMED, Rollout, TableEnv
+from .tabular import CORRECT, MALFORMED, Rollout, TableEnv, concat_rollouts, uniforms
 from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS, POLICY_ALGORITHMS
 
@@ -29,20 +29,21 @@ ENV_KEYS = {"bandit": ("n_arms",), "toy_lm": ("max_len", "n_think", "n_answers")
             "feature_lm": ("vocab", "answer_len", "max_len", "n_correct", "forks", "n_features", "zipf", "confidence")}
 
 
-def build_env(env: str, cfg: dict):
-    """The environment object of ``env`` under the settings ``cfg`` (sampling, exact metrics, policy rows). Built
-    once per process for each distinct setting: runs only read it, and its arrays are read-only."""
+def build_env(env: str, cfg: dict, copies: int = 1):
+    """The environment object of ``env`` under the settings ``cfg`` (sampling, exact metrics, policy rows), with
+    ``copies`` stacked policies (one per seed of a stacked trainer). Built once per process for each distinct
+    setting: runs only read it, and its arrays are read-only."""
     keys = ("n_prompts", "difficulty_low", "difficulty_high", "env_seed", *ENV_KEYS[env])
-    return _build_env(env, tuple((k, cfg[k]) for k in keys))
+    return _build_env(env, tuple((k, cfg[k]) for k in keys), copies)
 
 
 @functools.lru_cache(maxsize=8)
-def _build_env(env: str, settings: tuple):
+def _build_env(env: str, settings: tuple, copies: int):
     kw = dict(settings)
     if env == "feature_lm":
-        built = FeatureLM(**kw)
+        built = FeatureLM(**kw, copies=copies)
     else:
-        built = TableEnv(*(bandit if env == "bandit" else toy_lm).build(**kw))
+        built = TableEnv(*(bandit if env == "bandit" else toy_lm).build(**kw), copies=copies)
     owners = [built] + ([built.aut] if isinstance(built, TableEnv) else [])
     for value in (v for owner in owners for v in vars(owner).values()):
         if isinstance(value, np.ndarray):
@@ -50,14 +51,20 @@ def _build_env(env: str, settings: tuple):
     return built
 
 
+def stackable(algo: str) -> bool:
+    """Whether seeds of ``algo`` can run as one stacked trainer: every policy-gradient algorithm (DPO draws its
+    preference pairs per seed)."""
+    return algo in POLICY_ALGORITHMS
+
+
 def rewards_of(ro: Rollout, cfg: dict, rng: np.random.Generator | None = None) -> np.ndarray:
     """The reward scheme's value of each outcome, plus DAPO's soft overlong punishment (Eq. 13) if on.
 
     ``random``: 1 or 0 with probability 1/2 each, independent of the response (the spurious-reward control of
-    Park et al. 2509.26114); needs ``rng``.
+    Park et al. 2509.26114); needs ``rng`` (or one per stacked copy).
     """
     if cfg["reward"] == "random":
-        r = (rng.random(len(ro.outcome)) < 0.5).astype(float)
+        r = (uniforms(rng, len(ro.outcome)) < 0.5).astype(float)
     else:
         good, wrong, bad = REWARD_SCHEMES[cfg["reward"]]
         r = np.where(ro.outcome == CORRECT, good, np.where(ro.outcome == MALFORMED, bad, wrong))
@@ -72,83 +79,108 @@ def _select(ro: Rollout, groups: np.ndarray, group_size: int) -> Rollout:
                    ro.outcome[rows], ro.lengths[rows], ro.truncated[rows])
 
 
-def _concat(parts: list[Rollout]) -> Rollout:
-    return Rollout(*(np.concatenate([getattr(p, f) for p in parts]) for f in Rollout.__dataclass_fields__))
+def _split(ro: Rollout, copies: int) -> list[Rollout]:
+    """A stacked rollout's part of each copy (equal shares, in copy order)."""
+    if copies == 1:
+        return [ro]
+    n, b = len(ro.prompts) // copies, len(ro.outcome) // copies
+    return [Rollout(ro.prompts[c * n:(c + 1) * n], *(getattr(ro, f)[c * b:(c + 1) * b] for f in _ROW_FIELDS))
+            for c in range(copies)]
+
+
+_ROW_FIELDS = [f for f in Rollout.__dataclass_fields__ if f != "prompts"]
 
 
 class Trainer:
-    """One run: an environment, the policy's parameters, its reference, optimiser and advantage state.
+    """Runs of one setting: an environment, the policies' parameters, reference, optimiser and advantage state.
 
-    ``steps`` (if known) makes the last step an exact evaluation whatever ``eval_every``.
+    ``seeds``: a seed, or a list of them run as one stacked trainer (``stackable``): copies of the environment and
+    the parameters, a random stream per seed, so each seed's numbers are those of its run alone while every array
+    operation serves all of them. ``steps`` (if known) makes the last step an exact evaluation whatever
+    ``eval_every``.
     """
 
-    def __init__(self, env: str, algo: str, seed: int, overrides: dict | None = None, steps: int | None = None):
-        self.env_name, self.algo, self.seed = env, algo, seed
+    def __init__(self, env: str, algo: str, seeds, overrides: dict | None = None, steps: int | None = None):
+        self.seeds = [seeds] if isinstance(seeds, (int, np.integer)) else list(seeds)
+        self.env_name, self.algo, self.copies = env, algo, len(self.seeds)
         self.cfg = cfg = resolve(env, algo, overrides)
-        self.env = build_env(env, cfg)
+        if self.copies > 1 and not stackable(algo):
+            raise ValueError(f"seeds: {algo} runs one seed at a time, got {len(self.seeds)} seeds")
+        self.env = build_env(env, cfg, self.copies)
         self.info = self.env.info
         self.params = self.env.init.copy()
         if isinstance(self.env, TableEnv):  # the tabular policy's parameters are its logit table
             self.aut, self.logits = self.env.aut, self.params
-        self.rng = np.random.default_rng(seed)
+        self.rngs = [np.random.default_rng(seed) for seed in self.seeds]
         kw = {"momentum": cfg["momentum"]} if cfg["optimizer"] == "sgd" else {}
-        self.opt = optim.make(cfg["optimizer"], self.params, cfg["lr"], **kw)
+        self.opt = optim.make(cfg["optimizer"], self.params, cfg["lr"], self.copies, **kw)
         self.sas = SmoothAdvantage() if cfg.get("adv") == "sas" else None
         if cfg.get("adv") == "gae":
-            self.values = np.zeros(self.env.n_rows)
-            self.critic = optim.Adam(self.values, cfg["critic_lr"])
+            self.values = np.zeros(self.env.n_states)
+            self.critic = optim.Adam(self.values, cfg["critic_lr"], blocks=self.copies)
         self.step_no, self.last_step = 0, None if steps is None else steps - 1
         self.history = deque(maxlen=cfg["staleness"] + 1)  # parameters at the start of the last steps
-        self.snap = self.env.snapshot(self.params)
-        order = np.argsort(self.snap.success, kind="stable")
+        self.snaps = self.env.snapshots(self.params)
+        order = np.argsort(self.snaps[0].success, kind="stable")  # every copy starts from the same policy
         third = max(1, len(order) // 3)
         self.hard, self.easy = order[:third], order[-third:]
-        self.cov_sum = 0.0
+        self.cov_sum = np.zeros(self.copies)
         if algo not in POLICY_ALGORITHMS:
             self._build_pairs()
         else:  # checked once here; each update calls the unchecked terms
             self.loss_hp = resolve_hparams(algo, cfg["loss"])
 
     # ---- rollouts ------------------------------------------------------------------------------------------
-    def _collect(self, table):
-        """Rollouts of G responses per prompt from ``table`` (the environment's sampler of the rollout policy);
-        with dynamic sampling, refill with new prompts (DAPO Sec. 3.2)."""
-        cfg, g = self.cfg, self.cfg["group_size"]
-        p = cfg["batch_prompts"]
-        order = self.rng.permutation(cfg["n_prompts"])
-        ds = cfg["dynamic_sampling"]
-        per_round = int(np.ceil(p * cfg["ds_oversample"])) if ds else p
-        generated, kept, kept_r, seen_ro, seen_r = 0, [], [], [], []
-        for k in range(cfg["ds_max_rounds"] if ds else 1):
-            chunk = order[k * per_round:(k + 1) * per_round]  # distinct prompts within a step
-            if chunk.size == 0:
+    def _collect(self, params):
+        """Rollouts of G responses per prompt from the policy ``params``, each copy's prompts drawn by its own
+        stream. With dynamic sampling, the copies still short of a full batch refill with new prompts, round by
+        round (DAPO Sec. 3.2). Returns each copy's (responses generated, their rewards), and the training batches:
+        (copies, their responses kept, stacked, rewards), copies with as many kept groups stacked together."""
+        cfg, g, copies = self.cfg, self.cfg["group_size"], self.copies
+        p, pool, ds = cfg["batch_prompts"], cfg["n_prompts"], cfg["dynamic_sampling"]
+        orders = [rng.permutation(pool) for rng in self.rngs]
+        if not ds:
+            prompts = np.concatenate([order[:p] + c * pool for c, order in enumerate(orders)])
+            ro = self.env.sample(params, prompts, g, self.rngs)
+            r = rewards_of(ro, cfg, self.rngs)
+            return list(zip(_split(ro, copies), np.split(r, copies))), [(list(range(copies)), ro, r)]
+        per_round = int(np.ceil(p * cfg["ds_oversample"]))
+        seen, kept = [[] for _ in range(copies)], [[] for _ in range(copies)]
+        active = list(range(copies))
+        for k in range(cfg["ds_max_rounds"]):
+            chunks = [orders[c][k * per_round:(k + 1) * per_round] + c * pool for c in active]
+            if chunks[0].size == 0:  # the pool is spent (distinct prompts within a step)
                 break
-            ro = self.env.sample(table, chunk, g, self.rng)
-            r = rewards_of(ro, cfg, self.rng)
-            generated += len(r)
-            seen_ro.append(ro)
-            seen_r.append(r)
-            if not cfg["dynamic_sampling"]:
-                return ro, r, ro, r, generated
-            good = np.flatnonzero(dynamic_sampling_filter((ro.outcome == CORRECT).astype(float), g))
-            have = sum(len(x.prompts) for x in kept)
-            if good.size:
-                take = good[:p - have]
-                kept.append(_select(ro, take, g))
-                kept_r.append(r.reshape(-1, g)[take].reshape(-1))
-            if have + min(good.size, p - have) == p:
+            gens = [self.rngs[c] for c in active]
+            ro = self.env.sample(params, np.concatenate(chunks), g, gens)
+            r = rewards_of(ro, cfg, gens)
+            for c, ro_c, r_c in zip(list(active), _split(ro, len(active)), np.split(r, len(active))):
+                seen[c].append((ro_c, r_c))
+                good = np.flatnonzero(dynamic_sampling_filter((ro_c.outcome == CORRECT).astype(float), g))
+                have = sum(len(x.prompts) for x, _ in kept[c])
+                if good.size:
+                    take = good[:p - have]
+                    kept[c].append((_select(ro_c, take, g), r_c.reshape(-1, g)[take].reshape(-1)))
+                if have + min(good.size, p - have) == p:
+                    active.remove(c)
+            if not active:
                 break
-        all_ro, all_r = _concat(seen_ro), np.concatenate(seen_r)
-        if not kept:
-            return all_ro, all_r, None, None, generated
-        return all_ro, all_r, _concat(kept), np.concatenate(kept_r), generated
+        by_size: dict[int, list[int]] = {}
+        for c in range(copies):
+            if kept[c]:
+                by_size.setdefault(sum(len(x.prompts) for x, _ in kept[c]), []).append(c)
+        batches = [(cs, concat_rollouts([x for c in cs for x, _ in kept[c]]),
+                    np.concatenate([y for c in cs for _, y in kept[c]])) for cs in by_size.values()]
+        return [(concat_rollouts([x for x, _ in part]), np.concatenate([y for _, y in part])) for part in seen], batches
 
-    def _advantages(self, ro: Rollout, r: np.ndarray, ref_lp: np.ndarray) -> np.ndarray:
-        """Token advantages [B, T] per the configured estimator (sequence ones broadcast over tokens)."""
+    def _advantages(self, ro: Rollout, r: np.ndarray, ref_lp: np.ndarray, copies: int) -> np.ndarray:
+        """Token advantages [B, T] per the configured estimator (sequence ones broadcast over tokens), of a batch
+        of ``copies`` stacked copies."""
         cfg, g = self.cfg, self.cfg["group_size"]
         kind = cfg["adv"]
-        if kind in ("grpo", "dr_grpo", "rloo", "gpg"):
-            seq = group_advantages(r, g, kind, eps=cfg["adv_eps"], unbiased=cfg["adv_unbiased"])
+        if kind in ("grpo", "dr_grpo", "rloo", "gpg"):  # per copy: GPG's factor counts the batch's live groups
+            seq = np.concatenate([group_advantages(x, g, kind, eps=cfg["adv_eps"], unbiased=cfg["adv_unbiased"])
+                                  for x in np.split(r, copies)])
         elif kind == "sas":
             seq = self.sas(ro.prompts.tolist(), r, g)
         else:
@@ -161,96 +193,113 @@ class Trainer:
         return seq[:, None] * ro.mask
 
     # ---- one step ------------------------------------------------------------------------------------------
-    def step(self) -> dict:
-        """One rollout and its minibatch epochs; returns the step's metrics (exact ones on evaluation steps)."""
-        rec, snap = {}, None
+    def step(self) -> list[dict]:
+        """One rollout and its minibatch epochs; returns each seed's metrics of the step (exact ones on evaluation
+        steps)."""
+        recs = [{} for _ in self.seeds]
         if self.step_no % self.cfg["eval_every"] == 0 or self.step_no == self.last_step:
-            snap = self.env.snapshot(self.params) if self.step_no else self.snap
-            rec.update(exact_metrics(snap, self.hard, self.easy))
-            if self.step_no:
-                rec.update(entropy_law(self.snap, snap), cov_interval=self.cov_sum)
-            self.snap, self.cov_sum = snap, 0.0
+            snaps = self.env.snapshots(self.params) if self.step_no else self.snaps
+            for rec, old, snap, cov in zip(recs, self.snaps, snaps, self.cov_sum):
+                rec.update(exact_metrics(snap, self.hard, self.easy))
+                if self.step_no:
+                    rec.update(entropy_law(old, snap), cov_interval=cov)
+            self.snaps, self.cov_sum = snaps, np.zeros(self.copies)
         self.history.append(self.params.copy() if self.cfg["staleness"] else self.params)
         params = self._rollout_params()  # the policy ``staleness`` steps back, perturbed
-        table = self.env.sampler(params, snap if params is self.params else None)
-        rec.update(self._rl_step(table) if self.algo in POLICY_ALGORITHMS else self._dpo_step(table))
-        rec["step"] = self.step_no
+        for rec, part in zip(recs, self._rl_step(params) if self.algo in POLICY_ALGORITHMS else
+                             [self._dpo_step(params)]):
+            rec.update(part, step=self.step_no)
         self.step_no += 1
-        return clean(rec)
+        return [clean(rec) for rec in recs]
 
     def _rollout_params(self):
         """The rollout policy's parameters: the trainer's ``staleness`` steps back, plus N(0, rollout_noise^2)
-        per parameter, drawn afresh each step (a rollout engine that does not quite compute the trainer's policy)."""
+        per parameter, drawn afresh each step by each copy's stream (a rollout engine that does not quite compute
+        the trainer's policy)."""
         params, noise = self.history[0], self.cfg["rollout_noise"]
-        return params + noise * self.rng.standard_normal(params.shape) if noise else params
+        if not noise:
+            return params
+        shape = (len(params) // self.copies, *params.shape[1:])
+        return params + noise * np.concatenate([rng.standard_normal(shape) for rng in self.rngs])
 
-    def _rl_step(self, table) -> dict:
-        cfg, g = self.cfg, self.cfg["group_size"]
-        all_ro, all_r, ro, r, generated = self._collect(table)
-        rec = rollout_metrics(all_ro, all_r, g)
-        if ro is None:  # dynamic sampling found no informative group within its budget
-            rec.update(clip_frac=None, rur=None, gen_per_trained=None, loss=None, trained=0, generated=generated)
-            return rec
+    def _rl_step(self, params) -> list[dict]:
+        g = self.cfg["group_size"]
+        seen, batches = self._collect(params)
+        recs = []
+        for ro, r in seen:
+            recs.append(rollout_metrics(ro, r, g))
+            recs[-1].update(clip_frac=None, rur=None, gen_per_trained=None, loss=None, trained=0, generated=len(r))
+        for copies, ro, r in batches:  # a copy with no informative group (dynamic sampling) is not trained
+            for c, part in zip(copies, self._train(copies, ro, r)):
+                recs[c].update(part, gen_per_trained=recs[c]["generated"] / part["trained"])
+        return recs
+
+    def _train(self, copies: list[int], ro: Rollout, r: np.ndarray) -> list[dict]:
+        """The minibatch epochs on a batch of the ``copies`` listed, stacked (equal sizes); each copy's metrics."""
+        cfg, g, k = self.cfg, self.cfg["group_size"], len(copies)
+        rngs = [self.rngs[c] for c in copies]
         rollout_lp = ro.old_logp  # the engine's log-probs; the trainer's old policy is the unperturbed one
         if cfg["rollout_noise"]:
             ro = replace(ro, old_logp=self.env.rows(self.history[0], ro.states, ro.tokens, ro.mask)[0])
         ref_lp = self.env.ref_logp(ro.states, ro.tokens, ro.mask)
-        adv = self._advantages(ro, r, ref_lp)
+        adv = self._advantages(ro, r, ref_lp, k)
         mask = ro.mask * ~ro.truncated[:, None] if cfg["overlong_filter"] else ro.mask
-        cov = batch_cov(ro.old_logp, adv, mask)
-        self.cov_sum += 0.0 if cov is None else cov
-        n_groups = len(ro.prompts)
-        clips = StepClips(self.algo, cfg["loss"])
-        clip_sum = tok_sum = loss_sum = 0.0
+        covs = [batch_cov(*x) for x in zip(*(np.split(y, k) for y in (ro.old_logp, adv, mask)))]
+        self.cov_sum[copies] += [0.0 if cov is None else cov for cov in covs]
+        n_groups, trained = len(ro.prompts) // k, len(r) // k  # per copy
+        clips = StepClips(self.algo, cfg["loss"], k)
+        clip_sum, tok_sum, loss_sum = np.zeros((3, k))
         extra_sums: dict = {}  # token-weighted sums of the stats some losses add (trunc_frac, cov_frac, rc_*)
         updates = 0
         alg, in_group = ALGORITHMS[self.algo], np.arange(g)
         for _ in range(cfg["epochs"]):
-            for mb in np.array_split(self.rng.permutation(n_groups), min(cfg["minibatches"], n_groups)):
-                rows = (mb[:, None] * g + in_group).reshape(-1)
+            splits = [np.array_split(rng.permutation(n_groups), min(cfg["minibatches"], n_groups)) for rng in rngs]
+            for mbs in zip(*splits):  # each copy's minibatch, stacked
+                rows = np.concatenate([(mb[:, None] * g + in_group).reshape(-1) + i * trained
+                                       for i, mb in enumerate(mbs)])
                 st, tk, m, old, a = ro.states[rows], ro.tokens[rows], mask[rows], ro.old_logp[rows], adv[rows]
                 logp, pi_rows = self.env.rows(self.params, st, tk, m)
                 hp = self.loss_hp
-                if alg.select == "clip_cov":  # Clip-Cov's random choice: a seed per update
-                    hp = {**hp, "cov_seed": int(self.rng.integers(2**31 - 1))}
+                if alg.select == "clip_cov":  # Clip-Cov's random choice: a seed per update and copy
+                    hp = {**hp, "cov_seed": [int(rng.integers(2**31 - 1)) for rng in rngs]}
                 kept: dict = {}  # the token ratio (and DCPO's bounds) the loss computed, for StepClips
                 loss, grad, stats = policy_terms(alg, hp, logp, old, a, m, g, ref_lp[rows], rollout_lp[rows],
-                                                 keep=kept)
-                zeroed = clips.add(logp, old, a, m, self._at_fork(st), **kept)  # PPO-zeroed tokens
+                                                 keep=kept, blocks=k)
+                zeroed = clips.add(logp, old, a, m, self.env.at_fork(st), **kept)  # PPO-zeroed tokens
                 for key in EXTRA_STATS:
                     if key in stats:
                         extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
                 extra_sums["ppo_zeroed_frac"] = extra_sums.get("ppo_zeroed_frac", 0.0) + zeroed
-                self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad))
+                self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad), only=copies)
                 if cfg["adv"] == "gae":
-                    self._critic_step(st, m, rows)
+                    self._critic_step(st, m, rows, copies)
                 clip_sum += stats["clip_frac"] * stats["tokens"]
                 tok_sum += stats["tokens"]
                 loss_sum += loss
                 updates += 1
-        nonzero = (np.abs(adv) > 1e-12).any(1)
-        rec.update(clip_frac=clip_sum / max(tok_sum, 1.0), rur=float(nonzero.mean()), loss=loss_sum / updates,
-                   gen_per_trained=generated / len(r), trained=len(r), generated=generated, cov_logp_adv=cov,
-                   **clips.summary(), **{k: v / max(tok_sum, 1.0) for k, v in extra_sums.items()})
-        return rec
+        rur = (np.abs(adv) > 1e-12).any(1).reshape(k, -1).mean(1)
+        tok_n = np.maximum(tok_sum, 1.0)
+        return [{"clip_frac": clip_sum[i] / tok_n[i], "rur": float(rur[i]), "loss": loss_sum[i] / updates,
+                 "trained": trained, "cov_logp_adv": covs[i], **clip_rec,
+                 **{key: v[i] / tok_n[i] for key, v in extra_sums.items()}}
+                for i, clip_rec in enumerate(clips.summary())]
 
-    def _at_fork(self, states):
-        """Which tokens sit at forking positions (feature_lm), else None."""
-        part = getattr(self.env, "part", None)
-        return None if part is None else part[states] == 1
-
-    def _critic_step(self, st, m, rows):
-        """PPO's clipped value loss on the tabular critic V(s), chained to the table."""
+    def _critic_step(self, st, m, rows, copies):
+        """PPO's clipped value loss on the tabular critic V(s), chained to the table (each copy's minibatch
+        averaged on its own)."""
         v = self.values[st] * m
-        _, dv, _ = value_loss(v, self.old_values[rows], self.returns[rows], m, clip=self.cfg["vf_clip"])
-        self.critic.step(np.bincount(st.reshape(-1), weights=(dv * m).reshape(-1), minlength=len(self.values)))
+        _, dv, _ = value_loss(v, self.old_values[rows], self.returns[rows], m, clip=self.cfg["vf_clip"],
+                              blocks=len(copies))
+        self.critic.step(np.bincount(st.reshape(-1), weights=(dv * m).reshape(-1), minlength=len(self.values)),
+                         only=copies)
 
     # ---- DPO -----------------------------------------------------------------------------------------------
     def _build_pairs(self):
         """Preference pairs from G reference samples per pool prompt: i-th best vs i-th worst by reward."""
         cfg, g = self.cfg, self.cfg["group_size"]
-        ro = self.env.sample(self.env.sampler(self.env.init), np.arange(cfg["n_prompts"]), g, self.rng)
-        r = rewards_of(ro, cfg, self.rng).reshape(-1, g)
+        rng = self.rngs[0]  # DPO runs one seed at a time
+        ro = self.env.sample(self.env.init, np.arange(cfg["n_prompts"]), g, rng)
+        r = rewards_of(ro, cfg, rng).reshape(-1, g)
         order = np.argsort(-r, axis=1, kind="stable")
         half = g // 2
         best, worst = order[:, :half], order[:, ::-1][:, :half]
@@ -264,15 +313,14 @@ class Trainer:
         self.pair_ro = ro
         self.ref_seq = self.env.ref_logp(ro.states, ro.tokens, ro.mask).sum(1)
 
-    def _dpo_step(self, table) -> dict:
-        cfg, g = self.cfg, self.cfg["group_size"]
-        eval_ro = self.env.sample(table, self.rng.permutation(cfg["n_prompts"])[:cfg["batch_prompts"]], g,
-                                  self.rng)
-        rec = rollout_metrics(eval_ro, rewards_of(eval_ro, cfg, self.rng), g)
+    def _dpo_step(self, params) -> dict:
+        cfg, g, rng = self.cfg, self.cfg["group_size"], self.rngs[0]
+        eval_ro = self.env.sample(params, rng.permutation(cfg["n_prompts"])[:cfg["batch_prompts"]], g, rng)
+        rec = rollout_metrics(eval_ro, rewards_of(eval_ro, cfg, rng), g)
         ro, n = self.pair_ro, min(len(self.chosen), cfg["batch_prompts"] * g // 2)
         loss_sum, updates = 0.0, 0
         for _ in range(cfg["epochs"]):
-            pick = self.rng.permutation(len(self.chosen))[:n]
+            pick = rng.permutation(len(self.chosen))[:n]
             for mb in np.array_split(pick, min(cfg["minibatches"], n)):
                 w, l_ = self.chosen[mb], self.rejected[mb]
                 rows = np.concatenate([w, l_])
@@ -294,13 +342,20 @@ class Trainer:
 def run(env: str, algo: str, seed: int, steps: int, overrides: dict | None = None,
         on_step: Callable[[dict], None] | None = None) -> list[dict]:
     """Train ``algo`` on ``env`` for ``steps`` steps; returns (and streams to ``on_step``) the per-step metrics."""
+    return run_stack(env, algo, [seed], steps, overrides, on_step and (lambda _, rec: on_step(rec)))[0]
+
+
+def run_stack(env: str, algo: str, seeds: list[int], steps: int, overrides: dict | None = None,
+              on_step: Callable[[int, dict], None] | None = None) -> list[list[dict]]:
+    """``run`` of each seed, all in one stacked trainer (see ``stackable``); ``on_step(i, rec)`` gets the i-th
+    seed's steps as they come. Each seed's metrics are those of its run alone."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected a positive integer, got {steps!r}")
-    trainer = Trainer(env, algo, seed, overrides, steps)
-    records = []
+    trainer = Trainer(env, algo, seeds, overrides, steps)
+    records: list[list[dict]] = [[] for _ in trainer.seeds]
     for _ in range(steps):
-        rec = trainer.step()
-        records.append(rec)
-        if on_step is not None:
-            on_step(rec)
+        for i, rec in enumerate(trainer.step()):
+            records[i].append(rec)
+            if on_step is not None:
+                on_step(i, rec)
     return records

@@ -105,10 +105,10 @@ def _cispo_bounds(hp):
     return 1 - hp["eps_low"], hi
 
 
-def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n):
+def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n, blocks=1):
     """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
     (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats), the
-    weights None without a correction. ``on`` is ``mask > 0``, ``n`` its count (at least 1)."""
+    weights None without a correction. ``on`` is ``mask > 0``, ``n`` its count per block (at least 1)."""
     kind = hp["rollout_correction"]
     if kind is None:
         return None, {}
@@ -122,7 +122,7 @@ def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n):
     else:
         cut = (rho < hp["mis_low"]) | (rho > hp["mis_high"])
         w = np.where(cut, 0.0, rho)
-    return w, {"rc_weight_mean": float((w * mask).sum() / n), "rc_cut_frac": float(np.count_nonzero(cut & on) / n)}
+    return w, {"rc_weight_mean": _block_sum(w * mask, blocks) / n, "rc_cut_frac": _block_count(cut & on, blocks) / n}
 
 
 def _sequence_terms(alg, hp, log_ratio, adv, mask, on):
@@ -172,20 +172,26 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     check_token_shapes(shapes, group_size, hp["agg"])
     if cov_select is not None:
         check_cov_select(name, alg, bool((cov_select > mask).any()))
-    return policy_terms(alg, hp, logp, old_logp, adv, mask, group_size, ref_logp, rollout_logp, cov_select)
+    loss, grad, stats = policy_terms(alg, hp, logp, old_logp, adv, mask, group_size, ref_logp, rollout_logp,
+                                     cov_select)
+    return float(loss[0]), grad, {k: (int if k == "tokens" else float)(v[0]) for k, v in stats.items()}
 
 
 def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=None, rollout_logp=None,
-                 cov_select=None, keep=None):
+                 cov_select=None, keep=None, blocks=1):
     """``policy_loss`` on inputs already checked: ``alg`` the registry entry, ``hp`` its resolved hyper-parameters,
     float64 [B, T] arrays (the simulator's loop checks once per run, not once per update). ``keep`` (a dict, optional)
-    receives what ``StepClips.add`` would compute again: ``token_ratio`` and, for DCPO, ``bounds`` (q, lo, hi)."""
+    receives what ``StepClips.add`` would compute again: ``token_ratio`` and, for DCPO, ``bounds`` (q, lo, hi).
+
+    ``blocks``: the rows are that many independent batches of equal size (the simulator's stacked seeds), each
+    aggregated on its own; the loss and every stat are then [blocks] arrays (Clip-Cov takes a ``cov_seed`` per
+    block)."""
     on = mask > 0
-    tokens = int(np.count_nonzero(on))  # the mask is 0/1: its sum
-    n = float(max(tokens, 1))
+    tokens = np.count_nonzero(on.reshape(blocks, -1), 1)  # the mask is 0/1: its sum per block
+    n = np.maximum(tokens, 1).astype(float)
     log_ratio = np.where(on, logp - old_logp, 0.0)
-    weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"])
-    rc_weights, stats = _rollout_weights(hp, old_logp, rollout_logp, mask, on, n)
+    weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"], blocks)
+    rc_weights, stats = _rollout_weights(hp, old_logp, rollout_logp, mask, on, n, blocks)
     policy_weights = weights if rc_weights is None else weights * rc_weights
 
     if alg.ratio in ("sequence", "geometric"):
@@ -206,11 +212,11 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
             lo, hi = _cispo_bounds(hp)
             w = np.clip(ratio, lo, hi)
             loss_tok, dtok = -w * adv * logp, -w * adv
-            stats["trunc_frac"] = float(np.count_nonzero(((ratio < lo) | (ratio > hi)) & on) / n)
+            stats["trunc_frac"] = _block_count(((ratio < lo) | (ratio > hi)) & on, blocks) / n
         elif alg.ratio == "none":  # GPG: -A * logp
             loss_tok, dtok = -adv * logp, -adv
         elif alg.clip == "off":  # KL-Cov: -r*A, plus kl_cov_coef * |log r| on the selected tokens
-            chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select)
+            chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select, blocks)
             loss_tok = -ratio * adv + chosen * hp["kl_cov_coef"] * np.abs(log_ratio)
             dtok = -ratio * adv + chosen * hp["kl_cov_coef"] * np.sign(log_ratio)
         else:
@@ -224,44 +230,61 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
                 lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
             loss_tok, dtok, clipped = _clip_terms(ratio, adv, lo, hi, hp["dual_clip"], hp["delta"])
             if alg.select == "clip_cov":  # Clip-Cov: the selected tokens keep their value, lose their gradient
-                chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select)
+                chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select, blocks)
                 dtok = np.where(chosen, 0.0, dtok)
                 clipped = clipped | chosen
         grad = policy_weights * dtok
 
     loss_tok = np.where(on, loss_tok, 0.0)
-    stats.update(clip_frac=float(np.count_nonzero(clipped & on) / n), ratio_mean=float((ratio * mask).sum() / n),
-                 tokens=tokens)
+    stats.update(clip_frac=_block_count(clipped & on, blocks) / n,
+                 ratio_mean=_block_sum(ratio * mask, blocks) / n, tokens=tokens)
     if alg.select is not None:
-        stats["cov_frac"] = float(np.count_nonzero(chosen & on) / n)
+        stats["cov_frac"] = _block_count(chosen & on, blocks) / n
     loss_tok *= policy_weights
-    loss = float(loss_tok.sum())
+    loss = _block_sum(loss_tok, blocks)
     if hp["beta"] > 0:
         kl_tok, dkl = _kl_terms(logp, ref_logp, hp["kl"], log_ratio)
         kl_tok = np.where(on, kl_tok, 0.0)
         beta_weights = weights * hp["beta"]
-        loss += float((beta_weights * kl_tok).sum())
+        loss += _block_sum(beta_weights * kl_tok, blocks)
         dkl = np.where(on, dkl, 0.0)
         dkl *= beta_weights
         grad += dkl
-        stats["kl_mean"] = float(kl_tok.sum() / n)
+        stats["kl_mean"] = _block_sum(kl_tok, blocks) / n
     return loss, grad, stats
 
 
-def _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select):
-    """The tokens Clip-Cov detaches or KL-Cov penalises: ``cov_select`` when given, else by Cov(log pi, A)."""
+def _block_sum(x, blocks):
+    """Per block of rows, the sum of ``x`` [B, T] (each block summed as NumPy sums it alone)."""
+    return np.add.reduce(x.reshape(blocks, -1), 1)
+
+
+def _block_count(x, blocks):
+    return np.count_nonzero(x.reshape(blocks, -1), 1)
+
+
+def _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select, blocks=1):
+    """The tokens Clip-Cov detaches or KL-Cov penalises: ``cov_select`` when given, else by Cov(log pi, A), within
+    each block (Clip-Cov's random choice with that block's ``cov_seed``)."""
     if cov_select is not None:
         return cov_select > 0
-    cov = token_cov(logp, adv, mask)
-    if alg.select == "clip_cov":
-        return clip_cov_select(cov, mask, clipped, hp["clip_cov_lb"], hp["clip_cov_ub"], hp["clip_cov_ratio"],
-                               hp["cov_seed"])
-    return kl_cov_select(cov, mask, hp["kl_cov_ratio"])
+    seeds = hp["cov_seed"] if isinstance(hp["cov_seed"], (list, tuple)) else [hp["cov_seed"]] * blocks
+    parts, rows = [], len(mask) // blocks
+    for i, seed in enumerate(seeds):
+        b = slice(i * rows, (i + 1) * rows)
+        cov = token_cov(logp[b], adv[b], mask[b])
+        if alg.select == "clip_cov":
+            parts.append(clip_cov_select(cov, mask[b], clipped[b], hp["clip_cov_lb"], hp["clip_cov_ub"],
+                                         hp["clip_cov_ratio"], seed))
+        else:
+            parts.append(kl_cov_select(cov, mask[b], hp["kl_cov_ratio"]))
+    return parts[0] if blocks == 1 else np.concatenate(parts)
 
 
 def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip"], agg="token_mean",
-               group_size=None, max_len=None):
-    """Clipped critic loss 0.5 * max((v - R)^2, (clip(v, v_old - d, v_old + d) - R)^2) (PPO value clipping)."""
+               group_size=None, max_len=None, blocks=1):
+    """Clipped critic loss 0.5 * max((v - R)^2, (clip(v, v_old - d, v_old + d) - R)^2) (PPO value clipping).
+    ``blocks``: stacked independent batches, aggregated each on its own (the loss is then their sum)."""
     check_value_args(clip, agg, max_len)
     values, old_values = as_float("values", values), as_float("old_values", old_values)
     returns, mask = as_float("returns", returns), as_mask(mask)
@@ -272,7 +295,7 @@ def value_loss(values, old_values, returns, mask, clip=PARTS["value_loss"]["clip
     use_clipped = clipped > plain
     loss_tok = np.where(mask > 0, 0.5 * np.maximum(plain, clipped), 0.0)  # padding never turns 0 * inf into NaN
     dtok = np.where(use_clipped, 0.0, values - returns)  # the clipped branch wins only where v was clipped
-    weights = agg_weights(mask, agg, group_size, max_len)
+    weights = agg_weights(mask, agg, group_size, max_len, blocks)
     stats = {"clip_frac": float((use_clipped * mask).sum() / max(mask.sum(), 1.0))}
     return float((weights * loss_tok).sum()), weights * dtok, stats
 

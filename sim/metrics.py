@@ -138,20 +138,34 @@ class StepClips:
 
     Upper: A > 0 and ratio > hi; lower: A < 0 and ratio < lo, with the algorithm's ratio (token or sequence) and
     bounds (fixed, or DCPO's dynamic ones). Soft-gated algorithms (SAPO) clip nothing: the shares are None.
-    Algorithms with other clips (added to the registry later) get only the ratio's spread.
+    Algorithms with other clips (added to the registry later) get only the ratio's spread. ``blocks``: the updates'
+    rows are that many stacked runs of equal size (the simulator's seeds), each counted on its own.
     """
 
-    def __init__(self, algo: str, hp: dict):
-        self.alg, self.hp = ALGORITHMS[algo], hp
+    def __init__(self, algo: str, hp: dict, blocks: int = 1):
+        self.alg, self.hp, self.blocks = ALGORITHMS[algo], hp, blocks
         self.fixed = self.alg.clip in ("fixed", "dynamic")
-        self.tokens, self.up, self.low, self.freed, self.up_fork = 0.0, 0.0, 0.0, 0.0, 0.0
-        self.up_p, self.freed_p, self.dev = [], [], []
+        self.tokens, self.up, self.low, self.freed, self.up_fork = np.zeros((5, blocks))
+        self.up_p, self.freed_p, self.dev = ([[] for _ in range(blocks)] for _ in range(3))
         self.has_fork = False
 
-    def add(self, logp, old_logp, adv, mask, fork=None, token_ratio=None, bounds=None) -> float:
-        """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions. Returns how many
-        tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8, token
-        ratio): the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1). ``token_ratio`` and ``bounds``
+    def _count(self, x):
+        return np.count_nonzero(x.reshape(self.blocks, -1), 1)
+
+    def _keep(self, lists, values, where):
+        """Append each block's ``values[where]`` to its list."""
+        picked = values[where]
+        if self.blocks == 1:
+            lists[0].append(picked)
+            return
+        ends = np.cumsum(self._count(where)).tolist()
+        for kept, a, b in zip(lists, [0] + ends, ends):
+            kept.append(picked[a:b])
+
+    def add(self, logp, old_logp, adv, mask, fork=None, token_ratio=None, bounds=None) -> np.ndarray:
+        """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions. Returns, per block,
+        how many tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8,
+        token ratio): the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1). ``token_ratio`` and ``bounds``
         (optional) are what ``policy_terms`` keeps of the same update, so as not to compute them again."""
         on = mask > 0
         log_ratio = None if token_ratio is not None and self.alg.ratio == "token" else \
@@ -161,13 +175,13 @@ class StepClips:
         pos, neg = adv > 0, adv < 0
         pos &= on
         neg &= on
-        zeroed = float(np.count_nonzero((pos & (token_ratio > 1.2)) | (neg & (token_ratio < 0.8))))
+        zeroed = self._count((pos & (token_ratio > 1.2)) | (neg & (token_ratio < 0.8))).astype(float)
         if self.alg.ratio == "token":
             ratio = token_ratio
         else:
             lens = np.maximum(mask.sum(1, keepdims=True), 1.0)
             ratio = np.repeat(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape[1], axis=1)
-        self.dev.append(ratio[on & (adv != 0)])  # |ratio - 1| taken in summary
+        self._keep(self.dev, ratio, on & (adv != 0))  # |ratio - 1| taken in summary
         if not self.fixed:
             return zeroed
         if bounds is not None:  # DCPO's from policy_terms, q checked as dcpo_bounds checks it
@@ -180,29 +194,35 @@ class StepClips:
             lo, hi = 1 - self.hp["eps_low"], 1 + self.hp["eps_high"]
         up, low = pos & (ratio > hi), neg & (ratio < lo)
         freed = pos & (ratio > 1.2) & (ratio <= hi)
-        self.tokens += np.count_nonzero(on)
-        self.up += np.count_nonzero(up)
-        self.low += np.count_nonzero(low)
-        self.freed += np.count_nonzero(freed)
-        self.up_p.append(old_logp[up])  # pi_old = exp(old_logp) taken in summary
+        self.tokens += self._count(on)
+        self.up += self._count(up)
+        self.low += self._count(low)
+        self.freed += self._count(freed)
+        self._keep(self.up_p, old_logp, up)  # pi_old = exp(old_logp) taken in summary
         if fork is not None:
-            self.has_fork, self.up_fork = True, self.up_fork + np.count_nonzero(up & fork)
-        self.freed_p.append(old_logp[freed])
+            self.has_fork = True
+            self.up_fork += self._count(up & fork)
+        self._keep(self.freed_p, old_logp, freed)
         return zeroed
 
-    def summary(self) -> dict:
-        dev = np.abs(np.concatenate(self.dev) - 1.0) if self.dev else np.zeros(0)
+    def summary(self) -> list[dict]:
+        """Per block, the step's shares and medians."""
+        return [self._summary(i) for i in range(self.blocks)]
+
+    def _summary(self, i: int) -> dict:
+        dev = np.abs(np.concatenate(self.dev[i]) - 1.0) if self.dev[i] else np.zeros(0)
         out = {"ratio_dev_median": _median(dev) if dev.size else None}
-        if not self.fixed or not self.tokens:
+        tokens, up = self.tokens[i], self.up[i]
+        if not self.fixed or not tokens:
             return out | {"clip_up_frac": None, "clip_low_frac": None, "upclip_pold_median": None,
                           "upclip_pold_lt02": None, "upclip_fork_share": None, "freed_frac": None,
                           "freed_pold_median": None}
-        up_p, freed_p = np.exp(np.concatenate(self.up_p)), np.exp(np.concatenate(self.freed_p))
-        return out | {"clip_up_frac": self.up / self.tokens, "clip_low_frac": self.low / self.tokens,
+        up_p, freed_p = np.exp(np.concatenate(self.up_p[i])), np.exp(np.concatenate(self.freed_p[i]))
+        return out | {"clip_up_frac": float(up / tokens), "clip_low_frac": float(self.low[i] / tokens),
                 "upclip_pold_median": _median(up_p) if up_p.size else None,
                 "upclip_pold_lt02": float(np.count_nonzero(up_p < 0.2) / up_p.size) if up_p.size else None,
-                "upclip_fork_share": self.up_fork / self.up if self.has_fork and self.up else None,
-                "freed_frac": self.freed / self.tokens,
+                "upclip_fork_share": float(self.up_fork[i] / up) if self.has_fork and up else None,
+                "freed_frac": float(self.freed[i] / tokens),
                 "freed_pold_median": _median(freed_p) if freed_p.size else None}
 
 

@@ -1,56 +1,82 @@
-"""Optimisers for the tabular parameters, updating arrays in place."""
+"""Optimisers for the tabular parameters, updating arrays in place.
+
+``blocks`` > 1: the parameters are that many stacked copies of equal size (the simulator's seeds, one under the
+other); ``step(grad, only=...)`` may update some of them, and each keeps its own step count, so every copy follows
+exactly the trajectory it would follow alone.
+"""
 from __future__ import annotations
 
 import numpy as np
 
 
-class SGD:
+class _Blocked:
+    """Step bookkeeping shared by the optimisers: which copies a step updates, and on which rows."""
+
+    def __init__(self, params: np.ndarray, lr: float, blocks: int):
+        _check_lr(lr)
+        self.params, self.lr, self.blocks = params, lr, blocks
+        self.t = np.zeros(blocks, dtype=np.int64)  # steps taken by each copy
+
+    def step(self, grad: np.ndarray, only=None) -> None:
+        """One step on every copy, or on the copies listed in ``only`` (the others are left as they are)."""
+        chosen = range(self.blocks) if only is None else list(only)
+        self.t[chosen] += 1
+        if len(chosen) == self.blocks and (self.t == self.t[0]).all():
+            self._update(slice(None), grad, int(self.t[0]))
+            return
+        n = len(self.params) // self.blocks
+        for b in chosen:
+            rows = slice(b * n, (b + 1) * n)
+            self._update(rows, grad[rows], int(self.t[b]))
+
+
+class SGD(_Blocked):
     """SGD with optional heavy-ball momentum: v = mu v + g; x -= lr v."""
 
-    def __init__(self, params: np.ndarray, lr: float, momentum: float = 0.0):
-        _check_lr(lr)
+    def __init__(self, params: np.ndarray, lr: float, momentum: float = 0.0, blocks: int = 1):
+        super().__init__(params, lr, blocks)
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum: expected a number in [0, 1), got {momentum!r}")
-        self.params, self.lr, self.momentum = params, lr, momentum
+        self.momentum = momentum
         self.velocity = np.zeros_like(params)
 
-    def step(self, grad: np.ndarray) -> None:
-        self.velocity = self.momentum * self.velocity + grad
-        self.params -= self.lr * self.velocity
+    def _update(self, rows, grad, t) -> None:
+        self.velocity[rows] = self.momentum * self.velocity[rows] + grad
+        self.params[rows] -= self.lr * self.velocity[rows]
 
 
-class Adam:
+class Adam(_Blocked):
     """Adam (Kingma and Ba 1412.6980, Algorithm 1) with bias correction."""
 
-    def __init__(self, params: np.ndarray, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
-        _check_lr(lr)
+    def __init__(self, params: np.ndarray, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, blocks: int = 1):
+        super().__init__(params, lr, blocks)
         if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"betas: expected two numbers in [0, 1), got {betas!r}")
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.m, self.v, self.t = np.zeros_like(params), np.zeros_like(params), 0
+        self.betas, self.eps = betas, eps
+        self.m, self.v = np.zeros_like(params), np.zeros_like(params)
 
-    def step(self, grad: np.ndarray) -> None:
+    def _update(self, rows, grad, t) -> None:
         b1, b2 = self.betas
-        self.t += 1
-        self.m *= b1
-        self.m += (1 - b1) * grad
-        self.v *= b2
-        self.v += (1 - b2) * grad * grad
+        m, v = self.m[rows], self.v[rows]
+        m *= b1
+        m += (1 - b1) * grad
+        v *= b2
+        v += (1 - b2) * grad * grad
         # lr * m_hat / (sqrt(v_hat) + eps), with the bias corrections folded into the step and eps
-        c2 = np.sqrt(1 - b2 ** self.t)
-        denom = np.sqrt(self.v)
+        c2 = np.sqrt(1 - b2 ** t)
+        denom = np.sqrt(v)
         denom += self.eps * c2
-        np.divide(self.m, denom, out=denom)
-        denom *= self.lr * c2 / (1 - b1 ** self.t)
-        self.params -= denom
+        np.divide(m, denom, out=denom)
+        denom *= self.lr * c2 / (1 - b1 ** t)
+        self.params[rows] -= denom
 
 
-def make(name: str, params: np.ndarray, lr: float, **kw):
-    """Build the optimiser called ``name`` ("adam" or "sgd") over ``params``."""
+def make(name: str, params: np.ndarray, lr: float, blocks: int = 1, **kw):
+    """Build the optimiser called ``name`` ("adam" or "sgd") over ``params`` (``blocks`` stacked copies)."""
     if name == "adam":
-        return Adam(params, lr, **kw)
+        return Adam(params, lr, blocks=blocks, **kw)
     if name == "sgd":
-        return SGD(params, lr, **kw)
+        return SGD(params, lr, blocks=blocks, **kw)
     raise ValueError(f"optimizer: expected 'adam' or 'sgd', got {name!r}")
 
 

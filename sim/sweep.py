@@ -10,7 +10,8 @@ Layout (shared with the real-model harness, which the report also reads)::
 
 A run writes its steps to ``metrics.jsonl.part`` as it goes; on completion the part file is renamed and
 ``done.json`` is written atomically (temp file, then ``os.replace``). A resumed sweep skips done runs and restarts
-unfinished ones from scratch, so no run is lost or counted twice.
+unfinished ones from scratch, so no run is lost or counted twice. A label's seeds run together as one stacked
+trainer where they can (``sim.loop.stackable``), each still into its own run folder.
 
 One live sweep owns a folder at a time (``DIR/sweep.lock``, see :func:`owned`), and worker processes die with the
 sweep's process, so a resumed sweep never races the leftovers of a killed one.
@@ -35,7 +36,7 @@ from tqdm import tqdm
 from spec.records import read_json, safe_name, writable_folder, write_json
 
 from .config import check_env, grid_points, resolve
-from .loop import run
+from .loop import run_stack, stackable
 from .metrics import DEFINITIONS, SUMMARY_DEFINITIONS, SUMMARY_KEYS, summarise_run
 
 LOCK = "sweep.lock"
@@ -142,32 +143,51 @@ def plan(env: str, algos: list[str], seeds: int, steps: int, grid: dict) -> list
     return tasks
 
 
-def run_task(task: dict, out: str) -> dict:
-    """Run one task into ``out/runs/<id>/``; returns its summary."""
-    folder = Path(out) / "runs" / task["id"]
-    if (folder / "done.json").exists():
-        return read_json(folder / "done.json")
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    part = folder / "metrics.jsonl.part"
-    with open(part, "w") as f:
-        def on_step(rec):
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
-        records = run(task["env"], task["algo"], task["seed"], task["steps"], task["params"], on_step)
-        os.fsync(f.fileno())
-    write_json(folder / "config.json", {k: task[k] for k in ("env", "algo", "seed", "steps", "params", "label",
-                                                             "settings")})
-    os.replace(part, folder / "metrics.jsonl")
-    summary = {"label": task["label"], "algo": task["algo"], "seed": task["seed"], **summarise_run(records)}
-    write_json(folder / "done.json", summary)
-    return summary
+def jobs(todo: list[dict]) -> list[list[dict]]:
+    """The tasks to run, grouped: a label's seeds run as one stacked trainer where ``stackable`` allows (the most
+    seeds first, so the longest jobs start first), else one task per job."""
+    groups: dict[str, list[dict]] = {}
+    for t in todo:
+        key = t["label"] if stackable(t["algo"]) else t["id"]
+        groups.setdefault(key, []).append(t)
+    return sorted(groups.values(), key=len, reverse=True)
+
+
+def run_tasks(tasks: list[dict], out: str) -> list[dict]:
+    """Run tasks of one label (one task, or several seeds stacked) into ``out/runs/<id>/``; returns their
+    summaries."""
+    folders = [Path(out) / "runs" / t["id"] for t in tasks]
+    if all((f / "done.json").exists() for f in folders):
+        return [read_json(f / "done.json") for f in folders]
+    for folder in folders:
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open(f / "metrics.jsonl.part", "w")) for f in folders]
+
+        def on_step(i, rec):
+            files[i].write(json.dumps(rec) + "\n")
+            files[i].flush()
+        first = tasks[0]
+        records = run_stack(first["env"], first["algo"], [t["seed"] for t in tasks], first["steps"],
+                            first["params"], on_step)
+        for f in files:
+            os.fsync(f.fileno())
+    summaries = []
+    for task, folder, recs in zip(tasks, folders, records):
+        write_json(folder / "config.json", {k: task[k] for k in ("env", "algo", "seed", "steps", "params", "label",
+                                                                 "settings")})
+        os.replace(folder / "metrics.jsonl.part", folder / "metrics.jsonl")
+        summary = {"label": task["label"], "algo": task["algo"], "seed": task["seed"], **summarise_run(recs)}
+        write_json(folder / "done.json", summary)
+        summaries.append(summary)
+    return summaries
 
 
 def _worker(args):
-    task, out = args
-    return run_task(task, out)
+    tasks, out = args
+    return run_tasks(tasks, out)
 
 
 def prepare(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None, out: str):
@@ -195,14 +215,14 @@ def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | N
         tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
         bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
                    disable=not progress)
-        if workers == 1 or len(todo) <= 1:
-            for t in todo:
-                run_task(t, str(out_path))
-                bar.update()
+        grouped = jobs(todo)
+        if workers == 1 or len(grouped) <= 1:
+            for job in grouped:
+                bar.update(len(run_tasks(job, str(out_path))))
         else:
-            with mp.get_context("fork").Pool(min(workers, len(todo)), _die_with_parent, (os.getpid(),)) as pool:
-                for _ in pool.imap_unordered(_worker, [(t, str(out_path)) for t in todo]):
-                    bar.update()
+            with mp.get_context("fork").Pool(min(workers, len(grouped)), _die_with_parent, (os.getpid(),)) as pool:
+                for done in pool.imap_unordered(_worker, [(job, str(out_path)) for job in grouped]):
+                    bar.update(len(done))
         bar.close()
         summary = summarise(out_path, tasks)
         write_json(out_path / "summary.json", summary)

@@ -70,6 +70,17 @@ class Automaton:
     start: np.ndarray
     max_len: int
     state_prompt: np.ndarray  # [S] the prompt each state belongs to (states are never shared)
+    copies: int = 1  # disjoint copies stacked (one per simulated seed): copy c holds states c S/copies onwards
+
+    def stack(self, copies: int) -> "Automaton":
+        """``copies`` disjoint copies of this automaton in one: copy c's states and prompts are offset by c times
+        this one's counts."""
+        n, p = self.n_states, self.n_prompts
+        nxt = np.concatenate([np.where(self.next_state >= 0, self.next_state + c * n, -1) for c in range(copies)])
+        return Automaton(nxt, np.tile(self.outcome, (copies, 1)), np.concatenate([self.start + c * n
+                                                                                  for c in range(copies)]),
+                         self.max_len, np.concatenate([self.state_prompt + c * p for c in range(copies)]),
+                         copies * self.copies)
 
     def __post_init__(self):
         self.n_states, self.vocab = self.next_state.shape
@@ -108,9 +119,25 @@ class Rollout:
     truncated: np.ndarray  # [B] bool: still running at max_len
 
 
-def sample(aut: Automaton, table, prompts: np.ndarray, group_size: int, rng: np.random.Generator) -> Rollout:
+def concat_rollouts(parts: list[Rollout]) -> Rollout:
+    """The rollouts one after the other (prompts and rows in order)."""
+    return Rollout(*(np.concatenate([getattr(p, f) for p in parts]) for f in Rollout.__dataclass_fields__))
+
+
+def uniforms(rng, rows: int, cols: int | None = None) -> np.ndarray:
+    """``rng.random((rows, cols))``; ``rng`` may be a list of generators, one per stacked copy, each drawing its
+    copy's equal block of rows (so a stacked run draws what each copy would draw alone)."""
+    if not isinstance(rng, (list, tuple)):
+        rng = [rng]
+    per = rows // len(rng)
+    blocks = [g.random((per,) if cols is None else (per, cols)) for g in rng]
+    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+
+
+def sample(aut: Automaton, table, prompts: np.ndarray, group_size: int, rng) -> Rollout:
     """Draw group_size responses per prompt, vectorised over the batch, from the policy ``table``: the full
-    (log pi, pi) table, or the logit table (then only the drawn prompts' rows are computed)."""
+    (log pi, pi) table, or the logit table (then only the drawn prompts' rows are computed). ``rng``: a generator,
+    or one per stacked copy (see ``uniforms``; the prompts are then in copy order, equally many per copy)."""
     prompts = np.asarray(prompts)
     picked = np.zeros(aut.n_prompts, dtype=bool)
     picked[prompts] = True
@@ -130,7 +157,7 @@ def sample(aut: Automaton, table, prompts: np.ndarray, group_size: int, rng: np.
     batch, horizon = len(prompts) * group_size, aut.max_len
     rows = np.arange(batch)  # the responses still running, and their states
     state = np.repeat(aut.start[prompts], group_size)
-    u = rng.random((batch, horizon)).T.copy()  # position-major
+    u = uniforms(rng, batch, horizon).T.copy()  # position-major
     drawn = []  # per position: the running responses, their states and their tokens
     for t in range(horizon):
         below = u[t][rows, None] > cdf_table.take(state, axis=0)
@@ -220,6 +247,11 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
 
     ``table`` is the policy's (log pi, pi), ``ref_logp`` the reference's log pi table.
     """
+    return exact_copies(aut, table, ref_logp)[0]
+
+
+def exact_copies(aut: Automaton, table, ref_logp=None) -> list[Exact]:
+    """``exact`` of each of a stacked automaton's copies, in one programme over all of them."""
     logp, pi = table
     terms = pi * logp
     ent = -row_sum(terms)
@@ -229,7 +261,8 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
         kl_s = row_sum(terms)
     else:
         kl_s = np.zeros(aut.n_states)
-    d = np.bincount(aut.start, minlength=aut.n_states) / aut.n_prompts
+    n, p = aut.n_states // aut.copies, aut.n_prompts // aut.copies  # per copy
+    d = np.bincount(aut.start, minlength=aut.n_states) / p
     visits = np.zeros(aut.n_states)
     flat_pi = pi.reshape(-1)
     move = np.bincount(aut._edge_of, weights=flat_pi, minlength=len(aut._edge_from) + 1)[:-1]  # P(s -> s')
@@ -238,16 +271,23 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
         moves, steps = move[aut._step_edges], aut._steps
     else:  # 0 * NaN is NaN: every edge, as the full sum spreads it
         moves, steps = move, [(slice(None), aut._edge_from, aut._edge_to)] * aut.max_len
-    win_len = 0.0  # E[length * 1(correct)]: a response ending correctly at position t has t + 1 tokens
+    timed = np.zeros(aut.n_states)  # sum_t (t + 1) d_t: a response ending correctly at position t has t + 1 tokens
     for t, (part, src, dst) in enumerate(steps):
         visits += d
-        win_len += (t + 1) * (d @ p_win)
+        timed += (t + 1) * d
         d = np.bincount(dst, weights=d[src] * moves[part], minlength=aut.n_states)
-    success = np.bincount(aut.state_prompt, weights=visits * p_win, minlength=aut.n_prompts) * aut.n_prompts
-    tokens, acc = visits.sum(), float(success.mean())
-    return Exact(float(visits @ ent / tokens), float(visits @ kl_s / tokens), acc, float(tokens),
-                 win_len / acc if acc > 0 else float("nan"),
-                 (tokens - win_len) / (1 - acc) if acc < 1 else float("nan"), success, visits, ent)
+    success = np.bincount(aut.state_prompt, weights=visits * p_win, minlength=aut.n_prompts) * p
+    out = []
+    for c in range(aut.copies):
+        s, pr = slice(c * n, (c + 1) * n), slice(c * p, (c + 1) * p)
+        v = visits[s]
+        win_len = float(timed[s] @ p_win[s])  # E[length * 1(correct)]
+        tokens, acc = v.sum(), float(success[pr].mean())
+        out.append(Exact(float(v @ ent[s] / tokens), float(v @ kl_s[s] / tokens), acc, float(tokens),
+                         win_len / acc if acc > 0 else float("nan"),
+                         (tokens - win_len) / (1 - acc) if acc < 1 else float("nan"), success[pr], v,
+                         ent[s]))
+    return out
 
 
 def xlogx(x: np.ndarray) -> np.ndarray:
@@ -277,23 +317,23 @@ class TableEnv:
 
     Tokens that lead to the same next state (or end with the same outcome) are interchangeable for the reward:
     the entropy of the choice among them is ``entropy_within``, the rest ``entropy_decision`` (chain rule).
+    ``copies`` > 1 stacks that many disjoint copies (one per simulated seed, see ``Automaton.stack``): the
+    parameters are the copies' tables one under the other, and ``snapshots`` evaluates every copy in one pass.
     """
 
-    def __init__(self, aut: Automaton, init: np.ndarray, info: dict):
-        self.aut, self.init, self.info = aut, init, info
-        self.n_rows, self.n_prompts = aut.n_states, aut.n_prompts
-        n = aut.n_states
-        code = np.where(aut.next_state >= 0, aut.next_state, n + 1 + aut.outcome)
+    def __init__(self, aut: Automaton, init: np.ndarray, info: dict, copies: int = 1):
+        self.aut = aut.stack(copies) if copies > 1 else aut
+        self.init, self.info, self.copies = np.tile(init, (copies, 1)), info, copies
+        self.n_states, self.n_prompts = self.aut.n_states, aut.n_prompts  # n_prompts: per copy
+        self._local_prompt = aut.state_prompt
+        n = self.n_states
+        code = np.where(self.aut.next_state >= 0, self.aut.next_state, n + 1 + self.aut.outcome)
         uniq, cls = np.unique(np.arange(n)[:, None] * (n + 3) + code, return_inverse=True)
         self._cls, self._cls_state = cls.reshape(-1), uniq // (n + 3)
-        self.ref = tables(init)[0]
-
-    def sampler(self, params: np.ndarray, snap: Snapshot | None = None):
-        """What ``sample`` draws from: the full (log pi, pi) table of ``snap``, a snapshot of ``params``, if given,
-        else ``params`` (only the drawn prompts' rows are computed)."""
-        return (snap.logp, snap.pi) if snap is not None else params
+        self.ref = tables(self.init)[0]
 
     def sample(self, table, prompts, group_size, rng) -> Rollout:
+        """G responses per prompt; with copies, ``prompts`` are stacked ids (copy c's prompt p is c P + p)."""
         return sample(self.aut, table, prompts, group_size, rng)
 
     def rows(self, params, states, tokens, mask):
@@ -305,16 +345,29 @@ class TableEnv:
     def ref_logp(self, states, tokens, mask):
         return token_logp(self.ref, states, tokens, mask)
 
+    def at_fork(self, states):
+        """Which tokens sit at forking positions: the automata have none."""
+        return None
+
     def snapshot(self, params: np.ndarray) -> Snapshot:
+        """The exact metrics of a single copy's policy ``params``."""
+        return self.snapshots(params)[0]
+
+    def snapshots(self, params: np.ndarray) -> list[Snapshot]:
+        """Each copy's exact metrics, from one softmax and one dynamic programme over the stacked table."""
         logp, pi = tables(params)
-        ex = exact(self.aut, (logp, pi), self.ref)
-        ent_rows = ex.row_entropy
         mass = np.bincount(self._cls, weights=pi.reshape(-1), minlength=len(self._cls_state))
-        decision = -np.bincount(self._cls_state, weights=xlogx(mass), minlength=self.n_rows)
-        w = ex.visits / ex.visits.sum()
-        per_prompt = np.bincount(self.aut.state_prompt, weights=ex.visits * ent_rows, minlength=self.n_prompts)
-        per_prompt /= np.bincount(self.aut.state_prompt, weights=ex.visits, minlength=self.n_prompts)
-        values = {"accuracy_exact": ex.accuracy, "entropy": ex.entropy, "kl_ref": ex.kl_ref,
-                  "len_wrong_exact": ex.len_wrong, "entropy_decision": float(w @ decision)}
-        values["entropy_within"] = ex.entropy - values["entropy_decision"]
-        return Snapshot(params.copy(), logp, pi, w, ex.success, per_prompt, ent_rows, values)
+        decision = -np.bincount(self._cls_state, weights=xlogx(mass), minlength=self.n_states)
+        n, out = self.n_states // self.copies, []
+        for c, ex in enumerate(exact_copies(self.aut, (logp, pi), self.ref)):
+            rows = slice(c * n, (c + 1) * n)
+            w = ex.visits / ex.visits.sum()
+            per_prompt = np.bincount(self._local_prompt, weights=ex.visits * ex.row_entropy,
+                                     minlength=self.n_prompts)
+            per_prompt /= np.bincount(self._local_prompt, weights=ex.visits, minlength=self.n_prompts)
+            values = {"accuracy_exact": ex.accuracy, "entropy": ex.entropy, "kl_ref": ex.kl_ref,
+                      "len_wrong_exact": ex.len_wrong, "entropy_decision": float(w @ decision[rows])}
+            values["entropy_within"] = ex.entropy - values["entropy_decision"]
+            out.append(Snapshot(params[rows].copy(), logp[rows], pi[rows], w, ex.success, per_prompt,
+                                ex.row_entropy, values))
+        return out

@@ -282,7 +282,7 @@ def test_upper_and_lower_clip_shares_add_up_to_the_loss_clip_fraction(algo):
 
 def test_random_reward_ignores_the_answer():
     t = Trainer("feature_lm", "grpo", 0, {"n_prompts": 32, "batch_prompts": 8, "reward": "random"})
-    rec = t.step()
+    rec, = t.step()
     assert 0.3 < rec["reward"] < 0.7 and rec["accuracy"] < 0.5
 
 
@@ -313,7 +313,7 @@ def test_step_clips_by_hand():
     fork = np.array([[True, False, False, False], [False, False, True, False]])
     clips = StepClips("grpo", {"eps_low": 0.2, "eps_high": 0.2})
     clips.add(old + np.log(ratio), old, adv, mask, fork)
-    s = clips.summary()
+    s, = clips.summary()
     # up: A > 0 and r > 1.2 -> (0,0) p 0.1 fork, (0,2) p 0.3, (1,0) p 0.05, (1,2) p 0.25 fork; low: (0,3), (1,1)
     assert s["clip_up_frac"] == pytest.approx(4 / 7) and s["clip_low_frac"] == pytest.approx(2 / 7)
     assert s["upclip_pold_median"] == pytest.approx(0.175) and s["upclip_pold_lt02"] == pytest.approx(2 / 4)

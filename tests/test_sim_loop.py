@@ -43,30 +43,32 @@ def test_gspo_and_gspo_token_train_identically():
 
 
 def test_dynamic_sampling_trains_only_mixed_groups_and_counts_generations():
-    t = Trainer("toy_lm", "dapo", 0, {**SMALL, "n_prompts": 32})
+    t = Trainer("toy_lm", "dapo", [0, 1, 2], {**SMALL, "n_prompts": 32})  # three seeds stacked
     for _ in range(20):
-        all_ro, all_r, ro, r, generated = t._collect(tables(t.logits))
-        assert generated == len(all_r)
-        if ro is not None:
+        seen, batches = t._collect(t.params)
+        for copies, ro, r in batches:
             correct = (ro.outcome == 1).reshape(-1, 4)
             assert np.all(correct.any(1) & ~correct.all(1))  # 0 < #correct < G in every trained group
-            assert len(ro.prompts) <= 4 and len(set(ro.prompts.tolist())) == len(ro.prompts)
-        rec = t.step()
-        if rec["trained"]:
-            assert rec["gen_per_trained"] == pytest.approx(rec["generated"] / rec["trained"])
-            assert rec["gen_per_trained"] >= 1
+            groups = len(ro.prompts) // len(copies)  # copies batched together kept as many groups
+            assert groups <= 4 and len(set(ro.prompts.tolist())) == len(ro.prompts)
+            assert all(ro.prompts[i * groups:(i + 1) * groups].min() >= c * 32 for i, c in enumerate(copies))
+            assert all(len(seen[c][1]) >= groups * 4 for c in copies)
+        for rec in t.step():
+            if rec["trained"]:
+                assert rec["gen_per_trained"] == pytest.approx(rec["generated"] / rec["trained"])
+                assert rec["gen_per_trained"] >= 1
 
 
 def test_dynamic_sampling_oversamples_by_whole_rounds():
     t = Trainer("toy_lm", "dapo", 0, {**SMALL, "n_prompts": 32, "ds_oversample": 2.0})
     for _ in range(5):
-        rec = t.step()
+        rec, = t.step()
         assert rec["generated"] % (8 * 4) == 0 and rec["generated"] <= 32 * 4 and rec["trained"] <= 4 * 4
 
 
 def test_dapo_overlong_shaping_follows_eq13():
     t = Trainer("toy_lm", "dapo", 0, SMALL)
-    ro = t._collect(tables(t.logits))[0]
+    (ro, _), = t._collect(t.params)[0]
     from sim.loop import rewards_of
     shaped = rewards_of(ro, t.cfg)
     plain = rewards_of(ro, {**t.cfg, "overlong": False})
