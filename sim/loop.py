@@ -51,12 +51,6 @@ def _build_env(env: str, settings: tuple, copies: int):
     return built
 
 
-def stackable(algo: str) -> bool:
-    """Whether seeds of ``algo`` can run as one stacked trainer: every policy-gradient algorithm (DPO draws its
-    preference pairs per seed)."""
-    return algo in POLICY_ALGORITHMS
-
-
 def rewards_of(ro: Rollout, cfg: dict, rng: np.random.Generator | None = None) -> np.ndarray:
     """The reward scheme's value of each outcome, plus DAPO's soft overlong punishment (Eq. 13) if on.
 
@@ -94,7 +88,7 @@ _ROW_FIELDS = [f for f in Rollout.__dataclass_fields__ if f != "prompts"]
 class Trainer:
     """Runs of one setting: an environment, the policies' parameters, reference, optimiser and advantage state.
 
-    ``seeds``: a seed, or a list of them run as one stacked trainer (``stackable``): copies of the environment and
+    ``seeds``: a seed, or a list of them run as one stacked trainer: copies of the environment and
     the parameters, a random stream per seed, so each seed's numbers are those of its run alone while every array
     operation serves all of them. ``steps`` (if known) makes the last step an exact evaluation whatever
     ``eval_every``.
@@ -104,8 +98,6 @@ class Trainer:
         self.seeds = [seeds] if isinstance(seeds, (int, np.integer)) else list(seeds)
         self.env_name, self.algo, self.copies = env, algo, len(self.seeds)
         self.cfg = cfg = resolve(env, algo, overrides)
-        if self.copies > 1 and not stackable(algo):
-            raise ValueError(f"seeds: {algo} runs one seed at a time, got {len(self.seeds)} seeds")
         self.env = build_env(env, cfg, self.copies)
         self.info = self.env.info
         self.params = self.env.init.copy()
@@ -207,7 +199,7 @@ class Trainer:
         self.history.append(self.params.copy() if self.cfg["staleness"] else self.params)
         params = self._rollout_params()  # the policy ``staleness`` steps back, perturbed
         for rec, part in zip(recs, self._rl_step(params) if self.algo in POLICY_ALGORITHMS else
-                             [self._dpo_step(params)]):
+                             self._dpo_step(params)):
             rec.update(part, step=self.step_no)
         self.step_no += 1
         return [clean(rec) for rec in recs]
@@ -295,48 +287,68 @@ class Trainer:
 
     # ---- DPO -----------------------------------------------------------------------------------------------
     def _build_pairs(self):
-        """Preference pairs from G reference samples per pool prompt: i-th best vs i-th worst by reward."""
-        cfg, g = self.cfg, self.cfg["group_size"]
-        rng = self.rngs[0]  # DPO runs one seed at a time
-        ro = self.env.sample(self.env.init, np.arange(cfg["n_prompts"]), g, rng)
-        r = rewards_of(ro, cfg, rng).reshape(-1, g)
+        """Preference pairs from G reference samples per pool prompt: i-th best vs i-th worst by reward (each
+        copy its own, from its own samples)."""
+        cfg, g, pool = self.cfg, self.cfg["group_size"], self.cfg["n_prompts"]
+        prompts = np.concatenate([np.arange(pool) + c * pool for c in range(self.copies)])
+        ro = self.env.sample(self.env.init, prompts, g, self.rngs)
+        r = rewards_of(ro, cfg, self.rngs).reshape(-1, g)
         order = np.argsort(-r, axis=1, kind="stable")
         half = g // 2
         best, worst = order[:, :half], order[:, ::-1][:, :half]
         rows = np.arange(len(r))[:, None]
         ok = r[rows, best] > r[rows, worst]
-        if not ok.any():
+        counts = np.count_nonzero(ok.reshape(self.copies, -1), 1)
+        if not counts.all():
             raise ValueError("group_size: no preference pairs: every reference group had equal rewards; "
                              "raise group_size or n_prompts")
-        self.chosen = (rows * g + best)[ok]
-        self.rejected = (rows * g + worst)[ok]
+        cuts = np.cumsum(counts)[:-1]
+        self.chosen = np.split((rows * g + best)[ok], cuts)  # per copy: rows of the stacked reference samples
+        self.rejected = np.split((rows * g + worst)[ok], cuts)
         self.pair_ro = ro
         self.ref_seq = self.env.ref_logp(ro.states, ro.tokens, ro.mask).sum(1)
 
-    def _dpo_step(self, params) -> dict:
-        cfg, g, rng = self.cfg, self.cfg["group_size"], self.rngs[0]
-        eval_ro = self.env.sample(params, rng.permutation(cfg["n_prompts"])[:cfg["batch_prompts"]], g, rng)
-        rec = rollout_metrics(eval_ro, rewards_of(eval_ro, cfg, rng), g)
-        ro, n = self.pair_ro, min(len(self.chosen), cfg["batch_prompts"] * g // 2)
-        loss_sum, updates = 0.0, 0
+    def _dpo_step(self, params) -> list[dict]:
+        cfg, g, pool, p = self.cfg, self.cfg["group_size"], self.cfg["n_prompts"], self.cfg["batch_prompts"]
+        prompts = np.concatenate([rng.permutation(pool)[:p] + c * pool for c, rng in enumerate(self.rngs)])
+        eval_ro = self.env.sample(params, prompts, g, self.rngs)
+        r = rewards_of(eval_ro, cfg, self.rngs)
+        recs = [rollout_metrics(x, y, g) for x, y in zip(_split(eval_ro, self.copies), np.split(r, self.copies))]
+        by_pairs: dict[int, list[int]] = {}  # copies that train on as many pairs train stacked
+        for c, chosen in enumerate(self.chosen):
+            by_pairs.setdefault(min(len(chosen), p * g // 2), []).append(c)
+        for n, copies in by_pairs.items():
+            for c, loss in zip(copies, self._dpo_train(copies, n)):
+                recs[c].update(clip_frac=None, rur=None, gen_per_trained=None, loss=loss, trained=2 * n,
+                               generated=len(r) // self.copies)
+        return recs
+
+    def _dpo_train(self, copies: list[int], n: int) -> np.ndarray:
+        """DPO's minibatch epochs on ``n`` pairs of each of the ``copies`` listed, stacked; their mean losses."""
+        cfg, ro = self.cfg, self.pair_ro
+        rngs = [self.rngs[c] for c in copies]
+        loss_sum, updates = np.zeros(len(copies)), 0
         for _ in range(cfg["epochs"]):
-            pick = rng.permutation(len(self.chosen))[:n]
-            for mb in np.array_split(pick, min(cfg["minibatches"], n)):
-                w, l_ = self.chosen[mb], self.rejected[mb]
-                rows = np.concatenate([w, l_])
+            splits = [np.array_split(rng.permutation(len(self.chosen[c]))[:n], min(cfg["minibatches"], n))
+                      for c, rng in zip(copies, rngs)]
+            for mbs in zip(*splits):
+                pairs = [(self.chosen[c][mb], self.rejected[c][mb]) for c, mb in zip(copies, mbs)]
+                rows = np.concatenate([x for pair in pairs for x in pair])  # each copy's chosen, then rejected
                 st, tk, m = ro.states[rows], ro.tokens[rows], ro.mask[rows]
                 logp, pi_rows = self.env.rows(self.params, st, tk, m)
                 seq = logp.sum(1)
-                k = len(w)
-                loss, (gw, gl), _ = dpo_loss(seq[:k], seq[k:], self.ref_seq[w], self.ref_seq[l_],
-                                             beta=cfg["loss"]["beta"])
-                grad = np.concatenate([gw, gl])[:, None] * m  # d seq / d logp_t = 1 on response tokens
-                self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad))
-                loss_sum += loss
+                grads, at = [], 0
+                for i, (w, l_) in enumerate(pairs):
+                    k = len(w)
+                    loss, (gw, gl), _ = dpo_loss(seq[at:at + k], seq[at + k:at + 2 * k], self.ref_seq[w],
+                                                 self.ref_seq[l_], beta=cfg["loss"]["beta"])
+                    grads += [gw, gl]
+                    loss_sum[i] += loss
+                    at += 2 * k
+                grad = np.concatenate(grads)[:, None] * m  # d seq / d logp_t = 1 on response tokens
+                self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad), only=copies)
                 updates += 1
-        rec.update(clip_frac=None, rur=None, gen_per_trained=None, loss=loss_sum / updates, trained=2 * n,
-                   generated=len(eval_ro.outcome))
-        return rec
+        return loss_sum / updates
 
 
 def run(env: str, algo: str, seed: int, steps: int, overrides: dict | None = None,
@@ -347,7 +359,7 @@ def run(env: str, algo: str, seed: int, steps: int, overrides: dict | None = Non
 
 def run_stack(env: str, algo: str, seeds: list[int], steps: int, overrides: dict | None = None,
               on_step: Callable[[int, dict], None] | None = None) -> list[list[dict]]:
-    """``run`` of each seed, all in one stacked trainer (see ``stackable``); ``on_step(i, rec)`` gets the i-th
+    """``run`` of each seed, all in one stacked trainer; ``on_step(i, rec)`` gets the i-th
     seed's steps as they come. Each seed's metrics are those of its run alone."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected a positive integer, got {steps!r}")

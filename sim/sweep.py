@@ -11,7 +11,7 @@ Layout (shared with the real-model harness, which the report also reads)::
 A run writes its steps to ``metrics.jsonl.part`` as it goes; on completion the part file is renamed and
 ``done.json`` is written atomically (temp file, then ``os.replace``). A resumed sweep skips done runs and restarts
 unfinished ones from scratch, so no run is lost or counted twice. A label's seeds run together as one stacked
-trainer where they can (``sim.loop.stackable``), each still into its own run folder.
+trainer (``sim.loop.run_stack``), each still into its own run folder.
 
 One live sweep owns a folder at a time (``DIR/sweep.lock``, see :func:`owned`), and worker processes die with the
 sweep's process, so a resumed sweep never races the leftovers of a killed one.
@@ -36,7 +36,7 @@ from tqdm import tqdm
 from spec.records import read_json, safe_name, writable_folder, write_json
 
 from .config import check_env, grid_points, resolve
-from .loop import run_stack, stackable
+from .loop import run_stack
 from .metrics import DEFINITIONS, SUMMARY_DEFINITIONS, SUMMARY_KEYS, summarise_run
 
 LOCK = "sweep.lock"
@@ -144,12 +144,11 @@ def plan(env: str, algos: list[str], seeds: int, steps: int, grid: dict) -> list
 
 
 def jobs(todo: list[dict]) -> list[list[dict]]:
-    """The tasks to run, grouped: a label's seeds run as one stacked trainer where ``stackable`` allows (the most
-    seeds first, so the longest jobs start first), else one task per job."""
+    """The tasks to run, grouped by label: a label's seeds run as one stacked trainer (the most seeds first, so
+    the longest jobs start first)."""
     groups: dict[str, list[dict]] = {}
     for t in todo:
-        key = t["label"] if stackable(t["algo"]) else t["id"]
-        groups.setdefault(key, []).append(t)
+        groups.setdefault(t["label"], []).append(t)
     return sorted(groups.values(), key=len, reverse=True)
 
 
