@@ -108,17 +108,26 @@ class FeatureLM:
         return theta[c * self.n_features:(c + 1) * self.n_features]
 
     def _by_copy(self, ids):
-        """Sorted stacked context ids -> (copy, its local ids, their slice of ``ids``) for each copy present."""
+        """Sorted stacked context ids -> (copy, its slice of ``ids``) for each copy present."""
         cuts = np.searchsorted(ids, np.arange(self.copies + 1) * self.n_rows)
-        return [(c, ids[a:b] - c * self.n_rows, slice(a, b)) for c, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+        return [(c, slice(a, b)) for c, (a, b) in enumerate(zip(cuts, cuts[1:])) if b > a]
+
+    def _stacked_logits(self, theta, ids):
+        """``logits`` of sorted stacked context ids, each copy's with its own ``theta`` (the features and priors
+        gathered once for all copies)."""
+        local = ids % self.n_rows
+        if self.copies == 1:
+            return self.base[local] + self.phi[local] @ theta
+        phi = self.phi[local]
+        return self.base[local] + np.concatenate([phi[part] @ self._copy(theta, c)
+                                                  for c, part in self._by_copy(ids)])
 
     def rows(self, theta, states, tokens, mask):
         """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi):
         the softmax is computed once per distinct context, the logits copy by copy."""
         on = mask > 0
         uniq, inv = distinct(states[on], self.n_states)
-        z = [self.logits(self._copy(theta, c), local) for c, local, _ in self._by_copy(uniq)]
-        logp_u, pi_u = tables(z[0] if len(z) == 1 else np.concatenate(z))
+        logp_u, pi_u = tables(self._stacked_logits(theta, uniq))
         logp = np.zeros(mask.shape)
         logp[on] = logp_u[inv, tokens[on]]
         return logp, (uniq, inv, pi_u)
@@ -132,11 +141,12 @@ class FeatureLM:
         n, V = len(uniq), self.vocab
         dz = np.bincount(inv * V + tokens[on], weights=g, minlength=n * V).reshape(n, V)
         dz -= np.bincount(inv, weights=g, minlength=n)[:, None] * pi_u
+        phi_t = self.phi[uniq % self.n_rows].T
         if self.copies == 1:
-            return self.phi[uniq].T @ dz
+            return phi_t @ dz
         out = np.zeros((self.copies * self.n_features, V))  # copies without tokens here get no gradient
-        for c, local, part in self._by_copy(uniq):
-            out[c * self.n_features:(c + 1) * self.n_features] = self.phi[local].T @ dz[part]
+        for c, part in self._by_copy(uniq):
+            out[c * self.n_features:(c + 1) * self.n_features] = phi_t[:, part] @ dz[part]
         return out
 
     def ref_logp(self, states, tokens, mask):

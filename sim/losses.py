@@ -9,7 +9,7 @@ from spec.contract import (check_cov_select, check_dcpo_bounds_args, check_dcpo_
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import PARTS, get_algorithm
 
-from .aggregation import agg_weights
+from .aggregation import agg_weights, block_count, block_sum
 from spec.arrays import as_float, as_mask
 
 
@@ -122,7 +122,7 @@ def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n, blocks=1):
     else:
         cut = (rho < hp["mis_low"]) | (rho > hp["mis_high"])
         w = np.where(cut, 0.0, rho)
-    return w, {"rc_weight_mean": _block_sum(w * mask, blocks) / n, "rc_cut_frac": _block_count(cut & on, blocks) / n}
+    return w, {"rc_weight_mean": block_sum(w * mask, blocks) / n, "rc_cut_frac": block_count(cut & on, blocks) / n}
 
 
 def _sequence_terms(alg, hp, log_ratio, adv, mask, on):
@@ -187,7 +187,7 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
     aggregated on its own; the loss and every stat are then [blocks] arrays (Clip-Cov takes a ``cov_seed`` per
     block)."""
     on = mask > 0
-    tokens = np.count_nonzero(on.reshape(blocks, -1), 1)  # the mask is 0/1: its sum per block
+    tokens = block_count(on, blocks)  # the mask is 0/1: its sum per block
     n = np.maximum(tokens, 1).astype(float)
     log_ratio = np.where(on, logp - old_logp, 0.0)
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"], blocks)
@@ -212,7 +212,7 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
             lo, hi = _cispo_bounds(hp)
             w = np.clip(ratio, lo, hi)
             loss_tok, dtok = -w * adv * logp, -w * adv
-            stats["trunc_frac"] = _block_count(((ratio < lo) | (ratio > hi)) & on, blocks) / n
+            stats["trunc_frac"] = block_count(((ratio < lo) | (ratio > hi)) & on, blocks) / n
         elif alg.ratio == "none":  # GPG: -A * logp
             loss_tok, dtok = -adv * logp, -adv
         elif alg.clip == "off":  # KL-Cov: -r*A, plus kl_cov_coef * |log r| on the selected tokens
@@ -236,31 +236,22 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
         grad = policy_weights * dtok
 
     loss_tok = np.where(on, loss_tok, 0.0)
-    stats.update(clip_frac=_block_count(clipped & on, blocks) / n,
-                 ratio_mean=_block_sum(ratio * mask, blocks) / n, tokens=tokens)
+    stats.update(clip_frac=block_count(clipped & on, blocks) / n,
+                 ratio_mean=block_sum(ratio * mask, blocks) / n, tokens=tokens)
     if alg.select is not None:
-        stats["cov_frac"] = _block_count(chosen & on, blocks) / n
+        stats["cov_frac"] = block_count(chosen & on, blocks) / n
     loss_tok *= policy_weights
-    loss = _block_sum(loss_tok, blocks)
+    loss = block_sum(loss_tok, blocks)
     if hp["beta"] > 0:
         kl_tok, dkl = _kl_terms(logp, ref_logp, hp["kl"], log_ratio)
         kl_tok = np.where(on, kl_tok, 0.0)
         beta_weights = weights * hp["beta"]
-        loss += _block_sum(beta_weights * kl_tok, blocks)
+        loss += block_sum(beta_weights * kl_tok, blocks)
         dkl = np.where(on, dkl, 0.0)
         dkl *= beta_weights
         grad += dkl
-        stats["kl_mean"] = _block_sum(kl_tok, blocks) / n
+        stats["kl_mean"] = block_sum(kl_tok, blocks) / n
     return loss, grad, stats
-
-
-def _block_sum(x, blocks):
-    """Per block of rows, the sum of ``x`` [B, T] (each block summed as NumPy sums it alone)."""
-    return np.add.reduce(x.reshape(blocks, -1), 1)
-
-
-def _block_count(x, blocks):
-    return np.count_nonzero(x.reshape(blocks, -1), 1)
 
 
 def _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select, blocks=1):

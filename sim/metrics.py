@@ -7,6 +7,7 @@ import numpy as np
 
 from spec.registry import ALGORITHMS
 
+from .aggregation import block_count
 from .losses import check_dcpo_q, dcpo_bounds
 from .tabular import CORRECT, MALFORMED, Rollout, Snapshot, row_sum
 
@@ -150,7 +151,7 @@ class StepClips:
         self.has_fork = False
 
     def _count(self, x):
-        return np.count_nonzero(x.reshape(self.blocks, -1), 1)
+        return block_count(x, self.blocks)
 
     def _keep(self, lists, values, where):
         """Append each block's ``values[where]`` to its list."""
