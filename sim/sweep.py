@@ -144,12 +144,12 @@ def plan(env: str, algos: list[str], seeds: int, steps: int, grid: dict) -> list
 
 
 def jobs(todo: list[dict]) -> list[list[dict]]:
-    """The tasks to run, grouped by label: a label's seeds run as one stacked trainer (the most seeds first, so
-    the longest jobs start first)."""
+    """The tasks to run, grouped by label: a label's seeds run as one stacked trainer. The costliest start first
+    (more seeds; then dynamic sampling, which generates several rounds a step), so the workers end together."""
     groups: dict[str, list[dict]] = {}
     for t in todo:
         groups.setdefault(t["label"], []).append(t)
-    return sorted(groups.values(), key=len, reverse=True)
+    return sorted(groups.values(), key=lambda job: (len(job), job[0]["settings"]["dynamic_sampling"]), reverse=True)
 
 
 def run_tasks(tasks: list[dict], out: str) -> list[dict]:

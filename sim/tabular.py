@@ -85,12 +85,14 @@ class Automaton:
     def __post_init__(self):
         self.n_states, self.vocab = self.next_state.shape
         self.n_prompts = len(self.start)
-        flat_next = self.next_state.reshape(-1)
-        cont = np.flatnonzero(flat_next >= 0)
-        pairs = np.stack([cont // self.vocab, flat_next[cont]])
-        (self._edge_from, self._edge_to), edge_of = np.unique(pairs, axis=1, return_inverse=True)
-        self._edge_of = np.full(flat_next.size, len(self._edge_from))  # of each (s, v); ending: one past the edges
-        self._edge_of[cont] = edge_of.reshape(-1)
+        n, flat_next = self.n_states, self.next_state.reshape(-1)
+        # the class of each transition (s, v): its next state, or its outcome if it ends the response; the classes
+        # that continue are the edges s -> s'
+        code = np.where(flat_next >= 0, flat_next, n + 1 + self.outcome.reshape(-1))
+        uniq, cls = np.unique(np.repeat(np.arange(n), self.vocab) * (n + 3) + code, return_inverse=True)
+        self._cls, self._cls_state, to = cls.reshape(-1), uniq // (n + 3), uniq % (n + 3)
+        self._edge_class = np.flatnonzero(to < n)
+        self._edge_from, self._edge_to = self._cls_state[self._edge_class], to[self._edge_class]
         self._correct = np.flatnonzero((flat_next < 0) & (self.outcome.reshape(-1) == CORRECT))
         # per position t: the edges leaving the states reachable in exactly t steps (their slice of _step_edges),
         # their starts and their ends
@@ -250,8 +252,14 @@ def exact(aut: Automaton, table: tuple[np.ndarray, np.ndarray], ref_logp: np.nda
     return exact_copies(aut, table, ref_logp)[0]
 
 
-def exact_copies(aut: Automaton, table, ref_logp=None) -> list[Exact]:
-    """``exact`` of each of a stacked automaton's copies, in one programme over all of them."""
+def class_mass(aut: Automaton, pi: np.ndarray) -> np.ndarray:
+    """The probability of each transition class (next state, or ending outcome) of each state."""
+    return np.bincount(aut._cls, weights=pi.reshape(-1), minlength=len(aut._cls_state))
+
+
+def exact_copies(aut: Automaton, table, ref_logp=None, mass=None) -> list[Exact]:
+    """``exact`` of each of a stacked automaton's copies, in one programme over all of them (``mass``: the
+    table's ``class_mass``, if already computed)."""
     logp, pi = table
     terms = pi * logp
     ent = -row_sum(terms)
@@ -265,7 +273,7 @@ def exact_copies(aut: Automaton, table, ref_logp=None) -> list[Exact]:
     d = np.bincount(aut.start, minlength=aut.n_states) / p
     visits = np.zeros(aut.n_states)
     flat_pi = pi.reshape(-1)
-    move = np.bincount(aut._edge_of, weights=flat_pi, minlength=len(aut._edge_from) + 1)[:-1]  # P(s -> s')
+    move = (class_mass(aut, pi) if mass is None else mass)[aut._edge_class]  # P(s -> s')
     p_win = np.bincount(aut._correct // aut.vocab, weights=flat_pi[aut._correct], minlength=aut.n_states)
     if np.isfinite(move).all():  # d is exactly 0 off the states reachable in t steps: only zeros are skipped
         moves, steps = move[aut._step_edges], aut._steps
@@ -326,10 +334,6 @@ class TableEnv:
         self.init, self.info, self.copies = np.tile(init, (copies, 1)), info, copies
         self.n_states, self.n_prompts = self.aut.n_states, aut.n_prompts  # n_prompts: per copy
         self._local_prompt = aut.state_prompt
-        n = self.n_states
-        code = np.where(self.aut.next_state >= 0, self.aut.next_state, n + 1 + self.aut.outcome)
-        uniq, cls = np.unique(np.arange(n)[:, None] * (n + 3) + code, return_inverse=True)
-        self._cls, self._cls_state = cls.reshape(-1), uniq // (n + 3)
         self.ref = tables(self.init)[0]
 
     def sample(self, table, prompts, group_size, rng) -> Rollout:
@@ -356,10 +360,10 @@ class TableEnv:
     def snapshots(self, params: np.ndarray) -> list[Snapshot]:
         """Each copy's exact metrics, from one softmax and one dynamic programme over the stacked table."""
         logp, pi = tables(params)
-        mass = np.bincount(self._cls, weights=pi.reshape(-1), minlength=len(self._cls_state))
-        decision = -np.bincount(self._cls_state, weights=xlogx(mass), minlength=self.n_states)
+        mass = class_mass(self.aut, pi)
+        decision = -np.bincount(self.aut._cls_state, weights=xlogx(mass), minlength=self.n_states)
         n, out = self.n_states // self.copies, []
-        for c, ex in enumerate(exact_copies(self.aut, (logp, pi), self.ref)):
+        for c, ex in enumerate(exact_copies(self.aut, (logp, pi), self.ref, mass)):
             rows = slice(c * n, (c + 1) * n)
             w = ex.visits / ex.visits.sum()
             per_prompt = np.bincount(self._local_prompt, weights=ex.visits * ex.row_entropy,

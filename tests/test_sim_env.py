@@ -129,7 +129,7 @@ def _visits_over_every_edge(aut, pi):
     """The expected visits by the forward DP over every edge at every position (the reference)."""
     d = np.bincount(aut.start, minlength=aut.n_states) / aut.n_prompts
     visits = np.zeros(aut.n_states)
-    move = np.bincount(aut._edge_of, weights=pi.reshape(-1))[:len(aut._edge_from)]
+    move = np.array([pi[s][aut.next_state[s] == t].sum() for s, t in zip(aut._edge_from, aut._edge_to)])
     for _ in range(aut.max_len):
         visits += d
         d = np.bincount(aut._edge_to, weights=d[aut._edge_from] * move, minlength=aut.n_states)
