@@ -85,6 +85,13 @@ def _split(ro: Rollout, copies: int) -> list[Rollout]:
 _ROW_FIELDS = [f for f in Rollout.__dataclass_fields__ if f != "prompts"]
 
 
+def _check_seeds(seeds) -> list[int]:
+    if not isinstance(seeds, (list, tuple)) or not seeds or not all(
+            isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise ValueError(f"seeds: expected a non-empty list of integers >= 0, got {seeds!r}")
+    return [int(s) for s in seeds]
+
+
 class Trainer:
     """Runs of one setting: an environment, the policies' parameters, reference, optimiser and advantage state.
 
@@ -95,7 +102,7 @@ class Trainer:
     """
 
     def __init__(self, env: str, algo: str, seeds, overrides: dict | None = None, steps: int | None = None):
-        self.seeds = [seeds] if isinstance(seeds, (int, np.integer)) else list(seeds)
+        self.seeds = _check_seeds([seeds] if isinstance(seeds, (int, np.integer)) else seeds)
         self.env_name, self.algo, self.copies = env, algo, len(self.seeds)
         self.cfg = cfg = resolve(env, algo, overrides)
         self.env = build_env(env, cfg, self.copies)
