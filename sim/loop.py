@@ -85,6 +85,14 @@ def _split(ro: Rollout, copies: int) -> list[Rollout]:
 _ROW_FIELDS = [f for f in Rollout.__dataclass_fields__ if f != "prompts"]
 
 
+def _chunks(order: np.ndarray, parts: int) -> list[np.ndarray]:
+    """``np.array_split(order, min(parts, len(order)))``: the first ``len % parts`` chunks one longer."""
+    parts = min(parts, len(order))
+    size, extra = divmod(len(order), parts)
+    ends = [(i + 1) * size + min(i + 1, extra) for i in range(parts)]
+    return [order[a:b] for a, b in zip([0] + ends, ends)]
+
+
 def _check_seeds(seeds) -> list[int]:
     if not isinstance(seeds, (list, tuple)) or not seeds or not all(
             isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in seeds):
@@ -142,7 +150,7 @@ class Trainer:
             prompts = np.concatenate([order[:p] + c * pool for c, order in enumerate(orders)])
             ro = self.env.sample(params, prompts, g, self.rngs)
             r = rewards_of(ro, cfg, self.rngs)
-            return list(zip(_split(ro, copies), np.split(r, copies))), [(list(range(copies)), ro, r)]
+            return list(zip(_split(ro, copies), r.reshape(copies, -1))), [(list(range(copies)), ro, r)]
         per_round = int(np.ceil(p * cfg["ds_oversample"]))
         seen, kept = [[] for _ in range(copies)], [[] for _ in range(copies)]
         active = list(range(copies))
@@ -153,7 +161,7 @@ class Trainer:
             gens = [self.rngs[c] for c in active]
             ro = self.env.sample(params, np.concatenate(chunks), g, gens)
             r = rewards_of(ro, cfg, gens)
-            for c, ro_c, r_c in zip(list(active), _split(ro, len(active)), np.split(r, len(active))):
+            for c, ro_c, r_c in zip(list(active), _split(ro, len(active)), r.reshape(len(active), -1)):
                 seen[c].append((ro_c, r_c))
                 good = np.flatnonzero(dynamic_sampling_filter((ro_c.outcome == CORRECT).astype(float), g))
                 have = sum(len(x.prompts) for x, _ in kept[c])
@@ -179,7 +187,7 @@ class Trainer:
         kind = cfg["adv"]
         if kind in ("grpo", "dr_grpo", "rloo", "gpg"):  # per copy: GPG's factor counts the batch's live groups
             seq = np.concatenate([group_advantages(x, g, kind, eps=cfg["adv_eps"], unbiased=cfg["adv_unbiased"])
-                                  for x in np.split(r, copies)])
+                                  for x in r.reshape(copies, -1)])
         elif kind == "sas":
             seq = self.sas(ro.prompts.tolist(), r, g)
         else:
@@ -243,7 +251,7 @@ class Trainer:
         ref_lp = self.env.ref_logp(ro.states, ro.tokens, ro.mask)
         adv = self._advantages(ro, r, ref_lp, k)
         mask = ro.mask * ~ro.truncated[:, None] if cfg["overlong_filter"] else ro.mask
-        covs = [batch_cov(*x) for x in zip(*(np.split(y, k) for y in (ro.old_logp, adv, mask)))]
+        covs = [batch_cov(*x) for x in zip(*(y.reshape(k, -1, y.shape[1]) for y in (ro.old_logp, adv, mask)))]
         self.cov_sum[copies] += [0.0 if cov is None else cov for cov in covs]
         n_groups, trained = len(ro.prompts) // k, len(r) // k  # per copy
         clips = StepClips(self.algo, cfg["loss"], k)
@@ -252,7 +260,7 @@ class Trainer:
         updates = 0
         alg, in_group = ALGORITHMS[self.algo], np.arange(g)
         for _ in range(cfg["epochs"]):
-            splits = [np.array_split(rng.permutation(n_groups), min(cfg["minibatches"], n_groups)) for rng in rngs]
+            splits = [_chunks(rng.permutation(n_groups), cfg["minibatches"]) for rng in rngs]
             for mbs in zip(*splits):  # each copy's minibatch, stacked
                 rows = np.concatenate([(mb[:, None] * g + in_group).reshape(-1) + i * trained
                                        for i, mb in enumerate(mbs)])
@@ -320,7 +328,7 @@ class Trainer:
         prompts = np.concatenate([rng.permutation(pool)[:p] + c * pool for c, rng in enumerate(self.rngs)])
         eval_ro = self.env.sample(params, prompts, g, self.rngs)
         r = rewards_of(eval_ro, cfg, self.rngs)
-        recs = [rollout_metrics(x, y, g) for x, y in zip(_split(eval_ro, self.copies), np.split(r, self.copies))]
+        recs = [rollout_metrics(x, y, g) for x, y in zip(_split(eval_ro, self.copies), r.reshape(self.copies, -1))]
         by_pairs: dict[int, list[int]] = {}  # copies that train on as many pairs train stacked
         for c, chosen in enumerate(self.chosen):
             by_pairs.setdefault(min(len(chosen), p * g // 2), []).append(c)
@@ -336,7 +344,7 @@ class Trainer:
         rngs = [self.rngs[c] for c in copies]
         loss_sum, updates = np.zeros(len(copies)), 0
         for _ in range(cfg["epochs"]):
-            splits = [np.array_split(rng.permutation(len(self.chosen[c]))[:n], min(cfg["minibatches"], n))
+            splits = [_chunks(rng.permutation(len(self.chosen[c]))[:n], cfg["minibatches"])
                       for c, rng in zip(copies, rngs)]
             for mbs in zip(*splits):
                 pairs = [(self.chosen[c][mb], self.rejected[c][mb]) for c, mb in zip(copies, mbs)]

@@ -148,3 +148,11 @@ def test_a_sweep_runs_each_labels_seeds_as_one_job_dynamic_sampling_first():
 def test_bad_seed_lists_name_the_argument(seeds):
     with pytest.raises(ValueError, match="^seeds:"):
         loop.run_stack("toy_lm", "grpo", seeds, 2, SMALL)
+
+
+@pytest.mark.parametrize("n,parts", [(1, 1), (5, 2), (7, 3), (8, 8), (3, 5), (16, 4)])
+def test_minibatch_chunks_are_numpys_array_split(n, parts):
+    from sim.loop import _chunks
+    order = np.random.default_rng(n).permutation(n)
+    got, want = _chunks(order, parts), np.array_split(order, min(parts, n))
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
