@@ -62,12 +62,21 @@ def test_update_gpu_layer_on_cpu(benchmark, size):
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
 def test_step(benchmark, algo):
     trainer = Trainer("toy_lm", algo, 0)
-    rec = benchmark(trainer.step)
+    rec, = benchmark(trainer.step)
     assert 0 <= rec["entropy"]
 
 
+@pytest.mark.parametrize("env", ["toy_lm", "feature_lm"])
+@pytest.mark.parametrize("stacked", [True, False], ids=["five_seeds_stacked", "five_seeds_alone"])
+def test_five_seeds_step(benchmark, env, stacked):
+    """One GRPO step of five seeds: one stacked trainer against five trainers (a sweep's two ways to run them)."""
+    trainers = [Trainer(env, "grpo", list(range(5)))] if stacked else [Trainer(env, "grpo", s) for s in range(5)]
+    recs = benchmark(lambda: [rec for t in trainers for rec in t.step()])
+    assert len(recs) == 5
+
+
 def test_default_comparison(benchmark, tmp_path):
-    """The issue's speed target: every algorithm, 5 seeds, 300 steps, toy LM, 2 processes, under 2 minutes."""
+    """The full comparison: every algorithm, 5 seeds, 300 steps, toy LM, 2 processes (about half a minute)."""
     if benchmark.disabled:
         pytest.skip("takes about a minute; runs under `make bench`")
     counter = iter(range(10**6))
