@@ -143,13 +143,19 @@ def plan(env: str, algos: list[str], seeds: int, steps: int, grid: dict) -> list
     return tasks
 
 
-def jobs(todo: list[dict]) -> list[list[dict]]:
+def jobs(todo: list[dict], workers: int = 1) -> list[list[dict]]:
     """The tasks to run, grouped by label: a label's seeds run as one stacked trainer. The costliest start first
-    (more seeds; then dynamic sampling, which generates several rounds a step), so the workers end together."""
+    (more seeds; then dynamic sampling, which generates several rounds a step), and the last label's seeds are
+    shared among the ``workers``, so that they end together."""
     groups: dict[str, list[dict]] = {}
     for t in todo:
         groups.setdefault(t["label"], []).append(t)
-    return sorted(groups.values(), key=lambda job: (len(job), job[0]["settings"]["dynamic_sampling"]), reverse=True)
+    out = sorted(groups.values(), key=lambda job: (len(job), job[0]["settings"]["dynamic_sampling"]), reverse=True)
+    if len(out) > workers > 1:
+        last = out.pop()
+        cuts = [i * len(last) // workers for i in range(workers + 1)]
+        out += [last[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+    return out
 
 
 def run_tasks(tasks: list[dict], out: str) -> list[dict]:
@@ -214,7 +220,7 @@ def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | N
         tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
         bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
                    disable=not progress)
-        grouped = jobs(todo)
+        grouped = jobs(todo, workers)
         if workers == 1 or len(grouped) <= 1:
             for job in grouped:
                 bar.update(len(run_tasks(job, str(out_path))))

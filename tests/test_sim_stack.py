@@ -138,10 +138,14 @@ def test_uniforms_draw_each_copys_block_from_its_own_generator():
 
 
 def test_a_sweep_runs_each_labels_seeds_as_one_job_dynamic_sampling_first():
-    grouped = sweep.jobs(sweep.plan("toy_lm", ["grpo", "dapo", "dpo"], 3, 5, {}))
+    tasks = sweep.plan("toy_lm", ["grpo", "dapo", "dpo"], 3, 5, {})
+    grouped = sweep.jobs(tasks)
     assert [job[0]["label"] for job in grouped] == ["dapo", "grpo", "dpo"]
     for job in grouped:
         assert len({t["label"] for t in job}) == 1 and [t["seed"] for t in job] == [0, 1, 2]
+    shared = sweep.jobs(tasks, workers=2)  # the last label's seeds shared by the two workers
+    assert [[t["id"] for t in job] for job in shared] == [[t["id"] for t in job] for job in grouped[:2]] + [
+        [grouped[2][0]["id"]], [grouped[2][1]["id"], grouped[2][2]["id"]]]
 
 
 @pytest.mark.parametrize("seeds", [[], [1, -1], [0.5], "0"])
