@@ -134,7 +134,7 @@ class FeatureLM:
 
     def grad(self, theta, states, tokens, mask, rows, grad_logp):
         """d loss / d theta = sum_c phi(c)^T sum_{t: c_t = c} g_t (1[v = a_t] - pi(v|c)) (softmax and log-linear
-        chain rule), summed per distinct context ``c``, per copy."""
+        chain rule), summed per distinct context ``c``, per copy; returned with rows None (every row of theta)."""
         uniq, inv, pi_u = rows
         on = mask > 0
         g = grad_logp[on]
@@ -143,11 +143,11 @@ class FeatureLM:
         dz -= np.bincount(inv, weights=g, minlength=n)[:, None] * pi_u
         phi_t = self.phi[uniq % self.n_rows].T
         if self.copies == 1:
-            return phi_t @ dz
+            return phi_t @ dz, None
         out = np.zeros((self.copies * self.n_features, V))  # copies without tokens here get no gradient
         for c, part in self._by_copy(uniq):
             out[c * self.n_features:(c + 1) * self.n_features] = phi_t[:, part] @ dz[part]
-        return out
+        return out, None
 
     def ref_logp(self, states, tokens, mask):
         return np.where(mask > 0, self.ref[states % self.n_rows, tokens], 0.0)

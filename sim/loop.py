@@ -265,7 +265,7 @@ class Trainer:
                 rows = np.concatenate([(mb[:, None] * g + in_group).reshape(-1) + i * trained
                                        for i, mb in enumerate(mbs)])
                 st, tk, m, old, a = ro.states[rows], ro.tokens[rows], mask[rows], ro.old_logp[rows], adv[rows]
-                logp, pi_rows = self.env.rows(self.params, st, tk, m)
+                logp, visited = self.env.rows(self.params, st, tk, m)
                 hp = self.loss_hp
                 if alg.select == "clip_cov":  # Clip-Cov's random choice: a seed per update and copy
                     hp = {**hp, "cov_seed": [int(rng.integers(2**31 - 1)) for rng in rngs]}
@@ -277,7 +277,7 @@ class Trainer:
                     if key in stats:
                         extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
                 extra_sums["ppo_zeroed_frac"] = extra_sums.get("ppo_zeroed_frac", 0.0) + zeroed
-                self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad), only=copies)
+                self.opt.step(*self.env.grad(self.params, st, tk, m, visited, grad), only=copies)
                 if cfg["adv"] == "gae":
                     self._critic_step(st, m, rows, copies)
                 clip_sum += stats["clip_frac"] * stats["tokens"]
@@ -350,7 +350,7 @@ class Trainer:
                 pairs = [(self.chosen[c][mb], self.rejected[c][mb]) for c, mb in zip(copies, mbs)]
                 rows = np.concatenate([x for pair in pairs for x in pair])  # each copy's chosen, then rejected
                 st, tk, m = ro.states[rows], ro.tokens[rows], ro.mask[rows]
-                logp, pi_rows = self.env.rows(self.params, st, tk, m)
+                logp, visited = self.env.rows(self.params, st, tk, m)
                 seq = logp.sum(1)
                 grads, at = [], 0
                 for i, (w, l_) in enumerate(pairs):
@@ -361,7 +361,7 @@ class Trainer:
                     loss_sum[i] += loss
                     at += 2 * k
                 grad = np.concatenate(grads)[:, None] * m  # d seq / d logp_t = 1 on response tokens
-                self.opt.step(self.env.grad(self.params, st, tk, m, pi_rows, grad), only=copies)
+                self.opt.step(*self.env.grad(self.params, st, tk, m, visited, grad), only=copies)
                 updates += 1
         return loss_sum / updates
 

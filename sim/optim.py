@@ -17,17 +17,27 @@ class _Blocked:
         self.params, self.lr, self.blocks = params, lr, blocks
         self.t = np.zeros(blocks, dtype=np.int64)  # steps taken by each copy
 
-    def step(self, grad: np.ndarray, only=None) -> None:
-        """One step on every copy, or on the copies listed in ``only`` (the others are left as they are)."""
+    def step(self, grad: np.ndarray, rows=None, only=None) -> None:
+        """One step on every copy, or on the copies listed in ``only`` (the others are left as they are).
+        ``rows``: ``grad`` holds only these parameter rows (distinct; every other row's gradient is 0)."""
         chosen = range(self.blocks) if only is None else list(only)
         self.t[chosen] += 1
         if len(chosen) == self.blocks and (self.t == self.t[0]).all():
-            self._update(slice(None), grad, int(self.t[0]))
+            self._update(slice(None), grad, int(self.t[0]), rows)
             return
+        if rows is not None:
+            grad = self._dense(grad, rows)
         n = len(self.params) // self.blocks
         for b in chosen:
-            rows = slice(b * n, (b + 1) * n)
-            self._update(rows, grad[rows], int(self.t[b]))
+            part = slice(b * n, (b + 1) * n)
+            self._update(part, grad[part], int(self.t[b]), None)
+
+
+    def _dense(self, grad, rows):
+        """The full gradient of one given on ``rows`` only."""
+        full = np.zeros(self.params.shape)
+        full[rows] = grad
+        return full
 
 
 class SGD(_Blocked):
@@ -40,9 +50,11 @@ class SGD(_Blocked):
         self.momentum = momentum
         self.velocity = np.zeros_like(params)
 
-    def _update(self, rows, grad, t) -> None:
-        self.velocity[rows] = self.momentum * self.velocity[rows] + grad
-        self.params[rows] -= self.lr * self.velocity[rows]
+    def _update(self, part, grad, t, rows) -> None:
+        if rows is not None:
+            grad = self._dense(grad, rows)
+        self.velocity[part] = self.momentum * self.velocity[part] + grad
+        self.params[part] -= self.lr * self.velocity[part]
 
 
 class Adam(_Blocked):
@@ -55,20 +67,24 @@ class Adam(_Blocked):
         self.betas, self.eps = betas, eps
         self.m, self.v = np.zeros_like(params), np.zeros_like(params)
 
-    def _update(self, rows, grad, t) -> None:
+    def _update(self, part, grad, t, rows) -> None:
         b1, b2 = self.betas
-        m, v = self.m[rows], self.v[rows]
+        m, v = self.m[part], self.v[part]
         m *= b1
-        m += (1 - b1) * grad
         v *= b2
-        v += (1 - b2) * grad * grad
+        if rows is None:
+            m += (1 - b1) * grad
+            v += (1 - b2) * grad * grad
+        else:  # the other rows would add exact zeros
+            m[rows] += (1 - b1) * grad
+            v[rows] += (1 - b2) * grad * grad
         # lr * m_hat / (sqrt(v_hat) + eps), with the bias corrections folded into the step and eps
         c2 = np.sqrt(1 - b2 ** t)
         denom = np.sqrt(v)
         denom += self.eps * c2
         np.divide(m, denom, out=denom)
         denom *= self.lr * c2 / (1 - b1 ** t)
-        self.params[rows] -= denom
+        self.params[part] -= denom
 
 
 def make(name: str, params: np.ndarray, lr: float, blocks: int = 1, **kw):

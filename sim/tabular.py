@@ -202,31 +202,26 @@ def distinct(ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def row_logp(logits: np.ndarray, states: np.ndarray, tokens: np.ndarray, mask: np.ndarray):
     """log pi(a_t | s_t) [B, T] from only the visited rows of ``logits`` (the softmax once per distinct state); also
-    returns pi of each response token's row."""
+    returns the visited rows: (their states, each token's index among them, their pi)."""
     on = mask > 0
     uniq, inv = distinct(states[on], len(logits))
     logp_u, pi_u = tables(logits.take(uniq, axis=0))
     logp = np.zeros(mask.shape)
     logp[on] = logp_u[inv, tokens[on]]
-    return logp, pi_u.take(inv, axis=0)
+    return logp, (uniq, inv, pi_u)
 
 
-def token_logit_grad(tokens: np.ndarray, mask: np.ndarray, pi_rows: np.ndarray, grad_logp: np.ndarray) -> np.ndarray:
-    """d loss / d z of each response token's logit row [N, V]: g_t (1[v = a_t] - pi(v|s_t)) (softmax chain rule)."""
+def logit_grad(tokens: np.ndarray, mask: np.ndarray, visited, grad_logp: np.ndarray):
+    """Chain rule d loss / d z_sv = sum_{t: s_t = s} g_t (1[v = a_t] - pi(v|s)) from g = d loss / d logp, on the
+    rows ``row_logp`` visited (every other row's is 0): returns (the gradient's rows [N, V], their states)."""
+    uniq, inv, pi_u = visited
     on = mask > 0
     g = grad_logp[on]
-    contrib = -g[:, None] * pi_rows
+    contrib = -g[:, None] * pi_u.take(inv, axis=0)
     contrib[np.arange(len(g)), tokens[on]] += g
-    return contrib
-
-
-def logit_grad(shape: tuple[int, int], states: np.ndarray, tokens: np.ndarray, mask: np.ndarray,
-               pi_rows: np.ndarray, grad_logp: np.ndarray) -> np.ndarray:
-    """Chain rule d loss / d z_sv = sum_{t: s_t = s} g_t (1[v = a_t] - pi(v|s)) from g = d loss / d logp."""
-    n_states, vocab = shape
-    contrib = token_logit_grad(tokens, mask, pi_rows, grad_logp)
-    flat = (states[mask > 0][:, None] * vocab + np.arange(vocab)).reshape(-1)
-    return np.bincount(flat, weights=contrib.reshape(-1), minlength=n_states * vocab).reshape(n_states, vocab)
+    vocab = pi_u.shape[1]
+    flat = (inv[:, None] * vocab + np.arange(vocab)).reshape(-1)
+    return np.bincount(flat, weights=contrib.reshape(-1), minlength=len(uniq) * vocab).reshape(-1, vocab), uniq
 
 
 @dataclass
@@ -343,8 +338,9 @@ class TableEnv:
     def rows(self, params, states, tokens, mask):
         return row_logp(params, states, tokens, mask)
 
-    def grad(self, params, states, tokens, mask, pi_rows, grad_logp):
-        return logit_grad(params.shape, states, tokens, mask, pi_rows, grad_logp)
+    def grad(self, params, states, tokens, mask, visited, grad_logp):
+        """The gradient's rows and their states (``logit_grad``)."""
+        return logit_grad(tokens, mask, visited, grad_logp)
 
     def ref_logp(self, states, tokens, mask):
         return token_logp(self.ref, states, tokens, mask)

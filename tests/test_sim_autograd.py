@@ -31,10 +31,18 @@ def _torch_logp(logits, ro):
     return z, logp * torch.as_tensor(ro.mask)
 
 
+def _full(shape, visited_grad):
+    """The whole logit table's gradient from ``logit_grad``'s rows (every other row's is 0)."""
+    grad, rows = visited_grad
+    full = np.zeros(shape)
+    full[rows] = grad
+    return full
+
+
 def _sim_grad(name, logits, ro, adv, ref_lp, **hp):
-    logp, pi_rows = row_logp(logits, ro.states, ro.tokens, ro.mask)
+    logp, visited = row_logp(logits, ro.states, ro.tokens, ro.mask)
     loss, grad, _ = policy_loss(name, logp, ro.old_logp, adv, ro.mask, group_size=G, ref_logp=ref_lp, **hp)
-    return loss, logit_grad(logits.shape, ro.states, ro.tokens, ro.mask, pi_rows, grad)
+    return loss, _full(logits.shape, logit_grad(ro.tokens, ro.mask, visited, grad))
 
 
 @pytest.mark.parametrize("name", POLICY_ALGORITHMS)
@@ -94,12 +102,12 @@ def test_dpo_gradient_through_sequence_logps_matches_autograd():
     """DPO Eq. 7 on summed token log-probs of chosen and rejected responses."""
     aut, logits, ro, adv, ref_lp = _batch(5)
     w, l_ = np.arange(0, len(ro.outcome), 2), np.arange(1, len(ro.outcome), 2)
-    logp, pi_rows = row_logp(logits, ro.states, ro.tokens, ro.mask)
+    logp, visited = row_logp(logits, ro.states, ro.tokens, ro.mask)
     seq, ref_seq = logp.sum(1), ref_lp.sum(1)
     _, (gw, gl), _ = dpo_loss(seq[w], seq[l_], ref_seq[w], ref_seq[l_], beta=0.1)
     g_seq = np.zeros(len(seq))
     g_seq[w], g_seq[l_] = gw, gl
-    grad = logit_grad(logits.shape, ro.states, ro.tokens, ro.mask, pi_rows, g_seq[:, None] * ro.mask)
+    grad = _full(logits.shape, logit_grad(ro.tokens, ro.mask, visited, g_seq[:, None] * ro.mask))
     z, t_logp = _torch_logp(logits, ro)
     s, rs = t_logp.sum(1), torch.as_tensor(ref_seq)
     margin = 0.1 * ((s[w] - rs[w]) - (s[l_] - rs[l_]))

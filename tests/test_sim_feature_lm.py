@@ -226,7 +226,7 @@ def test_parameter_gradient_matches_torch_autograd(name):
     hp = {"max_len": env.T, "beta": 0.04}
     logp, pi_rows = env.rows(theta, ro.states, ro.tokens, ro.mask)
     loss, g, _ = policy_loss(name, logp, ro.old_logp, adv, ro.mask, group_size=4, ref_logp=ref_lp, **hp)
-    grad = env.grad(theta, ro.states, ro.tokens, ro.mask, pi_rows, g)
+    grad, _ = env.grad(theta, ro.states, ro.tokens, ro.mask, pi_rows, g)
     th, t_logp = _torch_logp(env, theta, ro)
     t_loss, _ = gpu.policy_loss(name, t_logp, torch.as_tensor(ro.old_logp), torch.as_tensor(adv),
                                 torch.as_tensor(ro.mask), group_size=4, ref_logp=torch.as_tensor(ref_lp), **hp)
@@ -243,7 +243,7 @@ def test_one_adam_update_matches_torch():
     opt = optim.make("adam", params, 0.05)
     logp, pi_rows = env.rows(params, ro.states, ro.tokens, ro.mask)
     _, g, _ = policy_loss("dapo", logp, ro.old_logp, adv, ro.mask, group_size=4)
-    opt.step(env.grad(params, ro.states, ro.tokens, ro.mask, pi_rows, g))
+    opt.step(*env.grad(params, ro.states, ro.tokens, ro.mask, pi_rows, g))
     th, t_logp = _torch_logp(env, theta, ro)
     t_opt = torch.optim.Adam([th], lr=0.05)
     m, a = torch.as_tensor(ro.mask), torch.as_tensor(adv)

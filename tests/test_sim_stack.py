@@ -119,7 +119,7 @@ def test_a_stacked_feature_lm_samples_and_differentiates_each_copy_as_alone():
                      [np.random.default_rng(s) for s in (7, 8)])
     g = np.random.default_rng(3).standard_normal(ro.mask.shape) * ro.mask
     logp, rows = both.rows(np.concatenate(thetas), ro.states, ro.tokens, ro.mask)
-    grad = both.grad(np.concatenate(thetas), ro.states, ro.tokens, ro.mask, rows, g)
+    grad, _ = both.grad(np.concatenate(thetas), ro.states, ro.tokens, ro.mask, rows, g)
     for c in range(2):
         one = alone.sample(thetas[c], prompts[c], 3, np.random.default_rng(7 + c))
         part = slice(6 * c, 6 * (c + 1))
@@ -127,7 +127,7 @@ def test_a_stacked_feature_lm_samples_and_differentiates_each_copy_as_alone():
         assert np.array_equal(one.states + c * alone.n_rows * one.mask.astype(int), ro.states[part])
         lp1, rows1 = alone.rows(thetas[c], one.states, one.tokens, one.mask)
         assert np.array_equal(lp1, logp[part])
-        g1 = alone.grad(thetas[c], one.states, one.tokens, one.mask, rows1, g[part])
+        g1, _ = alone.grad(thetas[c], one.states, one.tokens, one.mask, rows1, g[part])
         assert np.array_equal(g1, grad[len(g1) * c:len(g1) * (c + 1)])
 
 
@@ -160,3 +160,19 @@ def test_minibatch_chunks_are_numpys_array_split(n, parts):
     order = np.random.default_rng(n).permutation(n)
     got, want = _chunks(order, parts), np.array_split(order, min(parts, n))
     assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("name,kw", [("adam", {}), ("sgd", {"momentum": 0.9})])
+def test_a_gradient_given_on_its_rows_steps_as_the_full_one(name, kw):
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((6, 3))
+    b = a.copy()
+    full_opt, rows_opt = optim.make(name, a, 0.1, 2, **kw), optim.make(name, b, 0.1, 2, **kw)
+    for only in (None, None, [1], None):  # a step of one copy alone too
+        rows = np.sort(rng.choice(6, 3, replace=False))
+        grad = rng.standard_normal((3, 3))
+        full = np.zeros((6, 3))
+        full[rows] = grad
+        full_opt.step(full, only=only)
+        rows_opt.step(grad, rows, only=only)
+    assert np.array_equal(a, b)

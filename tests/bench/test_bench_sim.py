@@ -26,9 +26,9 @@ def _setup(p, g, t):
 
 
 def update_sim(logits, opt, ro, adv, ref_lp, g):
-    logp, pi_rows = row_logp(logits, ro.states, ro.tokens, ro.mask)
+    logp, visited = row_logp(logits, ro.states, ro.tokens, ro.mask)
     _, grad, _ = policy_loss("grpo", logp, ro.old_logp, adv, ro.mask, group_size=g, ref_logp=ref_lp)
-    opt.step(logit_grad(logits.shape, ro.states, ro.tokens, ro.mask, pi_rows, grad))
+    opt.step(*logit_grad(ro.tokens, ro.mask, visited, grad))
 
 
 def update_gpu(z, opt, t):
