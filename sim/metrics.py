@@ -1,6 +1,7 @@
 """Per-step metrics of a simulator run, their definitions, and the per-run summary."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -159,7 +160,7 @@ class StepClips:
         if self.blocks == 1:
             lists[0].append(picked)
             return
-        ends = np.cumsum(self._count(where)).tolist()
+        ends = list(itertools.accumulate(self._count(where).tolist()))
         for kept, a, b in zip(lists, [0] + ends, ends):
             kept.append(picked[a:b])
 
