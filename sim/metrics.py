@@ -72,8 +72,9 @@ SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_f
 
 
 def _mean(x) -> float | None:
+    """``x.mean()`` as NumPy computes it (the sum, then over the count), without its overhead; None if empty."""
     x = np.asarray(x, dtype=float)
-    return float(x.mean()) if x.size else None
+    return float(np.add.reduce(x, None) / x.size) if x.size else None
 
 
 def _ratio(count, n) -> float | None:
@@ -102,9 +103,9 @@ def exact_metrics(snap: Snapshot, hard: np.ndarray, easy: np.ndarray) -> dict:
     out = dict(snap.values)
     fail = 1.0 - snap.success
     for k in PASS_K:
-        out[f"pass@{k}"] = float((1.0 - fail ** k).mean())
-    out["entropy_hard"] = float(snap.prompt_entropy[hard].mean())
-    out["entropy_easy"] = float(snap.prompt_entropy[easy].mean())
+        out[f"pass@{k}"] = _mean(1.0 - fail ** k)
+    out["entropy_hard"] = _mean(snap.prompt_entropy[hard])
+    out["entropy_easy"] = _mean(snap.prompt_entropy[easy])
     return out
 
 
