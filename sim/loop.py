@@ -11,6 +11,7 @@ from collections import deque
 
 from . import bandit, optim, toy_lm
 from .advantages import SmoothAdvantage, dynamic_sampling_filter, gae, group_advantages, overlong_penalty
+from .aggregation import block_count
 from .config import REWARD_SCHEMES, resolve
 from .feature_lm import FeatureLM
 from .losses import dpo_loss, policy_terms, value_loss
@@ -73,6 +74,9 @@ def _select(ro: Rollout, groups: np.ndarray, group_size: int) -> Rollout:
                    ro.outcome[rows], ro.lengths[rows], ro.truncated[rows])
 
 
+_ROW_FIELDS = [f for f in Rollout.__dataclass_fields__ if f != "prompts"]
+
+
 def _split(ro: Rollout, copies: int) -> list[Rollout]:
     """A stacked rollout's part of each copy (equal shares, in copy order)."""
     if copies == 1:
@@ -80,9 +84,6 @@ def _split(ro: Rollout, copies: int) -> list[Rollout]:
     n, b = len(ro.prompts) // copies, len(ro.outcome) // copies
     return [Rollout(ro.prompts[c * n:(c + 1) * n], *(getattr(ro, f)[c * b:(c + 1) * b] for f in _ROW_FIELDS))
             for c in range(copies)]
-
-
-_ROW_FIELDS = [f for f in Rollout.__dataclass_fields__ if f != "prompts"]
 
 
 def _chunks(order: np.ndarray, parts: int) -> list[np.ndarray]:
@@ -313,7 +314,7 @@ class Trainer:
         best, worst = order[:, :half], order[:, ::-1][:, :half]
         rows = np.arange(len(r))[:, None]
         ok = r[rows, best] > r[rows, worst]
-        counts = np.count_nonzero(ok.reshape(self.copies, -1), 1)
+        counts = block_count(ok, self.copies)
         if not counts.all():
             raise ValueError("group_size: no preference pairs: every reference group had equal rewards; "
                              "raise group_size or n_prompts")

@@ -32,7 +32,6 @@ class _Blocked:
             part = slice(b * n, (b + 1) * n)
             self._update(part, grad[part], int(self.t[b]), None)
 
-
     def _dense(self, grad, rows):
         """The full gradient of one given on ``rows`` only."""
         full = np.zeros(self.params.shape)
