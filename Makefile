@@ -59,21 +59,21 @@ lock:
 	rm -rf $$d
 
 # Conformance targets run in virtualenvs of their own (their pins conflict with cliplab's and with each other):
-# .venv-targets/NAME holds what harness/targets/envs/NAME.lock lists, installed without re-resolving, and reads
+# .venv-targets/NAME holds what harness/conform/targets/envs/NAME.lock lists, installed without re-resolving, and reads
 # torch and its dependencies, the very files of cliplab's venv, from .venv-targets/torch (a folder of links that
-# harness/targets/envs/link_torch.py makes) through a .pth file, so torch is installed once.
+# harness/conform/targets/envs/link_torch.py makes) through a .pth file, so torch is installed once.
 # `make target-NAME` builds one; `make targets` builds all (make test does). A lock's pins are taken as they are
 # (--ignore-requires-python: skyrl 0.4.0's wheel asks for 3.12, the functions driven run on 3.11).
-TARGETS := $(basename $(notdir $(wildcard harness/targets/envs/*.lock)))
+TARGETS := $(basename $(notdir $(wildcard harness/conform/targets/envs/*.lock)))
 TENVS := .venv-targets
 PURELIB := -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
-$(TENVS)/torch/.installed: $(STAMP) harness/targets/envs/link_torch.py
+$(TENVS)/torch/.installed: $(STAMP) harness/conform/targets/envs/link_torch.py
 	rm -rf $(TENVS)/torch
-	$(PY) harness/targets/envs/link_torch.py $(TENVS)/torch
+	$(PY) harness/conform/targets/envs/link_torch.py $(TENVS)/torch
 	touch $@
 
-$(TENVS)/%/.installed: harness/targets/envs/%.lock $(TENVS)/torch/.installed
+$(TENVS)/%/.installed: harness/conform/targets/envs/%.lock $(TENVS)/torch/.installed
 	rm -rf $(TENVS)/$* && $(PYTHON) -m venv $(TENVS)/$*
 	echo "$(abspath $(TENVS))/torch" > "$$($(TENVS)/$*/bin/python $(PURELIB))/_cliplab_torch_base.pth"
 	$(TENVS)/$*/bin/python -m pip install -q --no-deps --ignore-requires-python -r $<

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harness.targets import BUILTIN as TARGETS
+from harness.conform.targets import BUILTIN as TARGETS
 
 app = typer.Typer(help="cliplab: verify, simulate and reproduce LLM policy-optimisation objectives "
                        "(PPO, GRPO, Dr.GRPO, DAPO, GSPO, GSPO-token, DCPO, SAPO, DPO).",
@@ -22,7 +22,7 @@ console = Console()
 def _verify_rows(seeds: int, quiet: bool):
     from tqdm import tqdm
 
-    from harness import verify
+    from harness.verify import layers as verify
     bar = tqdm(total=1, desc="verify", unit="case", disable=quiet, file=sys.stderr)
 
     def progress(done, total):
@@ -39,22 +39,22 @@ def verify(json_out: bool = typer.Option(False, "--json", help="Print the result
            seeds: int = typer.Option(2, min=1, help="Fixed seeds per (algorithm, aggregation mode)."),
            out: Path = typer.Option(None, help="Also write the table as markdown to this file.")):
     """Hold the three layers together: exact sympy (spec) vs NumPy float64 (sim) vs torch float64 and float32
-    (gpu), for every policy algorithm under every option of harness.verify.OPTIONS (aggregation modes, dual clip,
+    (gpu), for every policy algorithm under every option of harness.verify.layers.OPTIONS (aggregation modes, dual clip,
     KL kinds, delta, CISPO's cap, the Cov selections, rollout corrections), plus DPO, the advantage estimators
     (GRPO, Dr.GRPO, RLOO, GPG, REINFORCE++, SAS), GAE, the value loss, the KL estimators, DCPO's bounds, DAPO's
     shaping and filter, and the sympy derivations. Exits 1 on any disagreement."""
     if out:
-        from harness.rundirs import output_file
+        from harness.reports.rundirs import output_file
         _user_errors(output_file, out)  # a bad --out fails before the run
     rows, derivations = _verify_rows(seeds, quiet=json_out)
     ok = all(r["agrees"] for r in rows) and all(d["holds"] for d in derivations)
     if out:
-        from harness.verify import markdown
+        from harness.verify.layers import markdown
         out.write_text("# cliplab verify\n\n" + markdown(rows, derivations))
     if json_out:
         print(json.dumps({"ok": ok, "rows": rows, "derivations": derivations}, indent=1))
     else:
-        from harness.verify import COLUMNS, cells
+        from harness.verify.layers import COLUMNS, cells
         table = Table(title="cliplab verify: layer agreement")
         for col in COLUMNS:
             table.add_column(col)
@@ -80,7 +80,7 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
     """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular, or feature_lm with
     shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
     seeds."""
-    from harness.sim_cmd import sim_command
+    from harness.runs.sim import sim_command
     _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers, True, backend,
                  ray_address)
 
@@ -101,9 +101,9 @@ def _report(dirs: list[Path], out: Optional[Path]) -> Path:
     """Throughput JSON gets the throughput report; cluster logs (verl, TRL: configs/recipes) the cluster report;
     else the real-model report if any run under ``dirs`` is a real-model run (its config has a rollout section),
     else the simulator's."""
-    from harness import cluster_logs, real_report, throughput_report
-    from harness import report as sim_report
-    from harness.rundirs import check_dirs
+    from harness.reports import cluster as cluster_logs, real as real_report, throughput as throughput_report
+    from harness.reports import sim as sim_report
+    from harness.reports.rundirs import check_dirs
     bench = throughput_report.find(dirs)
     if bench:
         return throughput_report.write_report(bench, out)
@@ -123,7 +123,7 @@ def train(config: Path = typer.Option(..., "--config", exists=True, dir_okay=Fal
                                                         "config_history.jsonl); refused otherwise.")):
     """Train (or resume) a real model from a YAML config (every field validated); writes metrics.jsonl,
     checkpoints and a progress bar; rerunning the same config resumes exactly where it stopped."""
-    from harness.train_cmd import train_command
+    from harness.runs.train import train_command
     console.print(f"run folder: {_user_errors(train_command, config, set_, allow_config_change)}")
 
 
@@ -143,8 +143,8 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
 
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
     and the named convention the target matches instead."""
-    from harness.conform import conform_command
-    from harness.conform_matrix import conform_all
+    from harness.conform.engine import conform_command
+    from harness.conform.matrix import conform_all
     from spec.records import writable_folder
     if level not in ("loss", "step"):
         _user_errors(_refuse, f"level: expected loss or step, got {level!r}")
@@ -156,7 +156,7 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
                                   "takes no --adapter or --json")
         console.print(f"matrix: {_user_errors(conform_all, out, seeds)}")
     elif level == "step":
-        from harness.conform_step import step_command
+        from harness.conform.step import step_command
         if adapter is not None:
             _user_errors(_refuse, "adapter: --level step drives a trainer (verl, trl or openrlhf); a module:function "
                                   "target has no optimisation step")
@@ -193,7 +193,7 @@ def demo(out: Path = typer.Option(Path("reports/demo"), help="Folder for the dem
          train_steps: int = typer.Option(4, help="Real-model training steps.")):
     """The main job on the embedded defaults: verify the layers, simulate six algorithms on the toy LM, train
     SmolLM2-135M-Instruct with GRPO for a few steps on the CPU, and write a report."""
-    from harness.demo import run_demo
+    from harness.runs.demo import run_demo
     from spec.records import writable_folder
     _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
     rows, derivations = _verify_rows(seeds=1, quiet=False)

@@ -20,7 +20,7 @@ def target_worker(name: str, timeout_s: float = 120.0):
     under `make test` (CLIPLAB_REQUIRE_TARGETS=1), which builds every target environment first."""
     import pytest
 
-    from harness.targets.remote import Worker
+    from harness.conform.targets.remote import Worker
     try:
         return Worker(name, timeout_s=timeout_s)
     except ValueError as exc:
@@ -59,7 +59,7 @@ def importable_module(folder, name: str, source: str):
 def engine_row(target_cls, pick, seeds: int) -> dict:
     """The conformance engine's row for the first check of a remote target that ``pick(check)`` selects; the
     target's worker is closed afterwards."""
-    from harness.conform import run_check
+    from harness.conform.engine import run_check
     target = target_cls()
     try:
         return run_check(next(c for c in target.checks() if pick(c)), seeds=seeds)[0]

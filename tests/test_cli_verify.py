@@ -4,7 +4,7 @@ import json
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.verify import OPTIONS, PAIRS
+from harness.verify.layers import OPTIONS, PAIRS
 from spec.registry import ALGORITHMS, PARTS
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from gpu_helpers import tiny_path  # noqa: F401  (fixture)
 
-from harness import cluster_logs
+from harness.reports import cluster as cluster_logs
 from harness.cli import app
-from harness.published import PUBLISHED
-from harness.recipes import all_recipes
+from harness.reports.published import PUBLISHED
+from harness.recipes.launch import all_recipes
 
 CPU_RUNS = Path(__file__).resolve().parent.parent / "reports" / "real" / "runs"
 
@@ -190,7 +190,7 @@ def test_published_numbers_name_real_recipe_runs_and_match_the_reference_values(
 def test_a_trl_recipe_run_on_a_tiny_model_reports_from_its_own_trainer_state(tmp_path, tiny_path):
     """The TRL variant trains two steps, writes trainer_state.json as TRL does, and the report reads it."""
     pytest.importorskip("trl")
-    from harness import recipes
+    from harness.recipes import launch as recipes
     data = tmp_path / "train.jsonl"
     data.write_text("".join(f'{{"problem": "{a} + {b} = ?", "answer": "{a + b}"}}\n'
                             for a in range(3) for b in range(2)))
@@ -233,5 +233,5 @@ def test_the_dapo_ladder_logs_give_the_clip_higher_claim_and_the_ladders_publish
 
 
 def test_every_claim_says_which_metrics_it_reads():
-    from harness.claims import CLAIMS
+    from harness.reports.claims import CLAIMS
     assert {fn.__name__ for _, fn in CLAIMS} == set(cluster_logs.NEEDS)

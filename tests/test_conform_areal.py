@@ -7,7 +7,7 @@ import pytest
 from conftest import engine_row, target_worker
 
 import spec
-from harness.targets.remote import loss_and_grad
+from harness.conform.targets.remote import loss_and_grad
 
 # Two on-policy responses (r = 1): one token with A = 1, three tokens with A = 0.5 (sequence-level advantages).
 LOGP = [[-1.0, 0.0, 0.0], [-1.0, -2.0, -0.5]]
@@ -82,7 +82,7 @@ def test_dpo_is_eq7_on_sequence_sums(areal):
 
 
 def test_the_engine_finds_the_token_averaged_gspo(areal):  # the fixture skips when the environment is not built
-    from harness.targets.areal import Target
+    from harness.conform.targets.areal import Target
     row = engine_row(Target, lambda c: c.algorithm == "gspo", seeds=3)
     assert row["status"] == "differs" and "gspo[agg=token_mean]" in row["matches"]
     assert row["minimal"]["tokens"] >= 2  # one token per batch cannot tell the two means apart

@@ -5,8 +5,8 @@ import textwrap
 import pytest
 from conftest import importable_module
 
-from harness.conform import conform, verdict
-from harness.targets import reference as ref
+from harness.conform.engine import conform, verdict
+from harness.conform.targets import reference as ref
 from spec.registry import RELEASED, dcpo_released_hparams
 
 MODULE = textwrap.dedent('''

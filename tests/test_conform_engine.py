@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from conftest import importable_module
 
-from harness.conform import conform, conform_command, markdown, shrink, strict_json
-from harness.conform_cases import TOLERANCE, Batch
-from harness.targets import BUILTIN, load_target
-from harness.targets import reference as ref
+from harness.conform.engine import conform, conform_command, markdown, shrink, strict_json
+from harness.conform.cases import TOLERANCE, Batch
+from harness.conform.targets import BUILTIN, load_target
+from harness.conform.targets import reference as ref
 
 MODULE = textwrap.dedent('''
     import torch
@@ -76,7 +76,7 @@ def test_without_a_claimed_algorithm_the_engine_names_what_the_callable_computes
 def test_shrink_keeps_the_difference_and_only_removes():
     target = load_target("cliplab_user_losses:token_mean_dapo", "algorithm=dapo")
     check = target.checks()[0]
-    from harness.conform_cases import batch_of
+    from harness.conform.cases import batch_of
     batch = next(b for b in (batch_of(s, "typical") for s in range(50))
                  if abs(check.run(b)[0] - check.reference.fn(b)[0]) > 1e-3)
     small = shrink(check, batch, check.reference)

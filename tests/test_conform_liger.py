@@ -84,9 +84,9 @@ def test_the_log_prob_gradient_is_read_back_from_the_layer_gradients():
     # and refuses a weight gradient that g does not imply
     import torch
 
-    from harness.targets.liger import layer, logp_grad, output_weight, with_layer
-    from harness.targets.remote import TargetError
-    from harness.targets.unsloth import seq_batch
+    from harness.conform.targets.liger import layer, logp_grad, output_weight, with_layer
+    from harness.conform.targets.remote import TargetError
+    from harness.conform.targets.unsloth import seq_batch
     b = with_layer(seq_batch(3, "typical"), 3)
     hidden, ids = b.extra["hidden"], b.extra["ids"]
     g = np.random.default_rng(0).normal(size=ids.shape)
@@ -103,7 +103,7 @@ def test_the_log_prob_gradient_is_read_back_from_the_layer_gradients():
 
 
 def test_the_worker_runs_the_locked_version(worker):
-    from harness.targets.remote import ROOT
-    lock = (ROOT / "harness/targets/envs/liger.lock").read_text()
+    from harness.conform.targets.remote import ROOT
+    lock = (ROOT / "harness/conform/targets/envs/liger.lock").read_text()
     pin = next(line.split("==")[1] for line in lock.splitlines() if line.startswith("liger_kernel=="))
     assert worker.versions()["liger"] == f"kernel {pin}"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from harness.conform_matrix import matrix_markdown, write_matrix
+from harness.conform.matrix import matrix_markdown, write_matrix
 
 
 def row(reference, status, family="typical", minimal=False, matches=()):

@@ -10,9 +10,9 @@ from conftest import target_worker
 
 import gpu
 import spec
-from harness.conform import run_check
-from harness.targets import load_target
-from harness.targets.remote import TargetError
+from harness.conform.engine import run_check
+from harness.conform.targets import load_target
+from harness.conform.targets.remote import TargetError
 
 E = math.e
 
@@ -167,7 +167,7 @@ def test_step_refuses_a_batch_that_does_not_split(worker):
 
 # ---- the target ----------------------------------------------------------------------------------------------------
 def test_engine_finds_the_token_mean_of_clip_higher(worker):
-    from harness.targets.openrlhf import Target
+    from harness.conform.targets.openrlhf import Target
     check = next(c for c in Target(worker).checks() if c.algorithm == "dapo")
     rows = run_check(check, seeds=3)
     assert all(r["status"] == "differs" and "dapo[agg=token_mean]" in r["matches"] for r in rows)

@@ -1,4 +1,4 @@
-"""The out-of-process target protocol (harness.targets.remote and workers/_serve.py): answers, and one line naming
+"""The out-of-process target protocol (harness.conform.targets.remote and workers/_serve.py): answers, and one line naming
 the target for each way outside code can go wrong."""
 import sys
 import textwrap
@@ -6,7 +6,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from harness.targets.remote import WORKERS, TargetError, Worker, env_python, loss_and_grad
+from harness.conform.targets.remote import WORKERS, TargetError, Worker, env_python, loss_and_grad
 
 SCRIPT = textwrap.dedent(f"""
     import os, sys, time

@@ -9,7 +9,7 @@ from conftest import engine_row, target_worker
 
 import gpu
 import spec
-from harness.targets.remote import loss_and_grad
+from harness.conform.targets.remote import loss_and_grad
 
 # An empty response and a one-token response, on-policy (r = 1), A = 1.
 EMPTY_LOGP, EMPTY_MASK, EMPTY_ADV = [[-1.0], [-1.0]], [[0.0], [1.0]], [[1.0], [1.0]]
@@ -119,7 +119,7 @@ def test_gae_bootstraps_from_padded_values_and_whitens(skyrl):
 
 
 def test_the_engine_finds_the_empty_rows_counted(skyrl):  # the fixture skips when the environment is not built
-    from harness.targets.skyrl import Target
+    from harness.conform.targets.skyrl import Target
     row = engine_row(Target, lambda c: c.knob == "loss_reduction=sequence_mean", seeds=4)
     assert row["status"] == "differs"
     assert any("with empty rows counted" in m for m in row["matches"])

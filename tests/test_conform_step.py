@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.conform_cases import STEP_ROWS, NotApplicable, StepCheck, shards, step_batch
-from harness.conform_step import MICRO, RANKS, factor, load_step_target
-from harness.targets import reference as ref
+from harness.conform.cases import STEP_ROWS, NotApplicable, StepCheck, shards, step_batch
+from harness.conform.step import MICRO, RANKS, factor, load_step_target
+from harness.conform.targets import reference as ref
 
 
 def on_policy(seed, family, rows=STEP_ROWS):
@@ -72,7 +72,7 @@ class HalfTarget:
 
 
 def test_step_command_writes_grids_and_findings(tmp_path, monkeypatch, capsys):
-    import harness.conform_step as cs
+    import harness.conform.step as cs
     monkeypatch.setattr(cs, "load_step_target", lambda target: HalfTarget())
     report = cs.step_command("half", out=tmp_path, seeds=2)
     grid = {(c["micro"], c["ranks"]): c for c in report["rows"][0]["grid"]}
@@ -151,12 +151,12 @@ def trl():
 
 
 def trl_step(trl, spg=Fraction(1), **config):
-    from harness.targets.trl import make_trainer
+    from harness.conform.targets.trl import make_trainer
     return trl.run(make_trainer(**config), spg)
 
 
 def with_ids(b, seed=0):
-    from harness.targets.step.trl import with_ids as add
+    from harness.conform.targets.step.trl import with_ids as add
     return add(b, seed)
 
 

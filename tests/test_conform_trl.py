@@ -7,9 +7,9 @@ pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
 import spec  # noqa: E402
-from harness.conform import run_check  # noqa: E402
-from harness.conform_cases import Batch  # noqa: E402
-from harness.targets.trl import Target, make_trainer, trl_run  # noqa: E402
+from harness.conform.engine import run_check  # noqa: E402
+from harness.conform.cases import Batch  # noqa: E402
+from harness.conform.targets.trl import Target, make_trainer, trl_run  # noqa: E402
 
 TRAINERS = {}
 
@@ -119,7 +119,7 @@ def test_the_engine_reports_the_empty_row_convention():
 
 def rloo(log_ratio, adv, mask, **config):
     """RLOOTrainer's loss and d loss / d per-token log-prob on a batch given by its log-ratios."""
-    from harness.targets.trl_rloo import loss_run, rloo_trainer
+    from harness.conform.targets.trl_rloo import loss_run, rloo_trainer
     key = ("rloo",) + tuple(sorted(config.items()))
     if key not in TRAINERS:
         TRAINERS[key] = rloo_trainer(**config)
@@ -152,7 +152,7 @@ def test_rloo_on_policy_is_reinforce_summed_over_tokens_and_averaged_over_every_
 
 
 def test_rloo_advantage_is_the_leave_one_out_baseline():
-    from harness.targets.trl_rloo import advantage_run
+    from harness.conform.targets.trl_rloo import advantage_run
     # rewards (1, 0, 0) in one group of 3: R_i - mean of the other two = (1, -0.5, -0.5)
     mask = np.ones((3, 2))
     adv = np.array([[1.0, 1], [0, 0], [0, 0]])

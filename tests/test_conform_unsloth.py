@@ -76,7 +76,7 @@ def test_below_the_clamp_the_kl_terms_agree(worker):
 
 
 def test_the_worker_runs_the_locked_version(worker):
-    from harness.targets.remote import ROOT
-    lock = (ROOT / "harness/targets/envs/unsloth.lock").read_text()
+    from harness.conform.targets.remote import ROOT
+    lock = (ROOT / "harness/conform/targets/envs/unsloth.lock").read_text()
     pin = next(line.split("==")[1] for line in lock.splitlines() if line.startswith("unsloth_zoo=="))
     assert worker.versions()["unsloth"] == f"zoo {pin}"

@@ -10,8 +10,8 @@ pytest.importorskip("verl.trainer.ppo.core_algos")
 from verl.trainer.ppo import core_algos as ca  # noqa: E402
 
 import spec  # noqa: E402
-from harness.conform import run_check  # noqa: E402
-from harness.targets.verl import Target, actor_config  # noqa: E402
+from harness.conform.engine import run_check  # noqa: E402
+from harness.conform.targets.verl import Target, actor_config  # noqa: E402
 
 
 def t(x):

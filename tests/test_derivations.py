@@ -4,7 +4,7 @@ import pytest
 import sympy as sp
 
 import sim
-from harness.cases import make_case
+from harness.verify.cases import make_case
 from spec.derivations import CHECKS
 from spec.exact import rational, symbolic_objective
 from spec.registry import POLICY_ALGORITHMS, get_algorithm

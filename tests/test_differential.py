@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.cases import make_case
-from harness.verify import OPTIONS, TOLERANCE, dpo_case, excess, parts_case, policy_case, scaled_diff
+from harness.verify.cases import make_case
+from harness.verify.layers import OPTIONS, TOLERANCE, dpo_case, excess, parts_case, policy_case, scaled_diff
 from spec.registry import AGG_MODES, KL_KINDS, POLICY_ALGORITHMS, get_algorithm
 
 cases = st.builds(make_case, seed=st.integers(0, 2**31 - 1), prompts=st.integers(1, 3),

@@ -1,13 +1,13 @@
-"""The evidence section of the real-model README (harness/evidence_report.py, harness/real_report.write_readme) on
+"""The evidence section of the real-model README (harness/reports/evidence.py, harness/real_report.write_readme) on
 fabricated run folders, against values worked by hand; and the evidence runner's bookkeeping."""
 import json
 
 import pytest
 
 from gpu.config import from_dict
-from harness.evidence import finished, jobs
-from harness.evidence_report import Evidence, paired, t_interval
-from harness.real_report import KEEP, write_readme
+from harness.runs.evidence import finished, jobs
+from harness.reports.evidence import Evidence, paired, t_interval
+from harness.reports.real import KEEP, write_readme
 
 STEPS = 3
 
@@ -111,7 +111,7 @@ def test_runner_jobs_and_finished(tmp_path):
 
 
 def test_verdict_rules():
-    from harness.evidence_report import verdict
+    from harness.reports.evidence import verdict
     assert verdict(0.3, True, +1) == "reproduced" and verdict(0.3, True, +1, magnitude=False) == "partly"
     assert verdict(0.3, False, +1) == "partly" and verdict(-0.3, True, +1) == "reversed"
     assert verdict(-0.3, False, +1) == "no effect" and verdict(-0.3, True, -1) == "reproduced"
@@ -122,7 +122,7 @@ def test_clip_higher_reads_the_clean_pair_when_it_ran(evidence):
     for seed, ent in enumerate([0.9, 0.95, 1.0]):
         _run(evidence, "grpo", seed, name="grpo_beta0", hp={"beta": 0.0}, entropy=0.8)
         _run(evidence, "grpo", seed, name="grpo_beta0_eps_high028", hp={"beta": 0.0, "eps_high": 0.28}, entropy=ent)
-    from harness.evidence_report import real_clip_higher
+    from harness.reports.evidence import real_clip_higher
     ev = Evidence(evidence)
     assert "grpo_beta0" in ev.s and ev.vals("grpo", "clip_frac") == pytest.approx([0.01, 0.02, 0.03])
     verdict, text = real_clip_higher(ev)  # differences 0.1, 0.15, 0.2: mean 0.15, half-width 4.303 * 0.05 / sqrt 3

@@ -4,7 +4,7 @@ import torch
 
 import gpu
 from gpu.aggregation import agg_units
-from harness.cases import make_case
+from harness.verify.cases import make_case
 from spec.registry import AGG_MODES
 
 

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from gpu.config import from_dict
-from harness.real_report import write_report
+from harness.reports.real import write_report
 
 
 def _run(folder, algo, rewards):

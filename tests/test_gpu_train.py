@@ -78,7 +78,7 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_path):
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "HF_HUB_OFFLINE": "1"}
-    code = f"from harness.train_cmd import train_command; train_command({str(cfg_path)!r}, [])"
+    code = f"from harness.runs.train import train_command; train_command({str(cfg_path)!r}, [])"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     metrics = tmp_path / "killed" / "metrics.jsonl"

@@ -67,3 +67,41 @@ def test_no_import_cycles():
     # a package's __init__ importing its own submodules is not a cycle between modules
     cycles = [c for c in cycles if not any(a.startswith(b + ".") or b.startswith(a + ".") for a, b in zip(c, c[1:]))]
     assert not cycles
+
+
+def folder(name: str) -> str:
+    """The capability folder of a harness module (harness.reports.claims -> harness.reports); others: themselves."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "harness" and len(parts) > 2 else name
+
+
+def test_harness_folders_import_one_way():
+    """harness's capability folders (verify, conform, reports, recipes, runs) form no cycle between them either."""
+    graph = {}
+    for name in MODULES:
+        if name.startswith("harness.") and folder(name) != name:
+            graph.setdefault(folder(name), set()).update(
+                folder(m) for m in project_imports(name) if m.startswith("harness.") and folder(m) != folder(name))
+    done, stack = set(), []
+
+    def visit(node):
+        assert node not in stack, " -> ".join(stack[stack.index(node):] + [node])
+        if node in done:
+            return
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt)
+        stack.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)
+
+
+def test_harness_is_folders_and_a_thin_top():
+    top = sorted(p.name for p in (ROOT / "harness").glob("*.py"))
+    assert top == ["__init__.py", "cli.py"]
+    for sub in (ROOT / "harness").iterdir():
+        if sub.is_dir() and sub.name != "__pycache__":
+            doc = ast.get_docstring(ast.parse((sub / "__init__.py").read_text()))
+            assert doc and "\n" not in doc.strip(), f"{sub.name}/__init__.py: a one-line docstring saying what it owns"

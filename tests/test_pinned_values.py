@@ -13,8 +13,8 @@ import torch
 import gpu
 import sim
 import spec
-from harness.cases import Case
-from harness.verify import layer_policy_loss
+from harness.verify.cases import Case
+from harness.verify.layers import layer_policy_loss
 
 LAYERS = ("spec", "sim", "gpu64")
 

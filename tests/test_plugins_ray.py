@@ -7,7 +7,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from harness.ray_backend import run_sweep_on, run_sweep_ray  # noqa: E402
+from harness.runs.ray import run_sweep_ray  # noqa: E402
+from harness.runs.sim import run_sweep_on  # noqa: E402
 
 SWEEP = dict(env="bandit", algos=["grpo", "dcpo"], seeds=2, steps=15, grid={"lr": [0.05, 0.1]})
 

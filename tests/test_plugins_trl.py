@@ -8,13 +8,13 @@ pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
 import spec  # noqa: E402
-from harness.conform_cases import Batch  # noqa: E402
-from harness.targets.trl import make_trainer, trl_run  # noqa: E402
+from harness.conform.cases import Batch  # noqa: E402
+from harness.conform.targets.trl import make_trainer, trl_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def plugin():
-    from harness.targets.trl import _import_trl
+    from harness.conform.targets.trl import _import_trl
     _import_trl()  # TRL without its optional vLLM client
     from gpu.integrations import trl_plugin
     return trl_plugin

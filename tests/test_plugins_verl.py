@@ -10,9 +10,9 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 import gpu  # noqa: E402
 import spec  # noqa: E402
 from gpu.integrations import verl_plugin  # noqa: E402
-from harness.cases import make_case  # noqa: E402
-from harness.targets.verl import actor_config  # noqa: E402
-from harness.verify import scaled_diff  # noqa: E402
+from harness.verify.cases import make_case  # noqa: E402
+from harness.conform.targets.verl import actor_config  # noqa: E402
+from harness.verify.layers import scaled_diff  # noqa: E402
 
 #: cliplab loss name -> (algorithm, verl config that sets the paper's widths, hp the reference gets).
 PAPER = {

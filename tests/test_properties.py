@@ -6,7 +6,7 @@ import torch
 import gpu
 import sim
 import spec
-from harness.cases import make_case
+from harness.verify.cases import make_case
 from spec.registry import POLICY_ALGORITHMS
 
 LAYER_BOUNDS = {"spec": lambda q: tuple(np.asarray(b, float) for b in spec.dcpo_bounds(q)),

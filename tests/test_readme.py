@@ -67,7 +67,7 @@ def test_symbolic_objective_as_described():
 def test_python_one_liners(cmd, monkeypatch, capsys):
     code = shlex.split(cmd)[2]
     if "compare()" in code:  # times every target in its own process: too slow here; check the name exists
-        monkeypatch.setattr("harness.bench.compare", lambda: "compared")
+        monkeypatch.setattr("harness.runs.bench.compare", lambda: "compared")
     exec(code, {})
     assert capsys.readouterr().out.strip()
 

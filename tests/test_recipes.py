@@ -15,7 +15,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 import gpu  # noqa: E402
 from gpu.integrations import verl_plugin  # noqa: E402
-from harness import recipe_cost, recipes  # noqa: E402
+from harness.recipes import cost as recipe_cost, launch as recipes  # noqa: E402
 from spec.registry import get_algorithm  # noqa: E402
 
 RECIPES = {r["name"]: r for r in recipes.all_recipes()}

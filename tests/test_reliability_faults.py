@@ -125,7 +125,7 @@ def test_conform_reports_a_target_that_raises_after_its_first_call(tmp_path, mon
         "calls = [0]\n\n\ndef loss(logp, old_logp, advantages, mask):\n    calls[0] += 1\n    if calls[0] > 1:\n"
         "        raise TypeError('flaky kaboom')\n    return (logp * mask).sum()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    from harness.conform import conform, verdict
+    from harness.conform.engine import conform, verdict
     report = conform("flaky_target:loss", seeds=1)
     assert {e for r in report["rows"] for e in r["target_errors"]} == {"TypeError: flaky kaboom"}
     assert all("target raised on every case: TypeError: flaky kaboom" in verdict(r) for r in report["rows"])

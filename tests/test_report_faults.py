@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.real_report import write_report as real_report
-from harness.report import TABLE, write_report
-from harness.rundirs import md
+from harness.reports.real import write_report as real_report
+from harness.reports.sim import TABLE, write_report
+from harness.reports.rundirs import md
 from spec.records import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ per-copy random draws, the sweep's jobs) equals the same part applied to each bl
 import numpy as np
 import pytest
 
-from harness.cases import make_case
+from harness.verify.cases import make_case
 from sim import loop, optim, sweep, toy_lm
 from sim.aggregation import agg_weights
 from sim.feature_lm import FeatureLM

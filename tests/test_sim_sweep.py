@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.claims import CLAIMS
-from harness.report import write_report
-from harness.sim_cmd import parse_algos, sim_command
+from harness.reports.claims import CLAIMS
+from harness.reports.sim import write_report
+from harness.runs.sim import parse_algos, sim_command
 from sim.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,7 +41,7 @@ def reference_grads(algorithm, **hp):
     """Autograd through the tiny model (loaded as verl loads it) and gpu.policy_loss on the worker's batch."""
     from transformers import AutoModelForCausalLM
 
-    from harness.targets.trl import _saved_copy
+    from harness.conform.targets.trl import _saved_copy
     model = AutoModelForCausalLM.from_pretrained(_saved_copy(0), attn_implementation="sdpa", dtype=torch.float32)
     prompt, responses, mask, old, adv = batch()
     ids = torch.cat([prompt, responses], 1)

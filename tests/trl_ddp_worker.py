@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness.targets.trl import PROMPT, _import_trl, make_trainer  # noqa: E402
+from harness.conform.targets.trl import PROMPT, _import_trl, make_trainer  # noqa: E402
 
 ROWS, WIDTH, GROUP = 4, 6, 2
 LENGTHS = (6, 1, 0, 3)  # unequal tokens per process (7 and 3) and an empty completion on rank 1

@@ -95,7 +95,7 @@ def main(out: str, loss_mode: str, low: str, high: str):
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
     import gpu.integrations.verl_plugin  # noqa: F401 (registers the cliplab loss modes)
-    from harness.targets.trl import _saved_copy
+    from harness.conform.targets.trl import _saved_copy
 
     engine = EngineRegistry.new(
         model_type="language_model", backend="fsdp2",

@@ -1,5 +1,5 @@
 """pytest-benchmark: chunked against plain log-prob + entropy (forward and backward through the output layer) at the
-vocabularies of SmolLM2 (49,152) and Qwen2.5 (151,936), and the two side by side in one run (harness.bench.
+vocabularies of SmolLM2 (49,152) and Qwen2.5 (151,936), and the two side by side in one run (harness.runs.bench.
 logprob_compare): time ratio and extra peak memory, each in a fresh process. `make bench` runs 2,048 tokens at the
 real hidden sizes; `make test` runs 64 tokens at hidden 64 once, untimed, as a correctness check."""
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpu.logprobs import chunked_logprobs, plain_logprobs
-from harness.bench import logprob_compare, logprob_inputs
+from harness.runs.bench import logprob_compare, logprob_inputs
 
 SHAPES = {49152: 576, 151936: 896}  # vocab -> hidden size (SmolLM2-135M, Qwen2.5-0.5B)
 FNS = {"chunked": chunked_logprobs, "plain": plain_logprobs}

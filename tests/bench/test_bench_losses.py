@@ -3,7 +3,7 @@ loop-free PPO-clip references (run with `make bench`; `make test` runs each once
 import pytest
 import torch
 
-from harness.bench import batch, plain_numpy, plain_torch, run_gpu, run_sim
+from harness.runs.bench import batch, plain_numpy, plain_torch, run_gpu, run_sim
 from spec.registry import POLICY_ALGORITHMS
 
 B = batch(1024, 1024)

@@ -13,7 +13,7 @@ def test_steps_against_trl(benchmark):
     import torch
 
     from gpu.models import resolve_model
-    from harness.trl_compare import time_both
+    from harness.runs.trl_compare import time_both
     torch.set_num_threads(1)
     path, steps = (resolve_model("tiny"), 1) if benchmark.disabled else (resolve_model("smollm2"), 3)
     runs = benchmark.pedantic(lambda: {gc: time_both(path, steps, gradient_checkpointing=gc) for gc in (True, False)},

@@ -1,0 +1,208 @@
+"""``cliplab conform TARGET --level step``: drive a trainer's own code for one optimisation step (micro-batches,
+gradient accumulation, data-parallel ranks simulated in one process, with the loss-scale factors and token or
+sequence counts the trainer passes) and report the factor by which the accumulated gradient w.r.t. the per-token
+log-probs differs from the gradient of the paper's loss on the whole batch, per micro-batch size and rank count."""
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+from pathlib import Path
+
+import numpy as np
+
+from spec.records import write_text
+
+from harness.conform.engine import file_stem, strict_json
+from harness.conform.cases import STEP_FAMILIES, STEP_ROWS, NotApplicable, StepCheck, step_batch
+
+MICRO = (1, 2, 4, None)  # rows per micro-batch and rank; None: the rank's whole share
+RANKS = (1, 2)
+TINY = 1e-300
+
+
+def factor(got, want) -> dict:
+    """Least-squares c in got ~ c * want; residual = max |got - c want| / max(|got|, |c want|); rel_diff =
+    max |got - want| / max |want|. A zero reference gradient gives c = 1 when got is zero too, else None."""
+    g, w = np.ravel(np.asarray(got, dtype=float)), np.ravel(np.asarray(want, dtype=float))
+    rel = float(np.abs(g - w).max() / max(np.abs(w).max(), TINY)) if g.size else 0.0
+    if not g.size or not np.any(w):
+        return {"factor": 1.0 if not np.any(g) else None, "residual": 0.0 if not np.any(g) else 1.0,
+                "rel_diff": rel if np.any(w) else (0.0 if not np.any(g) else float("inf"))}
+    c = float(g @ w / (w @ w))
+    residual = float(np.abs(g - c * w).max() / max(np.abs(g).max(), np.abs(c * w).max(), TINY))
+    return {"factor": c, "residual": residual, "rel_diff": rel}
+
+
+def run_cell(check: StepCheck, family: str, micro, ranks: int, seeds: int) -> dict:
+    """One grid cell over ``seeds`` batches: exact (factor 1), a factor (proportional, mean +- standard error,
+    range), or not proportional (largest relative difference)."""
+    make = check.batches or step_batch
+    fits, errors = [], []
+    cell = {"micro": "whole" if micro is None else micro, "ranks": ranks}
+    for seed in range(seeds):
+        batch = make(seed, family)
+        try:
+            grad, used = check.step(batch, micro, ranks)
+        except NotApplicable as exc:
+            return {**cell, "cases": 0, "target_errors": [], "status": "n/a", "why": str(exc)}
+        except Exception as exc:  # noqa: BLE001 (the target is outside code and may raise anything)
+            errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+            continue
+        fits.append(factor(grad, check.reference.fn(used)[1]))
+    cell.update(cases=len(fits), target_errors=sorted(set(errors)))
+    if not fits:
+        return {**cell, "status": "error"}
+    tol = check.tolerance
+    cs = np.array([f["factor"] if f["factor"] is not None else np.nan for f in fits])
+    cell.update(max_residual=max(f["residual"] for f in fits), max_rel_diff=max(f["rel_diff"] for f in fits))
+    if np.isnan(cs).any() or cell["max_residual"] > tol:
+        cell["status"] = "not proportional"
+        return cell
+    cell.update(factor_mean=float(cs.mean()), factor_se=float(cs.std(ddof=1) / np.sqrt(len(cs))) if len(cs) > 1
+                else 0.0, factor_min=float(cs.min()), factor_max=float(cs.max()))
+    cell["status"] = "exact" if np.all(np.abs(cs - 1.0) <= tol) else "scaled"
+    return cell
+
+
+def run_step_check(check: StepCheck, seeds: int) -> list[dict]:
+    """One row per case family, each with the grid of micro-batch sizes x ranks."""
+    rows = []
+    for family in STEP_FAMILIES:
+        grid = [run_cell(check, family, m, r, seeds) for r in RANKS for m in MICRO]
+        ran = [c for c in grid if c["status"] != "n/a"]
+        status = "agrees" if all(c["status"] == "exact" for c in ran) else (
+            "error" if all(c["status"] == "error" for c in ran) else "differs")
+        rows.append({"algorithm": check.algorithm, "call": check.call, "knob": check.knob, "family": family,
+                     "reference": check.reference.label, "note": check.note, "status": status, "matches": [],
+                     "tolerance": check.tolerance, "grid": grid})
+    return rows
+
+
+def step_targets() -> tuple[str, ...]:
+    from harness.conform.targets import step
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(step.__path__)))
+
+
+def load_step_target(target: str):
+    """The step-level target ``target`` (a module of harness.conform.targets.step), or a ValueError naming the known ones."""
+    known = step_targets()
+    if target not in known:
+        raise ValueError(f"target: --level step covers {', '.join(known)}; got {target!r}")
+    return importlib.import_module(f"harness.conform.targets.step.{target}").StepTarget()
+
+
+def conform_step(target: str, seeds: int = 5) -> dict:
+    """Every step-level check of ``target`` over the grid MICRO x RANKS and both step families."""
+    import torch
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds: expected a positive integer (generated batches per grid cell), got {seeds!r}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tgt = load_step_target(target)
+        rows = [row for check in tgt.step_checks() for row in run_step_check(check, seeds)]
+    finally:
+        torch.set_num_threads(threads)
+    return {"target": tgt.name, "level": "step", "versions": tgt.versions, "how": tgt.how, "seeds": seeds,
+            "rows": rows}
+
+
+def cell_text(cell: dict, tolerance: float = 0.0) -> str:
+    """``1``, one factor, mean +- standard error (range), ``not proportional (...)`` or the target's error."""
+    if cell["status"] == "error":
+        return "error: " + "; ".join(cell["target_errors"])
+    if cell["status"] == "n/a":
+        return "n/a"
+    if cell["status"] == "exact":
+        return "1"
+    if cell["status"] == "not proportional":
+        return f"not proportional (max rel. diff {cell['max_rel_diff']:.3g})"
+    if cell["factor_max"] - cell["factor_min"] <= tolerance * max(1.0, abs(cell["factor_max"])):
+        return f"{cell['factor_mean']:.6g}"
+    return (f"{cell['factor_mean']:.4g} +- {cell['factor_se']:.2g} "
+            f"(range {cell['factor_min']:.4g} to {cell['factor_max']:.4g})")
+
+
+def markdown(report: dict) -> str:
+    """A grid per check: rows are family x ranks, columns micro-batch sizes; a cell is the factor."""
+    versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+    heads = [f"micro {m}" if m is not None else "whole share" for m in MICRO]
+    lines = [f"# Step-level conformance: {report['target']}", "", f"Versions: {versions}. {report['how']}", "",
+             f"Each cell runs {report['seeds']} generated batches of {STEP_ROWS} responses (groups of 4, one "
+             "advantage per response). Families: " + "; ".join(f"{k}: {v}" for k, v in STEP_FAMILIES.items()) +
+             ". A cell is the factor c in (accumulated gradient) = c x (gradient of the reference loss on the whole "
+             "batch), fitted by least squares per batch: `1` when c = 1 within the check's tolerance on every "
+             "batch; a single number when c is the same on every batch; mean +- standard error and range when it "
+             "varies with the batch; `not proportional` when the least-squares residual exceeds the tolerance "
+             "(the largest |target - reference| / max |reference| is shown); `n/a` where the trainer cannot be "
+             "configured so. Micro-batch sizes are rows per "
+             "micro-batch on each rank; the rank count divides the batch into contiguous shares, and the ranks' "
+             "gradients are averaged as DDP/FSDP's all-reduce does.", ""]
+    lines += ["## Findings", "", *findings(report), ""]
+    seen = set()
+    for r in report["rows"]:
+        key = (r["algorithm"], r["call"], r["knob"])
+        if key not in seen:
+            seen.add(key)
+            lines += [f"## {r['algorithm']}: {r['knob']}", "", f"Trainer path: `{r['call']}`. Reference: "
+                      f"`{r['reference']}` (tolerance {r['tolerance']:g}).", *([r["note"]] if r["note"] else []),
+                      "", "| family | ranks | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
+        for ranks in RANKS:
+            cells = [cell_text(c, r["tolerance"]) for c in r["grid"] if c["ranks"] == ranks]
+            lines.append(f"| {r['family']} | {ranks} | " + " | ".join(cells) + " |")
+        if r["family"] == list(STEP_FAMILIES)[-1]:
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def findings(report: dict) -> list[str]:
+    """One markdown bullet per check and family that differs from the reference somewhere on the grid."""
+    return [f"- {r['algorithm']}, {r['knob']} ({r['family']}): {_summary(r)}." + (f" {r['note']}" if r["note"] else "")
+            for r in report["rows"] if r["status"] != "agrees"] or ["- none: the accumulated gradient equals the "
+                                                                   "reference's at every split"]
+
+
+def findings_page(folder: Path) -> str:
+    """The step-level findings of every report in ``folder`` (its *.json), for the conformance matrix."""
+    lines = ["# Step-level findings", "", "Regenerated by `cliplab conform NAME --level step --out "
+             "reports/conformance` for each of " + ", ".join(step_targets()) + ". Each target's page has the grids "
+             "(factor per micro-batch size and rank count) and says how its trainer was driven.", ""]
+    for path in sorted(folder.glob("*.json")):
+        report = json.loads(path.read_text())
+        versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+        lines += [f"## [{report['target']}]({path.stem}.md) ({versions})", "", *findings(report), ""]
+    return "\n".join(lines)
+
+
+def _summary(row: dict) -> str:
+    """Where the grid differs from 1, cells with the same text grouped: ``0.75 at every split`` or per cell."""
+    texts: dict = {}
+    for c in row["grid"]:
+        if c["status"] not in ("exact", "n/a"):
+            texts.setdefault(cell_text(c, row["tolerance"]), []).append(f"m={c['micro']} r={c['ranks']}")
+    if len(texts) == 1 and len(next(iter(texts.values()))) == len(row["grid"]):
+        return f"{next(iter(texts))} at every micro-batch size and rank count (vs `{row['reference']}`)"
+    return (f"vs `{row['reference']}`, by micro-batch rows m and ranks r: "
+            + "; ".join(f"{', '.join(cells)}: {text}" for text, cells in texts.items())
+            + ("; 1 elsewhere" if any(c["status"] == "exact" for c in row["grid"]) else ""))
+
+
+def step_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 5) -> dict:
+    """CLI body: run the step-level checks, print one line per check and family (or JSON), and write
+    ``<out>/step/<target>.md`` and ``.json`` and the findings of every target there, ``<out>/step/README.md``."""
+    report = conform_step(target, seeds=seeds)
+    if out is not None:
+        folder = Path(out) / "step"
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = file_stem(report["target"])
+        write_text(folder / f"{stem}.md", markdown(report))
+        write_text(folder / f"{stem}.json", json.dumps(strict_json(report), indent=1, sort_keys=True) + "\n")
+        write_text(folder / "README.md", findings_page(folder))
+    if json_out:
+        print(json.dumps(strict_json(report), indent=1, sort_keys=True))
+    else:
+        for r in report["rows"]:
+            text = "agrees at every split" if r["status"] == "agrees" else _summary(r)
+            print(f"{r['algorithm']:<10} {r['knob']:<48} {r['family']:<12} {text}")
+    return report

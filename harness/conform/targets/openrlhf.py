@@ -1,0 +1,136 @@
+"""OpenRLHF 0.11.2 (``openrlhf.models.loss``: PolicyLoss for ppo and gspo, dual clip, token- or sample-level
+aggregation, clip-higher, the rollout importance-sampling correction; DPOLoss), run in its own virtualenv
+(``make target-openrlhf``) by ``workers/openrlhf.py``.
+
+The worker's ops (arrays are float64 [B, T] unless said; ``mask`` is 0/1; replies are JSON numbers and lists):
+
+- ``policy``: kw = PolicyLoss's constructor keywords; arrays logp, old_logp, adv, mask, optional rollout_logp.
+  The whole batch is one micro-batch of one rank (dp_size 1, batch_num_tokens = its tokens, global_batch_size =
+  its non-empty rows). Reply {"loss": float, "grad": [B, T] d loss / d logp}.
+- ``policy_step`` (for the step-level engine): kw = {"module": PolicyLoss's constructor keywords,
+  "micro_batch_size": int >= 1, "dp_size": int >= 1 (ranks simulated in one process)}; arrays as ``policy``; B must
+  be a multiple of micro_batch_size * dp_size. Rank r holds rows [r * B / dp_size, (r + 1) * B / dp_size), cut into
+  consecutive micro-batches; every micro-batch gets dp_size and the step's tokens and non-empty rows over all ranks
+  divided by gas = B / (micro_batch_size * dp_size), as OpenRLHF's actor passes them. Reply {"loss": float, "grad":
+  [B, T], "micro_losses": [dp_size][gas] floats}: grad is the sum over every micro-batch of d loss_mb / d logp /
+  (gas * dp_size) (DeepSpeed's 1 / gas scaling, then the mean over ranks), loss the same sum of loss_mb. Only the
+  policy loss (no KL loss, entropy or aux loss). The worker's docstring names the trainer lines it follows.
+- ``dpo``: kw = DPOLoss's keywords (beta, label_smoothing, ipo); arrays logp, ref_logp, mask with an even B; rows
+  2k and 2k + 1 are pair k's chosen and rejected responses, their sequence log-probs the sums over unmasked tokens.
+  Reply {"loss": float, "grad": [B, T]}.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from harness.conform.cases import Check, batch_of, rollout_batch
+from harness.conform.targets import reference as ref
+from harness.conform.targets.remote import RemoteTarget, loss_and_grad
+
+AGG_AND_DUAL = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
+ROLLOUT_READ = "logp, old_logp, adv, mask and rollout_logp (the rollout engine's log-probs)"
+PAIRS_READ = ("logp and ref_logp summed over each row's unmasked tokens as sequence log-probs; rows 2k (chosen) and "
+              "2k + 1 (rejected) form pair k")
+
+
+class Target(RemoteTarget):
+    name = "openrlhf"
+
+    how = ("`PolicyLoss(...)(log_probs, old_log_probs, advantages, action_mask, rollout_log_probs, dp_size, "
+           "batch_num_tokens, global_batch_size)` on the whole batch as one micro-batch of one rank: "
+           "dp_size=1 and the batch's own token count and non-empty rows (the actor's "
+           "`get_loss_batch_info` without a process group), the mask as a bool tensor like the trainer's "
+           "action_mask. `DPOLoss(beta, label_smoothing, ipo)` on sequence log-probs summed over unmasked "
+           "tokens, as the DPO trainer sums them. Gradients d loss / d log_probs by autograd, float64, in "
+           "a virtualenv of its own (openrlhf imported without its package `__init__`, which needs "
+           "flash_attn). On a batch without tokens the loss is 0 / 0 = NaN (batch_num_tokens = 0), "
+           "listed as the target's error. Not checked: the binary_kl and tv gates of the rollout "
+           "correction (the reference has none).")
+
+    # ---- callers ---------------------------------------------------------------------------------------------
+    def _call(self, op, kw, b, **arrays):
+        return (*loss_and_grad(self.name, self.worker.call(op, kw, mask=b.mask, **arrays), b.mask.shape), b)
+
+    def policy_run(self, **module):
+        def run(b):
+            extra = {"rollout_logp": b.extra["rollout_logp"]} if "rollout_logp" in b.extra else {}
+            return self._call("policy", module, b, logp=b.logp, old_logp=b.old_logp, adv=b.adv, **extra)
+        return run
+
+    def dpo_run(self, **module):
+        return lambda b: self._call("dpo", module, b, logp=b.logp, ref_logp=b.ref_logp)
+
+    # ---- checks ----------------------------------------------------------------------------------------------
+    def checks(self) -> list[Check]:
+        return self.policy_checks() + self.rollout_checks() + self.dpo_checks()
+
+    def _policy(self, name, knob, module, ref_hp, grid, seq_adv=None, names=None, note=""):
+        return Check(name, _call_text(module), knob, self.policy_run(**module), ref.policy(name, **ref_hp),
+                     ref.policy_grid(names or [name], ref_hp, grid, rows_counted=True, exclude=(name, ref_hp)),
+                     lambda s, f: batch_of(s, f, seq_adv=seq_adv), exact=ref.exact_policy(name, **ref_hp), note=note)
+
+    def policy_checks(self) -> list[Check]:
+        return [
+            self._policy("ppo", "defaults (clip 0.2/0.2, token_level_loss=True)", {}, {}, AGG_AND_DUAL),
+            self._policy("ppo", "dual_clip=3", {"dual_clip": 3.0}, {"dual_clip": 3.0}, AGG_AND_DUAL),
+            self._policy("grpo", "token_level_loss=False (sample level)", {"token_level_loss": False},
+                         {"beta": 0.0}, AGG_AND_DUAL),
+            self._policy("dapo", "clip_eps_high=0.28 (DAPO clip-higher, token_level_loss=True)",
+                         {"clip_eps_high": 0.28}, {}, {"agg": ref.TOKEN_AGG},
+                         note="token_level_loss=True divides by every token of the batch; DAPO Eq. 8 averages each "
+                         "group's tokens, then the groups."),
+            self._policy("gspo", "policy_loss_type='gspo', clip 3e-4/4e-4",
+                         {"policy_loss_type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}, {},
+                         {"agg": ref.TOKEN_AGG}, seq_adv=True, names=["gspo", "gspo_token"]),
+        ]
+
+    def rollout_checks(self) -> list[Check]:
+        """The is_correction modes against the registry's rollout_correction where they mean the same; the
+        candidates vary the correction only (the token mean is the ppo rows' finding)."""
+        bases = [{}, {"rollout_correction": "mis"}, {"rollout_correction": "seq_mis"}, {"rollout_correction": "tis"},
+                 {"rollout_correction": "tis", "tis_cap": 5.0}]
+        cands = [ref.policy("ppo", **base) for base in bases]
+        out = []
+        for knob, module, hp, note in (
+                ("token level, mask, ratio in [0.5, 5] (IcePop)",
+                 {"is_correction_level": "token", "is_correction_mode": "mask"}, bases[1], ""),
+                ("token level, clip, ratio in [0, 2] (TIS)",
+                 {"is_correction_level": "token", "is_correction_mode": "clip", "is_correction_threshold": [0.0, 2.0]},
+                 bases[3], ""),
+                ("token level, clip, ratio in [0.5, 5] (the default band)",
+                 {"is_correction_level": "token", "is_correction_mode": "clip"}, bases[4],
+                 "The clip mode clamps the weight rho = pi_old / pi_rollout to [0.5, 5] on both sides, raising "
+                 "weights below 0.5 to 0.5; truncated IS only caps it above (with the band [0, C] it agrees: the "
+                 "row above)."),
+                ("sequence level, mask, ratio in [0.5, 5]",
+                 {"is_correction_level": "seq", "is_correction_mode": "mask"}, bases[2],
+                 "OpenRLHF gates on the geometric mean of a sequence's token weights and weighs each kept token "
+                 "by its own weight; sequence MIS gates on, and weighs every token by, their product.")):
+            conv = ref.policy("ppo", **hp)
+            out.append(Check("ppo", _call_text(module), f"is_correction: {knob}", self.policy_run(**module), conv,
+                             [c for c in cands if c.label != conv.label], rollout_batch,
+                             exact=ref.exact_policy("ppo", **hp), note=note, reads=ROLLOUT_READ))
+        return out
+
+    def dpo_checks(self) -> list[Check]:
+        beta, eps = 0.1, 0.1
+        return [
+            Check("dpo", "DPOLoss(beta=0.1)", "sigmoid, label_smoothing=0", self.dpo_run(beta=beta), ref.dpo(beta),
+                  [ref.dpo(beta, eps), ref.ipo(beta)], pair_batch, exact=ref.exact_dpo(beta), reads=PAIRS_READ),
+            Check("dpo", "DPOLoss(beta=0.1, label_smoothing=0.1)", "sigmoid, label_smoothing=0.1 (cDPO)",
+                  self.dpo_run(beta=beta, label_smoothing=eps), None, [ref.dpo(beta), ref.dpo(beta, eps)], pair_batch,
+                  reads=PAIRS_READ, note="The reference has no label smoothing."),
+            Check("dpo", "DPOLoss(beta=0.1, ipo=True)", "IPO", self.dpo_run(beta=beta, ipo=True), None,
+                  [ref.dpo(beta), ref.ipo(beta)], pair_batch, reads=PAIRS_READ, note="The reference has no IPO."),
+        ]
+
+
+def _call_text(module: dict) -> str:
+    return "PolicyLoss(" + ", ".join(f"{k}={v!r}" for k, v in module.items()) + ")"
+
+
+def pair_batch(seed, family):
+    """A generated batch cut to an even number of rows (at least two), read as preference pairs (groups of 2)."""
+    b = batch_of(seed, family)
+    rows = max(len(b.mask) - len(b.mask) % 2, 2)
+    return b.take(rows=np.arange(rows) % len(b.mask), group_size=2)

@@ -1,0 +1,245 @@
+"""The reference's named conventions as functions of a batch, computed by the gpu layer in float64 (which
+``cliplab verify`` holds equal to the exact spec), and the grids of alternatives a target may match instead."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+import gpu
+import spec
+from gpu.aggregation import agg_weights
+from spec.contract import resolve_hparams
+from spec.registry import AGG_MODES, GROUP_AGG_MODES, PARTS, RELEASED, get_algorithm
+
+from harness.conform.cases import Convention
+
+#: The aggregation modes of a token-level loss: every mode but seq_mean (a per-sequence loss's mean).
+TOKEN_AGG = [m for m in AGG_MODES if m != "seq_mean"]
+
+
+SEQ_MEANS = ("seq_mean_token_mean", "seq_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+
+
+def t64(x, grad=False):
+    return torch.tensor(np.asarray(x, dtype=np.float64), dtype=torch.float64, requires_grad=grad)
+
+
+def label(name: str, hp: dict) -> str:
+    """``dapo`` or ``dapo[agg=token_mean, dual_clip=3]``: the settings that differ from the paper's."""
+    defaults = get_algorithm(name).defaults
+    agg = hp.get("agg", defaults.get("agg"))
+    shown = {k: v for k, v in hp.items() if (k != "max_len" and (k == "agg" or v != defaults.get(k)))
+             or (k == "max_len" and agg == "seq_mean_token_sum_norm")}
+    text = name + ("[" + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                   for k, v in sorted(shown.items())) + "]" if shown else "")
+    return f"{RELEASED[name]['label']} ({text})" if is_released(name, hp) else text
+
+
+def is_released(name: str, hp: dict) -> bool:
+    """Whether ``hp`` is the setting of ``name``'s released code (registry RELEASED), defaults resolved."""
+    if name not in RELEASED:
+        return False
+    strip = lambda h: {k: v for k, v in h.items() if k != "max_len"}  # noqa: E731
+    try:
+        return strip(resolve_hparams(name, strip(hp))) == strip(resolve_hparams(name, dict(RELEASED[name]["hp"])))
+    except ValueError:
+        return False
+
+
+def released(name: str) -> list:
+    """The convention of ``name``'s released code, if the registry names one."""
+    return [policy(name, **RELEASED[name]["hp"])] if name in RELEASED else []
+
+
+def _hp(name, hp, batch):
+    """Dr.GRPO's constant L defaults to the batch's padded width unless a check sets max_len."""
+    return {"max_len": batch.max_len, **hp}
+
+
+def policy_value(name: str, hp: dict, batch, rows_counted: bool = False):
+    """Loss and d loss / d logp of a registry algorithm (with the batch's ``rollout_logp`` extra, when it has one,
+    for a rollout correction). A variant, not a reference convention: ``rows_counted`` also counts fully masked
+    rows in the mean over sequences (fully masked groups in the mean over groups, for a group mode)."""
+    logp = t64(batch.logp, grad=True)
+    rollout = batch.extra.get("rollout_logp") if hasattr(batch, "extra") else None
+    loss, _ = gpu.policy_loss(name, logp, t64(batch.old_logp), t64(batch.adv), t64(batch.mask),
+                              group_size=batch.group_size, ref_logp=t64(batch.ref_logp),
+                              rollout_logp=None if rollout is None else t64(rollout), **_hp(name, hp, batch))
+    if rows_counted:
+        live = batch.mask.sum(1) > 0
+        if hp.get("agg", get_algorithm(name).defaults["agg"]) in GROUP_AGG_MODES:
+            live = live.reshape(-1, batch.group_size).any(1)
+        loss = loss * float(live.sum()) / max(len(live), 1)
+    if loss.requires_grad:
+        loss.backward()
+    grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
+    return float(loss.detach()), grad.numpy()
+
+
+def policy(name: str, **hp) -> Convention:
+    return Convention(label(name, hp), lambda b: policy_value(name, hp, b))
+
+
+def exact_policy(name: str, **hp):
+    """The exact (sympy) reference loss of a minimal input."""
+    return lambda b: float(spec.policy_loss(name, b.logp, b.old_logp, b.adv, b.mask, group_size=b.group_size,
+                                            ref_logp=b.ref_logp, rollout_logp=b.extra.get("rollout_logp"),
+                                            **_hp(name, hp, b))[0])
+
+
+def policy_grid(names, base: dict, options: dict, rows_counted: bool = False, exclude=None) -> list:
+    """Every combination of ``options`` (None = the registry default) over ``base`` for each algorithm in
+    ``names``, less ``exclude`` (name, hp); with ``rows_counted`` also the variant that counts empty rows in the
+    mean over sequences, or empty groups in the mean over groups (of ``exclude`` too)."""
+    out, keys = [], list(options)
+    for name in names:
+        for values in itertools.product(*(options[k] for k in keys)):
+            hp = {k: v for k, v in {**base, **dict(zip(keys, values))}.items() if v is not None}
+            if exclude is None or (name, hp) != exclude:
+                out.append(Convention(label(name, hp), lambda b, n=name, h=hp: policy_value(n, h, b)))
+            agg = hp.get("agg", get_algorithm(name).defaults["agg"])
+            if rows_counted and (agg in SEQ_MEANS or agg in GROUP_AGG_MODES):
+                unit = ("groups", "groups") if agg in GROUP_AGG_MODES else ("rows", "sequences")
+                out.append(Convention(label(name, hp) + " with empty {} counted in the mean over {}".format(*unit),
+                                      lambda b, n=name, h=hp: policy_value(n, h, b, rows_counted=True), named=False))
+    return out
+
+
+def aggregate(mode: str, max_len=None) -> Convention:
+    """sum(w * l) with the reference weights of ``mode``; the loss matrix is the batch's logp; grad = w."""
+    def fn(b):
+        w = agg_weights(t64(b.mask), mode, b.group_size, max_len if max_len is not None else b.max_len).numpy()
+        return float((w * b.logp).sum()), w
+    return Convention(f"agg={mode}", fn)
+
+
+def all_aggregations(max_len=None) -> list:
+    return [aggregate(m, max_len) for m in TOKEN_AGG]
+
+
+def kl(kind: str) -> Convention:
+    """Per-token k1/k2/k3 (Schulman's estimators) on unmasked tokens and the gradient of their sum."""
+    def fn(b):
+        logp = t64(b.logp, grad=True)
+        values = gpu.kl(logp, t64(b.ref_logp), kind) * t64(b.mask)
+        values.sum().backward()
+        return values.detach().numpy(), logp.grad.numpy()
+    return Convention(kind, fn)
+
+
+def group_advantage(kind: str = "grpo", unbiased: bool = PARTS["grpo_advantage"]["unbiased"],
+                    eps: float = PARTS["grpo_advantage"]["eps"]) -> Convention:
+    """GRPO (R - mean)/(std + eps) (DeepSeekMath Sec. 4.1.2), Dr.GRPO R - mean (2503.20783 Eq. 3) or RLOO
+    R - mean of the others (2402.14740 Sec. 3) per group, broadcast over each row's unmasked tokens; a lone
+    response (G = 1) has R - mean = 0."""
+    def fn(b):
+        r = t64(b.rewards)
+        g = b.group_size
+        if g == 1:
+            adv = torch.zeros_like(r)
+        else:
+            adv = gpu.group_advantages(r, g, kind=kind, unbiased=unbiased, eps=eps)
+        return adv.numpy()[:, None] * b.mask, None
+    name = f"{kind}_advantage"
+    return Convention(f"{name}[unbiased={unbiased}]" if kind == "grpo" else name, fn)
+
+
+def reinforce_pp(gamma: float = PARTS["reinforce_pp"]["gamma"]) -> Convention:
+    """REINFORCE++ (2501.03262 Sec. 3) advantages without a KL term: each row's outcome reward at its last unmasked
+    token, discounted returns, whitened over the batch's unmasked tokens."""
+    def fn(b):
+        return gpu.reinforce_pp_advantages(t64(b.rewards), t64(b.mask), gamma=gamma).numpy() * b.mask, None
+    return Convention(f"reinforce_pp[gamma={gamma:g}]", fn)
+
+
+def sequence_sum_ratio(eps_low: float, eps_high: float) -> Convention:
+    """A variant: PPO-clip (1707.06347 Eq. 7) on the sequence ratio exp(sum_t log r_t), averaged over every row,
+    empty ones included; GSPO (2507.18071 Eq. 7) divides the summed log-ratio by |o_i| instead."""
+    def fn(b):
+        logp = t64(b.logp, grad=True)
+        r = torch.exp(((logp - t64(b.old_logp)) * t64(b.mask)).sum(1))
+        adv = t64(b.adv[:, 0] if b.adv.size else np.zeros(len(b.mask)))
+        loss = -torch.min(r * adv, torch.clamp(r, 1 - eps_low, 1 + eps_high) * adv).mean()
+        loss.backward()
+        return float(loss.detach()), logp.grad.numpy()
+    return Convention(f"PPO-clip on exp(sum_t log r_t) [eps {eps_low:g}/{eps_high:g}], mean over all rows", fn,
+                      named=False)
+
+
+def gae(part: str, gamma: float, lam: float, whiten: bool = False) -> Convention:
+    """GAE (1506.02438 Eq. 16) advantages or returns on unmasked tokens; rewards are the batch's adv, values its
+    ref_logp. ``whiten`` standardises the advantages over the batch's unmasked tokens (a variant)."""
+    def fn(b):
+        adv, ret = gpu.gae(t64(b.adv), t64(b.ref_logp), t64(b.mask), gamma=gamma, lam=lam)
+        out = (adv if part == "advantages" else ret).numpy() * b.mask
+        if whiten:
+            on = b.mask > 0
+            vals = out[on]
+            out = np.where(on, (out - vals.mean()) / np.sqrt(vals.var(ddof=1) + 1e-8), 0.0)
+        return out, None
+    suffix = ", whitened over the batch's tokens (unbiased variance)" if whiten else ""
+    return Convention(f"gae[{part}, gamma={gamma:g}, lam={lam:g}]{suffix}", fn, named=not whiten)
+
+
+def value_loss(clip: float, agg: str = "token_mean") -> Convention:
+    """Clipped critic loss 0.5 * max((v - R)^2, (clip(v, v_old +- d) - R)^2); v = logp, v_old = old_logp,
+    R = ref_logp of the batch; gradient in v."""
+    def fn(b):
+        v = t64(b.logp, grad=True)
+        loss, _ = gpu.value_loss(v, t64(b.old_logp), t64(b.ref_logp), t64(b.mask), clip=clip, agg=agg,
+                                 group_size=b.group_size, max_len=b.max_len)
+        loss.backward()
+        return float(loss.detach()), v.grad.numpy()
+    return Convention(f"value_loss[clip={clip:g}, agg={agg}]", fn)
+
+
+def _pair_logps(b):
+    """Sequence log-probs (sums over each row's unmasked tokens) of the policy, a leaf in ``logp``, and of the
+    reference (``ref_logp``); rows 2k and 2k + 1 are pair k's chosen and rejected responses."""
+    if len(b.mask) % 2:
+        raise ValueError(f"mask: expected an even number of rows (chosen, rejected pairs), got {len(b.mask)}")
+    logp, mask = t64(b.logp, grad=True), t64(b.mask)
+    seq, ref = (logp * mask).sum(1), (t64(b.ref_logp) * mask).sum(1)
+    return logp, seq[0::2], seq[1::2], ref[0::2], ref[1::2]
+
+
+def _pair_value(loss_fn, b):
+    logp, *pairs = _pair_logps(b)
+    loss = loss_fn(*pairs)
+    loss.backward()
+    return float(loss.detach()), logp.grad.numpy()
+
+
+def dpo(beta: float, smoothing: float = 0.0) -> Convention:
+    """DPO (2305.18290 Eq. 7) of the pairs' sequence log-probs; with ``smoothing`` eps, conservative DPO (Mitchell
+    2023, cDPO note Eq. 3): (1 - eps) times the loss of the pairs plus eps times that of the swapped pairs, a
+    variant that the reference does not name."""
+    def loss(lw, ll, rw, rl):
+        kept = gpu.dpo_loss(lw, ll, rw, rl, beta=beta)[0]
+        if not smoothing:
+            return kept
+        return (1 - smoothing) * kept + smoothing * gpu.dpo_loss(ll, lw, rl, rw, beta=beta)[0]
+
+    fn = lambda b: _pair_value(loss, b)  # noqa: E731
+    if not smoothing:
+        return Convention(label("dpo", {"beta": beta}), fn)
+    return Convention(f"cdpo[beta={beta:g}, label_smoothing={smoothing:g}]", fn, named=False)
+
+
+def ipo(tau: float) -> Convention:
+    """IPO (Azar et al. 2310.12036 Eq. 17): mean of (h - 1 / (2 tau))^2 with h the pair's log-ratio margin, a
+    variant that the reference does not name."""
+    def loss(lw, ll, rw, rl):
+        return (((lw - rw) - (ll - rl) - 1 / (2 * tau)) ** 2).mean()
+    return Convention(f"ipo[tau={tau:g}]", lambda b: _pair_value(loss, b), named=False)
+
+
+def exact_dpo(beta: float):
+    """The exact (sympy) reference DPO loss of a minimal input."""
+    def fn(b):
+        mask = np.asarray(b.mask, dtype=float)
+        seq, ref = (np.asarray(b.logp) * mask).sum(1), (np.asarray(b.ref_logp) * mask).sum(1)
+        return float(spec.dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta=beta)[0])
+    return fn

@@ -1,0 +1,1 @@
+"""Paper-scale recipes for verl and TRL: their launch commands, rewards and what they cost."""

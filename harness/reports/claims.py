@@ -1,0 +1,597 @@
+"""The papers' claims, each measured on grouped runs and given a verdict with its reason."""
+from __future__ import annotations
+
+import numpy as np
+
+from harness.reports.rundirs import Groups, fmt, mean_se, same
+
+def _missing(what: str, command: str) -> tuple:
+    return ("not measured", f"needs {what}; run `{command}`")
+
+
+def claim_dcpo_tcr(g: Groups):
+    d, gr, da = g.find("dcpo"), g.find("grpo"), g.find("dapo")
+    if not (d and gr and da):
+        return "n/a", *_missing("dcpo, grpo and dapo runs", "cliplab sim --algos grpo,dapo,dcpo ...")
+    vals = {k: mean_se(g.per_seed(lbl, "clip_frac")) for k, lbl in (("dcpo", d), ("grpo", gr), ("dapo", da))}
+    meas = ", ".join(f"{k} {fmt(*v, pct=True)}" for k, v in vals.items())
+    lo = min(vals["grpo"][0], vals["dapo"][0])
+    ratio = lo / vals["dcpo"][0] if vals["dcpo"][0] > 0 else float("inf")
+    meas += f"; min(GRPO, DAPO) / DCPO = {ratio:.3g}x" if np.isfinite(ratio) else "; DCPO clipped no token"
+    if not lo > 0:
+        return meas, "not reproduced", "GRPO or DAPO clipped no token either: nothing to compare"
+    if ratio >= 10:
+        why = "consistent with DCPO's bound widening as the sampling probability q falls (q = 0.1: [0.5, 2.0])"
+        if vals["dcpo"][0] == 0:
+            why += "; no token ever left its DCPO bound in these runs"
+        return meas, "reproduced", why
+    if ratio > 1:
+        return meas, "partly", "DCPO clips less, but by less than an order of magnitude"
+    return meas, "not reproduced", "DCPO does not clip fewer tokens here"
+
+
+def claim_dcpo_rur(g: Groups):
+    d, gr = g.find("dcpo"), g.find("grpo")
+    if not (d and gr):
+        return "n/a", *_missing("dcpo and grpo runs", "cliplab sim --algos grpo,dcpo ...")
+    (md, sd), (mg, sg) = mean_se(g.per_seed(d, "rur")), mean_se(g.per_seed(gr, "rur"))
+    meas = f"DCPO {fmt(md, sd, True)} vs GRPO {fmt(mg, sg, True)} (paper 71.8% vs 43.8%)"
+    if md - mg > 0.15 and md - mg > 2 * (sd + sg):
+        return meas, "reproduced", ("SAS gives all-equal groups a non-zero advantage from a prompt's second visit, "
+                                    "so almost every response trains")
+    if md > mg:
+        return meas, "partly", "higher, but not by a wide margin"
+    return meas, "not reproduced", "DCPO does not use more responses here"
+
+
+def pairs(g: Groups, algo: str, changes: dict) -> list[tuple[str, str, dict]]:
+    """Label pairs of ``algo`` that differ only by ``changes`` = {key: (value in first, value in second)}.
+
+    A key missing from a label's params takes the registry default of ``algo``.
+    """
+    from spec.registry import ALGORITHMS
+    defaults = ALGORITHMS[algo].defaults if algo in ALGORITHMS else {}
+
+    def value(label, key):
+        return g.runs[label][0]["params"].get(key, defaults.get(key))
+    labels = [lbl for lbl in g.labels() if g.runs[lbl][0]["algo"] == algo]
+    out: dict = {}  # one pair per (setting, second label); a label naming the keys beats one relying on defaults
+    for a in labels:
+        if not all(same(value(a, k), v[0]) for k, v in changes.items()):
+            continue
+        rest = {k: v for k, v in g.runs[a][0]["params"].items() if k not in changes}
+        for b in labels:
+            rest_b = {k: v for k, v in g.runs[b][0]["params"].items() if k not in changes}
+            if rest_b == rest and all(same(value(b, k), v[1]) for k, v in changes.items()):
+                key = (tuple(sorted(rest.items())), b)
+                explicit = all(k in g.runs[a][0]["params"] for k in changes)
+                if key not in out or explicit:
+                    out[key] = (a, b, rest)
+    return list(out.values())
+
+
+def _setting(rest: dict) -> str:
+    return "defaults" if not rest else ", ".join(f"{k}={v}" for k, v in sorted(rest.items()))
+
+
+T975 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def compare(a: np.ndarray, b: np.ndarray) -> tuple[float, float, bool]:
+    """b - a over seeds: the difference, its standard error, and whether it is significant (two-sided 5%,
+    Student t with n_a + n_b - 2 degrees of freedom)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if len(a) < 2 or len(b) < 2:
+        return float("nan"), float("nan"), False
+    d = float(b.mean() - a.mean())
+    se = float(np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)))
+    crit = T975.get(len(a) + len(b) - 2, 1.96 if len(a) + len(b) > 12 else 4.303)
+    return d, se, abs(d) > crit * se if se > 0 else d != 0
+
+
+def sig(d: float, se: float, significant: bool) -> str:
+    return f"{fmt(d)} ± {fmt(se)}, {'significant' if significant else 'not significant'} at 5%"
+
+
+def _final(g: Groups, label: str, key: str) -> np.ndarray:
+    """Per seed, the last evaluated value of ``key``."""
+    c = g.curve(label, key)
+    out = np.full(c.shape[0], np.nan)
+    for i, row in enumerate(c):
+        ok = np.flatnonzero(np.isfinite(row))
+        if ok.size:
+            out[i] = row[ok[-1]]
+    return out
+
+
+ENTROPY_PARTS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_hard", "entropy_easy")
+#: feature_lm's exact contributions to entropy by kind of context; they add up to the entropy.
+ENTROPY_SHARES = ("entropy_ordinary", "entropy_fork", "entropy_end", "entropy_offtrack")
+
+
+def attribution(g: Groups, a: str, b: str) -> str:
+    """Which parts of the entropy moved between labels a and b at the end: the exact split by decision type
+    (reward-relevant vs interchangeable tokens, entropy among correct continuations), by prompt difficulty, and
+    (feature_lm) the contributions by kind of context, which add up to the gap; the largest is named."""
+    parts, shares = [], {}
+    for key in ENTROPY_PARTS + ENTROPY_SHARES:
+        if np.isfinite(g.curve(a, key)).any():
+            d, se, ok = compare(_final(g, a, key), _final(g, b, key))
+            parts.append(f"{key[8:]} {fmt(d)} ± {fmt(se)}")
+            if key in ENTROPY_SHARES:
+                shares[key[8:]] = (d, ok)
+    if not parts:
+        return ""
+    out = "final entropy gap by part: " + ", ".join(parts)
+    if shares:
+        top = max(shares, key=lambda k: abs(shares[k][0]))
+        total = sum(d for d, _ in shares.values())
+        out += (f"; of the contributions by context (total {fmt(total)}), the largest is {top} "
+                f"({fmt(shares[top][0])}, {'significant' if shares[top][1] else 'not significant'})")
+    return out
+
+
+def _clip_profile(g: Groups, label: str) -> str:
+    up, pold = mean_se(g.per_seed(label, "clip_up_frac"))[0], mean_se(g.per_seed(label, "upclip_pold_median"))[0]
+    low = mean_se(g.per_seed(label, "upclip_pold_lt02"))[0]
+    fork = mean_se(g.per_seed(label, "upclip_fork_share"))[0]
+    at_fork = f", {fmt(fork, pct=True)} of them at forking positions" if np.isfinite(fork) else ""
+    return (f"up-clipped {fmt(up, pct=True)} of tokens, their median pi_old {fmt(pold)}, share with pi_old < 0.2 "
+            f"{fmt(low, pct=True)}{at_fork}")
+
+
+def claim_clip_higher(g: Groups):
+    """One row per regime (the settings besides eps_high): final entropy at eps_high 0.2, 0.28 and no upper clip."""
+    rows = []
+    regimes: dict = {}
+    for algo in ("dapo", "grpo", "dr_grpo", "ppo"):
+        for hi in (0.28, 100):
+            for base, high, rest in pairs(g, algo, {"eps_high": (0.2, hi)}):
+                if rest.get("reward") == "random":
+                    continue
+                regimes.setdefault((algo, _setting(rest)), {"base": base, "rest": rest})[hi] = high
+    if not regimes:
+        return "n/a", *_missing("an eps_high ablation", "cliplab sim --algos dapo --set eps_high=0.2,0.28,100 ...")
+    for (algo, setting), r in regimes.items():
+        base = r["base"]
+        e0 = _final(g, base, "entropy")
+        cells = [f"{algo} ({setting}): final entropy eps_high 0.2 {fmt(*mean_se(e0))}"]
+        verdicts = []
+        for hi, name in ((0.28, "0.28"), (100, "no upper clip")):
+            if hi not in r:
+                continue
+            d, se, ok = compare(e0, _final(g, r[hi], "entropy"))
+            cells.append(f"{name} {fmt(*mean_se(_final(g, r[hi], 'entropy')))} (diff {sig(d, se, ok)})")
+            verdicts.append((name, d, ok, r[hi]))
+        cells.append(_clip_profile(g, base))
+        top = verdicts[-1]
+        freed = mean_se(g.per_seed(top[3], "freed_frac"))[0], mean_se(g.per_seed(top[3], "freed_pold_median"))[0]
+        up = mean_se(g.per_seed(base, "clip_up_frac"))[0]
+        if not np.isfinite(up):  # a log without the upper/lower split (verl, TRL): the whole clipped share bounds it
+            up = mean_se(g.per_seed(base, "clip_frac"))[0]
+        why_parts = [f"tokens freed by removing the bound (A > 0, 1.2 < r): {fmt(freed[0], pct=True)} per update, "
+                     f"median pi_old {fmt(freed[1])}", attribution(g, base, top[3])]
+        why = "; ".join(p for p in why_parts if p)
+        if not up or not np.isfinite(up) or up < 1e-4:
+            verdict, why = "not testable here", (f"the upper bound is almost never active (up-clipped share "
+                                                 f"{fmt(up, pct=True)}): ratios stay near 1, so eps_high cannot act; "
+                                                 + why)
+        elif not np.isfinite(compare(e0, _final(g, top[3], "entropy"))[1]):
+            direction = "higher" if np.nanmean(_final(g, top[3], "entropy")) > np.nanmean(e0) else "lower"
+            verdict, why = "not testable here", (f"one run per setting, so the difference has no standard error; "
+                                                 f"entropy ends {direction} with the looser bound; " + why)
+        elif top[2] and top[1] > 0:
+            verdict = "reproduced"
+            why = "a looser upper bound keeps entropy higher; " + why
+        elif top[2] and top[1] < 0:
+            verdict = "reversed"
+            why = "entropy ends lower without the upper bound; " + why
+        else:
+            verdict = "no effect"
+            why = "the differences are within noise; " + why
+        rows.append((f"{algo}, {setting}", "; ".join(cells), verdict, why))
+    return rows
+
+
+def claim_random_reward(g: Groups):
+    """Park et al. 2509.26114: with rewards independent of the answer, the upper clip still lowers entropy."""
+    found = [(algo, *p) for algo in ("grpo", "dapo") for p in pairs(g, algo, {"eps_high": (0.2, 100)})
+             if p[2].get("reward") == "random"]
+    if not found:
+        return "n/a", *_missing("a random-reward eps_high ablation",
+                                "cliplab sim --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100 ...")
+    rows = []
+    for algo, base, free, rest in found:
+        e0, e1 = _final(g, base, "entropy"), _final(g, free, "entropy")
+        d, se, ok = compare(e0, e1)
+        meas = (f"final entropy eps_high 0.2 {fmt(*mean_se(e0))} vs no upper clip {fmt(*mean_se(e1))} "
+                f"(diff {sig(d, se, ok)}); initial {fmt(mean_se(g.per_seed(base, 'entropy', 'first'))[0])}; "
+                + _clip_profile(g, base))
+        verdict = "reproduced" if ok and d > 0 else ("reversed" if ok else "no effect")
+        why = attribution(g, base, free)
+        rows.append((f"{algo}, {_setting(rest)}", meas, verdict, why))
+    return rows
+
+
+def claim_entropy_collapse(g: Groups):
+    """Cui et al. 2505.22617: entropy falls early and fast while performance saturates (pass@k falls back)."""
+    rows = []
+    for algo in ("grpo", "dapo"):
+        lbl = g.find(algo)
+        if not lbl:
+            continue
+        c = g.curve(lbl, "entropy")
+        e0, e1 = c[:, 0], _final(g, lbl, "entropy")
+        steps = c.shape[1]
+        half = [np.flatnonzero(row <= row[0] / 2) for row in c]
+        half_steps = np.array([h[0] if h.size else np.nan for h in half], float)
+        p64 = g.curve(lbl, "pass@64")
+        if not np.isfinite(p64).any():  # runs without exact pass@k (real models)
+            p64 = np.full((len(c), 1), np.nan)
+        peak = np.array([np.nanmax(row) if np.isfinite(row).any() else np.nan for row in p64])
+        drop = peak - _final(g, lbl, "pass@64")
+        acc = g.per_seed(lbl, "accuracy_exact", "last")
+        n_half = int(np.isfinite(half_steps).sum())
+        meas = (f"{algo}: entropy {fmt(*mean_se(e0))} -> {fmt(*mean_se(e1))} ({fmt(mean_se(1 - e1 / e0)[0], pct=True)}"
+                f" fall); half-entropy step {fmt(*mean_se(half_steps))} in {n_half}/{len(c)} seeds; pass@64 initial "
+                f"{fmt(mean_se(p64[:, 0])[0])}, peak {fmt(*mean_se(peak))}, peak-to-final drop {fmt(*mean_se(drop))}; "
+                f"final accuracy {fmt(*mean_se(acc))}")
+        parts = ", ".join(f"{k[8:]} {fmt(mean_se(g.curve(lbl, k)[:, 0])[0])} -> {fmt(mean_se(_final(g, lbl, k))[0])}"
+                          for k in ENTROPY_PARTS if np.isfinite(g.curve(lbl, k)).any())
+        if n_half == len(c) and np.nanmean(half_steps) < steps / 2:
+            verdict = "reproduced"
+        elif n_half:
+            verdict = "partly"
+        else:
+            verdict = "not reproduced"
+        rows.append((algo, meas, verdict, "which entropy fell (first -> last): " + parts))
+    if not rows:
+        return "n/a", *_missing("grpo or dapo runs", "cliplab sim --algos grpo,dapo ...")
+    return rows
+
+
+def claim_entropy_law(g: Groups):
+    """Cui et al.: per step, -Cov(log pi, dz) predicts the entropy change; the batch Cov(log pi, A) anti-correlates."""
+    rows = []
+    for lbl in filter(None, (g.find(a) for a in ("grpo", "dapo", "ppo"))):
+        if not np.isfinite(g.curve(lbl, "entropy_change_pred")).any():
+            continue
+        pred, meas = g.curve(lbl, "entropy_change_pred"), g.curve(lbl, "entropy_change_rows")
+        ok = np.isfinite(pred) & np.isfinite(meas)
+        corr = float(np.corrcoef(pred[ok], meas[ok])[0, 1]) if ok.sum() > 2 else float("nan")
+        rel = float(np.abs(pred[ok] - meas[ok]).sum() / np.abs(meas[ok]).sum()) if ok.any() else float("nan")
+        cov, dh = g.curve(lbl, "cov_interval"), g.curve(lbl, "entropy_change")
+        ok2 = np.isfinite(cov) & np.isfinite(dh)
+        c2 = float(np.corrcoef(cov[ok2], dh[ok2])[0, 1]) if ok2.sum() > 2 else float("nan")
+        rows.append((lbl, f"first-order prediction vs measured change: correlation {fmt(corr)}, relative error "
+                          f"{fmt(rel, pct=True)}; batch Cov(log pi, A) vs entropy change: correlation {fmt(c2)}",
+                     "reproduced" if corr > 0.8 and c2 < 0 else ("partly" if corr > 0.5 or c2 < 0 else
+                                                                  "not reproduced"),
+                     "Lemma 1 is exact to first order per context; the batch covariance is one noisy sample of it "
+                     "and misses Adam's rescaling and the shared features' spill-over"))
+    if not rows:
+        return "n/a", *_missing("runs with the entropy law metrics", "cliplab sim --algos grpo ...")
+    return rows
+
+
+def claim_gspo_clips(g: Groups):
+    gs, gr = g.find("gspo"), g.find("grpo")
+    if not (gs and gr):
+        return "n/a", *_missing("gspo and grpo runs", "cliplab sim --algos grpo,gspo ...")
+    (ms_, ss), (mg, sg) = mean_se(g.per_seed(gs, "clip_frac")), mean_se(g.per_seed(gr, "clip_frac"))
+    ratio = ms_ / mg if mg > 0 else float("inf")
+    meas = f"GSPO {fmt(ms_, ss, True)} vs GRPO {fmt(mg, sg, True)}: {ratio:.3g}x (paper: about 100x)"
+    if not ms_ > 0:
+        return meas, "not reproduced", "GSPO clipped no token"
+    if ratio >= 100:
+        return meas, "reproduced", "GSPO's sequence-level bound of 3e-4/4e-4 is tiny, and clips whole sequences"
+    if ratio >= 10:
+        return meas, "partly", "far more, but under two orders of magnitude"
+    return meas, "not reproduced", "GSPO does not clip far more tokens here"
+
+
+def claim_drgrpo_length(g: Groups):
+    gr, dr = g.find("grpo"), g.find("dr_grpo")
+    if not (gr and dr):
+        return "n/a", *_missing("grpo and dr_grpo runs", "cliplab sim --algos grpo,dr_grpo ...")
+
+    key = "len_wrong_exact" if np.isfinite(g.curve(gr, "len_wrong_exact")).any() else "len_wrong"
+
+    def growth(label):
+        return g.per_seed(label, key, "last") - g.per_seed(label, key, "first")
+    (mg, sg), (md, sd) = mean_se(growth(gr)), mean_se(growth(dr))
+    what = "exact expected" if key == "len_wrong_exact" else "mean sampled"
+    meas = (f"growth of the {what} incorrect-response length, first to last 10% of steps: GRPO {fmt(mg, sg)}, "
+            f"Dr.GRPO {fmt(md, sd)} tokens")
+    if mg - md > 2 * (sg + sd) and abs(md) < abs(mg) / 2:
+        return meas, "reproduced", ("GRPO's 1/|o_i| lets long wrong answers pay less per token; Dr.GRPO's "
+                                    "constant does not")
+    if mg > md:
+        reasons = ["GRPO's incorrect responses grow more"]
+        if not mg - md > 2 * (sg + sd):
+            reasons.append("but the difference is within two standard errors")
+        if abs(md) >= abs(mg) / 2:
+            reasons.append("and Dr.GRPO's grow too")
+        reasons.append("(part of any growth is the mix shifting to hard prompts as easy ones stop being wrong)")
+        return meas, "partly", " ".join(reasons)
+    return meas, "not reproduced", "GRPO's wrong answers do not grow more than Dr.GRPO's here"
+
+
+def _instability(g: Groups, label: str):
+    """Per seed: the largest drop of exact accuracy below its running peak (a collapse measure), over the
+    evaluated steps."""
+    c = g.curve(label, "accuracy_exact")
+    out = np.full(c.shape[0], np.nan)
+    for i, row in enumerate(c):
+        row = row[np.isfinite(row)]
+        if row.size:
+            out[i] = np.max(np.maximum.accumulate(row) - row)
+    return out
+
+
+def claim_sapo(g: Groups):
+    from spec.registry import ALGORITHMS
+    default = ALGORITHMS["sapo"].defaults
+    taus = {tuple(float(g.runs[lbl][0]["params"].get(k, default[k])) for k in ("tau_pos", "tau_neg"))
+            for lbl in g.labels() if g.runs[lbl][0]["algo"] == "sapo"}
+    found = []
+    for tp, tn in sorted(t for t in taus if t[1] > t[0] and t[::-1] in taus):  # each ordering with its mirror
+        found += [(tp, tn, *p) for p in pairs(g, "sapo", {"tau_pos": (tp, tn), "tau_neg": (tn, tp)})]
+    if not found:
+        return "n/a", *_missing("SAPO with tau_neg > tau_pos and its mirror",
+                                "cliplab sim --algos sapo --set tau_pos=1.0,1.05 --set tau_neg=1.0,1.05 ...")
+    rows = []
+    for tp, tn, good, rev, rest in found:
+        ig, ir = _instability(g, good), _instability(g, rev)
+        d, se, ok = compare(ig, ir)
+        ag, ar = g.per_seed(good, "accuracy_exact", "last"), g.per_seed(rev, "accuracy_exact", "last")
+        da, sa, oka = compare(ar, ag)
+        fg, fr = (np.nanmax(g.curve(x, "accuracy_exact"), axis=1) - _final(g, x, "accuracy_exact") for x in (good, rev))
+        df, sf, okf = compare(fg, fr)
+        dev = mean_se(g.per_seed(good, "ratio_dev_median"))[0]
+        meas = (f"tau_pos/tau_neg {tp}/{tn} vs {tn}/{tp}: worst drop of exact accuracy {fmt(*mean_se(ig))} vs "
+                f"{fmt(*mean_se(ir))} (diff {sig(d, se, ok)}); peak minus final accuracy {fmt(*mean_se(fg))} vs "
+                f"{fmt(*mean_se(fr))} (diff {sig(df, sf, okf)}); final accuracy {fmt(*mean_se(ag))} vs "
+                f"{fmt(*mean_se(ar))} (diff {sig(da, sa, oka)}); final entropy "
+                f"{fmt(mean_se(_final(g, good, 'entropy'))[0])} vs {fmt(mean_se(_final(g, rev, 'entropy'))[0])}")
+        slope = [1 / np.cosh(t * dev / 2) ** 2 for t in (tp, tn)] if np.isfinite(dev) else [np.nan, np.nan]
+        scale = (f"median |r - 1| of tokens with A != 0: {fmt(dev)}; there the gate slopes sech^2(tau (r - 1) / 2) "
+                 f"of tau {tp} and {tn} are {fmt(slope[0])} and {fmt(slope[1])}")
+        worst = float(np.nanmax([np.nanmax(ig), np.nanmax(ir)]))
+        favour = [name for name, s, x in (("worst drop", ok, d), ("fall from the peak", okf, df),
+                                          ("final accuracy", oka, da)) if s and x > 0]
+        against = [name for name, s, x in (("worst drop", ok, d), ("fall from the peak", okf, df),
+                                           ("final accuracy", oka, da)) if s and x < 0]
+        if favour and not against:
+            verdict, why = "reproduced", f"the paper's ordering is better on {', '.join(favour)}; " + scale
+        elif against and not favour:
+            verdict, why = "reversed", f"the mirrored ordering is better on {', '.join(against)}; " + scale
+        elif abs(slope[0] - slope[1]) < 0.01:
+            verdict, why = "not testable here", ("at the median ratio the two gates' slopes differ by under 1%, so "
+                                                 "the orderings train alike; " + scale)
+        elif worst < 0.02:
+            verdict, why = "not testable here", (f"no instability to damp (worst drop of exact accuracy in any run "
+                                                 f"{fmt(worst)}); " + scale)
+        elif favour:
+            verdict, why = "no effect", (f"the measures disagree: better on {', '.join(favour)}, worse on "
+                                         f"{', '.join(against)}; " + scale)
+        else:
+            verdict, why = "no effect", "instability appears but the orderings do not differ beyond noise; " + scale
+        rows.append((_setting(rest), meas, verdict, why))
+    return rows
+
+
+def claim_dcpo_reward(g: Groups):
+    """DCPO's accuracy under its ternary reward and under the binary one: separates the reward from the clip."""
+    tern, binary = g.find("dcpo"), g.find("dcpo", reward="binary")
+    if not (tern and binary):
+        return "n/a", *_missing("dcpo with the binary reward", "cliplab sim --algos dcpo --set reward=binary ...")
+    at, ab = g.per_seed(tern, "accuracy_exact", "last"), g.per_seed(binary, "accuracy_exact", "last")
+    d, se, ok = compare(at, ab)
+    meas = f"DCPO ternary {fmt(*mean_se(at))} vs binary {fmt(*mean_se(ab))} (binary - ternary {sig(d, se, ok)})"
+    others = {a: g.find(a) for a in ("grpo", "gspo", "dapo") if g.find(a)}
+    if others:
+        meas += "; " + ", ".join(f"{a} {fmt(mean_se(g.per_seed(lbl, 'accuracy_exact', 'last'))[0])}"
+                                 for a, lbl in others.items())
+    mt, mb = g.per_seed(tern, "malformed", "last"), g.per_seed(binary, "malformed", "last")
+    fmt_share = f"ternary {fmt(mean_se(mt)[0], pct=True)}, binary {fmt(mean_se(mb)[0], pct=True)}"
+    verdict = ("reproduced" if d > 0 else "reversed") if ok else "no effect"
+    why = (f"with the same clip and SAS, only the reward differs; share of malformed (truncated) responses over the "
+           f"last 10% of steps: {fmt_share}: ")
+    why += ("the ternary reward spends its signal on the format (-1 for malformed against 0 for wrong) rather than "
+            "on the answer" if verdict == "reproduced" else "the reward moves the format, not the accuracy")
+    return meas, verdict, why
+
+
+def claim_dcpo_accuracy(g: Groups):
+    names = ("dcpo", "gspo", "grpo", "dapo")  # the paper's order on AIME24: 38.8 > 34.9 > 32.1 > 31.6
+    labels = {n: g.find(n) for n in names}
+    if not all(labels.values()):
+        return "n/a", *_missing("dcpo, gspo, grpo and dapo runs", "cliplab sim --algos grpo,dapo,gspo,dcpo ...")
+    key = "accuracy_exact" if np.isfinite(g.curve(labels["dcpo"], "accuracy_exact")).any() else "accuracy"
+    vals = {n: mean_se(g.per_seed(lbl, key, "last")) for n, lbl in labels.items()}
+    meas = ", ".join(f"{n} {fmt(*vals[n])}" for n in sorted(names, key=lambda n: -vals[n][0]))
+    meas += f" ({key}, last 10% of steps)"
+    md, sd = vals["dcpo"]
+    above = [n for n in names[1:] if md - vals[n][0] > 2 * (sd + vals[n][1])]
+    if len(above) == 3:
+        return meas, "reproduced", "DCPO ends above the other three"
+    if above:
+        return meas, "partly", f"DCPO ends above {', '.join(above)} only"
+    return meas, "not reproduced", ("DCPO does not end above any of them here; the runs compare equal training "
+                                    "steps, not equal generations (see the dynamic-sampling row)")
+
+
+def claim_dynamic_sampling(g: Groups):
+    da = g.find("dapo")
+    if not da:
+        return "n/a", *_missing("dapo runs", "cliplab sim --algos dapo ...")
+    (m, s), (z, _) = mean_se(g.per_seed(da, "gen_per_trained")), mean_se(g.per_seed(da, "zero_grad_frac"))
+    meas = f"{fmt(m, s)} responses generated per response trained (share of all-equal groups {fmt(z, pct=True)})"
+    if m > 1.05:
+        return meas, "reproduced", "all-equal groups are discarded and refilled, so generation grows as accuracy rises"
+    return meas, "not reproduced", "almost no group was discarded"
+
+
+def bandit_entropy_check(etas=(0.01, 0.03, 0.1, 0.3)):
+    """The bandit's exact entropy change under natural PG against -eta Cov(log pi, A), summed over prompts."""
+    from sim import bandit
+    from sim.tabular import CORRECT
+
+    aut, logits, _ = bandit.build()
+    rewards = (aut.outcome == CORRECT).astype(float)
+    rows = []
+    for eta in etas:
+        exact_change, predicted = bandit.npg_entropy_check(logits, rewards, eta)
+        corr = float(np.corrcoef(exact_change, predicted)[0, 1])
+        rows.append((eta, float(exact_change.sum()), float(predicted.sum()), corr))
+    return rows
+
+
+def claim_bandit(rows):
+    small = rows[0]
+    rel = abs(small[1] - small[2]) / abs(small[2])
+    rel_big = abs(rows[-1][1] - rows[-1][2]) / abs(rows[-1][2])
+    meas = (f"eta={small[0]}: exact dH {small[1]:.4g} vs predicted {small[2]:.4g} (rel. error {rel:.2%}, per-prompt "
+            f"correlation {small[3]:.4f}); eta={rows[-1][0]}: rel. error {rel_big:.1%}")
+    if rel < 0.05 and rel_big > rel:
+        return meas, "reproduced", "first-order agreement, the error growing with eta as a first-order law should"
+    return meas, "not reproduced", "the first-order prediction misses the exact change"
+
+
+def same_setting(g: Groups, algo: str, other: str, key: str | None = None) -> list[tuple[str, str, dict]]:
+    """Label pairs (``algo``, ``other``) run with identical settings (the same sweep's grid point); with ``key``,
+    only settings that name it."""
+    out = []
+    for a in g.labels():
+        pa = g.runs[a][0]["params"]
+        if g.runs[a][0]["algo"] != algo or (key is not None and key not in pa):
+            continue
+        out += [(a, b, pa) for b in g.labels() if g.runs[b][0]["algo"] == other and g.runs[b][0]["params"] == pa]
+    return out
+
+
+def _mean_of(g: Groups, label: str, key: str) -> str:
+    return fmt(*mean_se(g.per_seed(label, key)), pct=True)
+
+
+def claim_cov_entropy(g: Groups):
+    """Cui et al. 2505.22617 Sec. 5: Clip-Cov and KL-Cov keep entropy higher than PPO-clip (GRPO's clip, KL
+    penalty off, the same token-mean) at equal or better accuracy."""
+    rows = []
+    for algo in ("clip_cov", "kl_cov"):
+        for lbl, base, params in same_setting(g, algo, "grpo", f"{algo}_ratio"):
+            e0, e1 = _final(g, base, "entropy"), _final(g, lbl, "entropy")
+            a0, a1 = _final(g, base, "accuracy_exact"), _final(g, lbl, "accuracy_exact")
+            de, see, oke = compare(e0, e1)
+            da, sea, oka = compare(a0, a1)
+            meas = (f"final entropy {algo} {fmt(*mean_se(e1))} vs PPO-clip {fmt(*mean_se(e0))} (diff "
+                    f"{sig(de, see, oke)}); accuracy {fmt(*mean_se(a1))} vs {fmt(*mean_se(a0))} (diff "
+                    f"{sig(da, sea, oka)}); tokens selected per update {_mean_of(g, lbl, 'cov_frac')}")
+            if oke and de > 0:
+                verdict = "partly" if oka and da < 0 else "reproduced"
+                why = ("entropy ends higher" + (", but accuracy is lower" if verdict == "partly" else
+                                                " at equal or better accuracy"))
+            elif oke:
+                verdict, why = "reversed", "entropy ends lower than with PPO-clip"
+            else:
+                verdict, why = "no effect", "the entropy difference is within noise"
+            why += ("; the selected tokens are those of largest Cov(log pi, A), the ones whose updates lower entropy "
+                    "most (Lemma 1); " + attribution(g, base, lbl))
+            rows.append((f"{algo}, {_setting(params)}", meas, verdict, why))
+    if not rows:
+        return "n/a", *_missing("clip_cov / kl_cov runs beside grpo with the same settings",
+                                "cliplab sim --algos grpo,clip_cov,kl_cov --set beta=0 --set agg=token_mean "
+                                "--set clip_cov_ratio=0.02 --set kl_cov_ratio=0.02 ...")
+    return rows
+
+
+def claim_cispo(g: Groups):
+    """MiniMax-M1 2506.13585 Sec. 3.1: CISPO keeps the gradient of the tokens PPO-clip would zero (it truncates
+    their weight instead)."""
+    rows = []
+    for lbl, base, params in same_setting(g, "cispo", "grpo"):
+        if params.get("beta") != 0:
+            continue
+        a0, a1 = _final(g, base, "accuracy_exact"), _final(g, lbl, "accuracy_exact")
+        d, se, ok = compare(a0, a1)
+        zeroed, trunc = mean_se(g.per_seed(lbl, "ppo_zeroed_frac"))[0], mean_se(g.per_seed(lbl, "trunc_frac"))[0]
+        meas = (f"tokens PPO-clip (eps 0.2) would zero, in CISPO's updates: {fmt(zeroed, pct=True)} (GRPO's own "
+                f"run clips {_mean_of(g, base, 'clip_frac')}); CISPO's truncated weights {fmt(trunc, pct=True)}; "
+                f"accuracy {fmt(*mean_se(a1))} vs GRPO {fmt(*mean_se(a0))} (diff {sig(d, se, ok)})")
+        if not zeroed or not np.isfinite(zeroed) or zeroed < 1e-4:
+            verdict, why = "not testable here", "no token leaves PPO's clip range: ratios stay near 1"
+        else:
+            verdict = "reproduced" if not (ok and d < 0) else "partly"
+            why = (f"CISPO's gradient on those {fmt(zeroed, pct=True)} of tokens is -sg(w) A (never 0; spec's "
+                   "derivation cispo_gradient_is_truncated_reinforce); " +
+                   ("accuracy is not lower than GRPO's" if verdict == "reproduced" else
+                    "yet accuracy ends lower than GRPO's"))
+        rows.append((_setting(params), meas, verdict, why))
+    if not rows:
+        return "n/a", *_missing("cispo and grpo (beta=0) runs with the same settings",
+                                "cliplab sim --algos grpo,cispo --set beta=0 ...")
+    return rows
+
+
+def claim_rollout_correction(g: Groups):
+    """Yao et al. 2025 (TIS), IcePop: correcting for a rollout/trainer mismatch stabilises training."""
+    rows = []
+    for kind in ("tis", "mis"):
+        for off, on, rest in pairs(g, "grpo", {"rollout_correction": (None, kind)}):
+            noise = rest.get("rollout_noise", 0)
+            a0, a1 = _final(g, off, "accuracy_exact"), _final(g, on, "accuracy_exact")
+            d, se, ok = compare(a0, a1)
+            p0, p1 = (_final(g, x, "accuracy_exact") - np.nanmax(g.curve(x, "accuracy_exact"), axis=1)
+                      for x in (off, on))
+            dd, sed, okd = compare(p0, p1)
+            meas = (f"final accuracy {kind} {fmt(*mean_se(a1))} vs none {fmt(*mean_se(a0))} (diff {sig(d, se, ok)}); "
+                    f"final minus peak {fmt(*mean_se(p1))} vs {fmt(*mean_se(p0))}; mean weight "
+                    f"{fmt(mean_se(g.per_seed(on, 'rc_weight_mean'))[0])}, tokens cut "
+                    f"{_mean_of(g, on, 'rc_cut_frac')}")
+            w, cut = mean_se(g.per_seed(on, "rc_weight_mean"))[0], mean_se(g.per_seed(on, "rc_cut_frac"))[0]
+            acts = "truncates the weight of" if kind == "tis" else "takes the gradient away from"
+            cost = (f"the correction {acts} {fmt(cut, pct=True)} of tokens, and the mean weight is {fmt(w)}, "
+                    f"while the uncorrected run's fall from its peak is "
+                    f"{fmt(mean_se(p0)[0])}: this mismatch (zero-mean noise on the sampler's parameters) leaves no "
+                    "instability to remove, only fewer effective updates")
+            if not noise:
+                verdict, why = "not testable here", "no mismatch (rollout_noise 0): every weight is 1"
+            elif (ok and d > 0) or (okd and dd > 0):
+                verdict, why = "reproduced", "the correction keeps accuracy higher or its fall from the peak smaller"
+            elif ok and d < 0:
+                verdict, why = "reversed", "accuracy ends lower with the correction; " + cost
+            else:
+                verdict, why = "no effect", "the differences are within noise; " + cost
+            rows.append((f"{kind}, {_setting(rest)}", meas, verdict, why))
+    if not rows:
+        return "n/a", *_missing("grpo runs with and without a rollout correction under rollout_noise",
+                                "cliplab sim --algos grpo --set beta=0 --set rollout_noise=0,1 "
+                                "--set rollout_correction=None,tis,mis ...")
+    return rows
+
+
+CLAIMS = (
+    ("Entropy collapses early while performance saturates (Cui et al. 2505.22617, Sec. 2)", claim_entropy_collapse),
+    ("Per step, -Cov(log pi, dz) predicts the entropy change, and Cov(log pi, A) drives it (Cui et al., Lemma 1, "
+     "Eq. 4)", claim_entropy_law),
+    ("DCPO's TCR is an order of magnitude below GRPO's and DAPO's (DCPO 2509.02333, Table 2)", claim_dcpo_tcr),
+    ("DCPO's RUR is well above GRPO's: 71.8% vs 43.8% (DCPO Table 2)", claim_dcpo_rur),
+    ("Clip-higher slows entropy collapse (DAPO 2503.14476, Sec. 3.1, Fig. 2); KL penalty off", claim_clip_higher),
+    ("Under random rewards the upper clip still lowers entropy (Park et al. 2509.26114)", claim_random_reward),
+    ("GSPO clips far more tokens than GRPO, about two orders of magnitude (GSPO 2507.18071, Fig. 2)",
+     claim_gspo_clips),
+    ("Dr.GRPO removes GRPO's length bias on wrong answers (Dr.GRPO 2503.20783, Sec. 3.1)", claim_drgrpo_length),
+    ("SAPO with tau_neg > tau_pos is more stable than the reverse (SAPO 2511.20347)", claim_sapo),
+    ("DAPO's dynamic sampling costs extra generations (DAPO Sec. 3.2)", claim_dynamic_sampling),
+    ("DCPO reaches the best accuracy, then GSPO, GRPO, DAPO (DCPO Table 1, AIME24 Avg@32 38.8 / 34.9 / 32.1 / "
+     "31.6)", claim_dcpo_accuracy),
+    ("DCPO's lower accuracy here comes from its ternary reward, not its clip or SAS (binary vs ternary; issue 8)",
+     claim_dcpo_reward),
+    ("Clip-Cov and KL-Cov keep entropy higher than PPO-clip at equal or better accuracy (Cui et al. 2505.22617, "
+     "Sec. 5)", claim_cov_entropy),
+    ("CISPO keeps learning from the tokens PPO-clip zeroes (MiniMax-M1 2506.13585, Sec. 3.1)", claim_cispo),
+    ("TIS and MIS (IcePop) stabilise training under a rollout/trainer mismatch (Yao et al. 2025; IcePop)",
+     claim_rollout_correction),
+)

@@ -1,0 +1,403 @@
+"""The real-model evidence section of reports/real/README.md: per-algorithm means with 95% confidence intervals over
+seeds, paired-by-seed differences against GRPO, whether GSPO and SAPO still coincide, and the claims table
+(published | simulator toy LM | simulator feature LM | real LM)."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from sim.metrics import summarise_run
+from spec.records import read_json, read_jsonl
+
+from harness.reports.rundirs import ALIASES, fmt, md
+
+#: the evidence runs (configs/evidence/<name>.yaml): the algorithms, then settings that test one claim each
+#: (SAPO's temperatures reversed; clip-higher on GRPO without its KL penalty)
+ALGOS = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo", "clip_cov")
+VARIANTS = ("sapo_tau_reversed", "grpo_beta0", "grpo_beta0_eps_high028")
+ORDER = ALGOS + VARIANTS
+TAIL = 0.3  # accuracy, pass@k: the last 30% of steps, at least one (the simulator's summary: 10% of 300 steps)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+#: (summary key, what it is) of the per-algorithm table
+TABLE = (("accuracy_first", "accuracy, first 30% of steps"), ("accuracy", "accuracy, last 30%"),
+         ("pass@1", "pass@1 from the group, last 30%"), ("pass@G", "pass@G from the group, last 30%"),
+         ("entropy_final", "entropy at the last step"), ("clip_frac", "TCR"), ("clip_up_frac", "up-clipped share"),
+         ("clip_low_frac", "low-clipped share"), ("upclip_pold_median", "median pi_old of up-clipped tokens"),
+         ("upclip_pold_lt02", "share of up-clipped tokens with pi_old < 0.2"),
+         ("ratio_dev_median", "median |r - 1| (A != 0)"), ("rur", "RUR"), ("len_wrong", "length of wrong answers"),
+         ("truncated", "share truncated at the budget"), ("gen_per_trained", "generations per trained response"),
+         ("cov_logp_adv", "Cov(log pi, A)"), ("gap_mean_abs", "rollout/trainer |log-prob gap|"),
+         ("step_time_s", "seconds per step"))
+PAIRED = ("accuracy", "entropy_final", "clip_frac", "rur", "len_wrong", "ratio_dev_median", "gen_per_trained")
+
+
+def _mean_over(records, key, part=slice(None)) -> float:
+    vals = [r.get(key) for r in records[part]]
+    vals = [v for v in vals if v is not None]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def run_summary(records: list[dict], group_size: int) -> dict:
+    """One run: the simulator's summary (``sim.metrics.summarise_run``, tail 30%) plus the real-model means."""
+    n = max(1, int(round(len(records) * TAIL)))
+    s = {k: (float("nan") if v is None else v) for k, v in summarise_run(records, tail=TAIL).items()}
+    s.update({"accuracy_first": _mean_over(records, "accuracy", slice(0, n)),
+              "pass@1": _mean_over(records, "pass@1", slice(-n, None)),
+              "pass@G": _mean_over(records, f"pass@{group_size}", slice(-n, None)),
+              **{k: _mean_over(records, k) for k in ("truncated", "cov_logp_adv", "gap_mean_abs", "step_time_s",
+                                                     "loss")}})
+    return s
+
+
+def t_interval(x) -> tuple[float, float, int]:
+    """Mean, 95% half-width (Student t, n - 1 degrees of freedom; NaN under 2 values) and n of the finite values."""
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return float("nan"), float("nan"), 0
+    if len(x) < 2:
+        return float(x.mean()), float("nan"), 1
+    return float(x.mean()), T975.get(len(x) - 1, 1.96) * float(x.std(ddof=1)) / math.sqrt(len(x)), len(x)
+
+
+def paired(a: dict, b: dict, key: str) -> tuple[float, float, int, bool]:
+    """b - a over the seeds both have: mean difference, 95% half-width, n, significant (the interval excludes 0)."""
+    seeds = sorted(set(a) & set(b))
+    d = [b[s][key] - a[s][key] for s in seeds]
+    m, h, n = t_interval(d)
+    return m, h, n, bool(n >= 2 and h == h and abs(m) > h)
+
+
+def ci(m: float, h: float, pct: bool = False) -> str:
+    return "n/a" if m != m else fmt(m, pct=pct) if h != h else f"{fmt(m, pct=pct)} ± {fmt(h, pct=pct)}"
+
+
+def load_run(folder: Path) -> dict:
+    """A run folder's config.json and metrics.jsonl (the trainer's names mapped to the simulator's, rundirs.ALIASES)."""
+    records = [{**{ALIASES[k]: v for k, v in rec.items() if k in ALIASES}, **rec}
+               for rec in read_jsonl(folder / "metrics.jsonl")]
+    if not records:
+        raise ValueError(f"{folder / 'metrics.jsonl'}: no metrics")
+    return {"cfg": read_json(folder / "config.json"), "records": records}
+
+
+class Evidence:
+    """The evidence runs under ``evidence_dir`` (<name>/seed<k>/ with config.json and metrics.jsonl; the name is
+    the algorithm or a variant of it, configs/evidence/<name>.yaml): ``runs[name][seed]`` and their summaries
+    ``s[name][seed]``."""
+
+    def __init__(self, evidence_dir):
+        self.dir = Path(evidence_dir)
+        self.runs = {}
+        for cfg_path in sorted(self.dir.glob("*/seed*/config.json")):
+            run = load_run(cfg_path.parent)
+            self.runs.setdefault(cfg_path.parent.parent.name, {})[run["cfg"]["run"]["seed"]] = run
+        if not self.runs:
+            raise ValueError(f"evidence: no <algo>/seed<k>/ run folders with config.json and metrics.jsonl under "
+                             f"{self.dir}")
+        self.s = {a: {seed: run_summary(r["records"], r["cfg"]["rollout"]["group_size"]) for seed, r in by.items()}
+                  for a, by in self.runs.items()}
+
+    def cfg(self, algo: str | None = None) -> dict:
+        """The config of the first run of ``algo`` (any algorithm: None)."""
+        by = self.runs[algo] if algo else next(iter(self.runs.values()))
+        return next(iter(by.values()))["cfg"]
+
+    def vals(self, algo: str, key: str) -> list[float]:
+        return [self.s[algo][seed][key] for seed in sorted(self.s.get(algo, {}))]
+
+    def cell(self, algo: str, key: str, pct: bool = False) -> str:
+        m, h, _ = t_interval(self.vals(algo, key))
+        return ci(m, h, pct)
+
+    def has(self, *algos) -> bool:
+        return all(a in self.s for a in algos)
+
+    def step_s(self) -> float:
+        return float(np.nanmean([s["step_time_s"] for by in self.s.values() for s in by.values()]))
+
+
+def algo_table(ev: Evidence) -> list[str]:
+    """Per algorithm, mean ± 95% CI over seeds of each TABLE metric (one row per metric, one column per algorithm)."""
+    algos = [a for a in ORDER if a in ev.s] + sorted(set(ev.s) - set(ORDER))
+    seeds = {a: len(ev.s[a]) for a in algos}
+    lines = ["| metric | " + " | ".join(f"{a} ({seeds[a]})" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]
+    for key, what in TABLE:
+        lines.append(f"| {md(what)} | " + " | ".join(ev.cell(a, key) for a in algos) + " |")
+    return lines
+
+
+def paired_lines(ev: Evidence, base: str = "grpo") -> list[str]:
+    """Each algorithm against ``base``, paired by seed (same seed: same prompt pool, same first batch): the
+    differences whose 95% interval excludes 0, then how many do not."""
+    if base not in ev.s:
+        return [f"No {base} runs: nothing to pair against."]
+    sig, nonsig = [], 0
+    for a in [a for a in ORDER if a in ev.s and a != base] + sorted(set(ev.s) - set(ORDER)):
+        for key in PAIRED:
+            m, h, n, significant = paired(ev.s[base], ev.s[a], key)
+            if m != m:
+                continue
+            if significant:
+                sig.append(f"- {a} - {base}, {key}: {fmt(m)} ± {fmt(h)} (n = {n} seeds)")
+            else:
+                nonsig += 1
+    return (sig or ["- none"]) + [f"", f"{nonsig} other differences ({', '.join(PAIRED)}) have a 95% interval "
+                                       f"that includes 0."]
+
+
+def coincide_lines(ev: Evidence, a: str = "gspo", b: str = "sapo") -> list[str]:
+    """Do ``a`` and ``b`` still produce the same run, seed by seed? Steps whose loss or entropy differ."""
+    if not ev.has(a, b):
+        return [f"Not measured: {a} or {b} has no run."]
+    out = []
+    for seed in sorted(set(ev.runs[a]) & set(ev.runs[b])):
+        ra, rb = ev.runs[a][seed]["records"], ev.runs[b][seed]["records"]
+        steps = min(len(ra), len(rb))
+        diff = [abs(x.get("entropy", 0) - y.get("entropy", 0)) for x, y in zip(ra[:steps], rb[:steps])]
+        first = next((i + 1 for i, d in enumerate(diff) if d > 1e-6), None)
+        acc = sum(x.get("accuracy") != y.get("accuracy") for x, y in zip(ra[:steps], rb[:steps]))
+        out.append(f"- seed {seed}: entropy differs from step {first if first else 'never'} on (largest gap "
+                   f"{fmt(max(diff))}); sampled accuracy differs in {acc} of {steps} steps")
+    return out
+
+
+# -- claims ------------------------------------------------------------------------------------------------------
+
+def _sim_rows(report_md: Path) -> dict:
+    """{env: [(claim, regime, measured, verdict)]} from the claims tables of the simulator's report."""
+    rows, env = {}, None
+    if not report_md.exists():
+        return rows
+    for line in report_md.read_text().splitlines():
+        head = re.match(r"^### (\w+)", line)
+        if head:
+            env = head.group(1)
+        elif env and line.startswith("| ") and not line.startswith("| claim") and line.count("|") >= 6:
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # at unescaped pipes
+            rows.setdefault(env, []).append((cells[0], cells[1], cells[2], cells[3].strip("*")))
+    return rows
+
+
+def _sim_num(summary: dict, algo: str, key: str, pct: bool = False) -> str:
+    a = summary.get("algorithms", {}).get(algo, {})
+    if a.get(key) is None:
+        return f"{algo} {key} n/a"
+    sd = a.get(key + "_std")
+    return f"{algo} {key} {fmt(a[key], pct=pct)}" + (f" ± {fmt(sd, pct=pct)} sd" if sd is not None else "")
+
+
+def sim_cell(summary: dict | None, rows: list, prefix: str, nums: tuple) -> str:
+    """The simulator's verdicts on the claim (its report's rows starting with ``prefix``) and its numbers."""
+    if summary is None:
+        return "no summary"
+    verdicts = [f"**{v}**" + (f" ({r})" if r else "") for c, r, _, v in rows if c.startswith(prefix)]  # markdown
+    num = "; ".join(_sim_num(summary, a, k, pct) for a, k, pct in nums)
+    return (", ".join(verdicts) if verdicts else "no claim row in reports/sim/report.md") + f": {num} " \
+        f"({summary.get('seeds', summary.get('algorithms', {}).get('grpo', {}).get('seeds', '?'))} seeds, " \
+        f"{summary.get('steps')} steps)"
+
+
+def _pd(ev, a, b, key, pct=False) -> str:
+    m, h, n, s = paired(ev.s[a], ev.s[b], key)
+    return f"{b} - {a} {ci(m, h, pct)} ({'significant' if s else 'not significant'}, n = {n})"
+
+
+def verdict(m: float, significant: bool, sign: int, magnitude: bool = True) -> str:
+    """A paired difference ``m`` against the claimed direction ``sign`` (+1 / -1): reproduced (significant, in the
+    direction, with the claimed ``magnitude``), partly (in the direction only), reversed (significant the other way),
+    no effect (otherwise)."""
+    if m != m:
+        return "not testable here"
+    if m * sign > 0:
+        return "reproduced" if significant and magnitude else "partly"
+    return "reversed" if significant else "no effect"
+
+
+def real_dcpo_tcr(ev: Evidence):
+    if not ev.has("dcpo", "grpo", "dapo"):
+        return "not run", "no runs"
+    d, g, p = (t_interval(ev.vals(a, "clip_frac"))[0] for a in ("dcpo", "grpo", "dapo"))
+    m, _, _, s = paired(ev.s["grpo"], ev.s["dcpo"], "clip_frac")
+    m2, _, _, s2 = paired(ev.s["dapo"], ev.s["dcpo"], "clip_frac")
+    v = verdict(max(m, m2), s and s2, -1, d * 10 <= min(g, p))
+    return (v, f"TCR dcpo {ev.cell('dcpo', 'clip_frac', True)}, grpo {ev.cell('grpo', 'clip_frac', True)}, "
+            f"dapo {ev.cell('dapo', 'clip_frac', True)}; paired {_pd(ev, 'grpo', 'dcpo', 'clip_frac', True)}, "
+            f"{_pd(ev, 'dapo', 'dcpo', 'clip_frac', True)}")
+
+
+def real_dcpo_rur(ev: Evidence):
+    if not ev.has("dcpo", "grpo"):
+        return "not run", "no runs"
+    m, h, n, s = paired(ev.s["grpo"], ev.s["dcpo"], "rur")
+    return (verdict(m, s, +1), f"RUR dcpo {ev.cell('dcpo', 'rur', True)} vs grpo {ev.cell('grpo', 'rur', True)}; "
+            f"paired {_pd(ev, 'grpo', 'dcpo', 'rur', True)}. SAS has history from a prompt's second visit: pool of "
+            f"{ev.cfg()['data']['n']} prompts, {ev.cfg()['rollout']['prompts_per_step']} a step, "
+            f"{ev.cfg()['run']['steps']} steps")
+
+
+def real_gspo(ev: Evidence):
+    if not ev.has("gspo", "grpo"):
+        return "not run", "no runs"
+    g, r = t_interval(ev.vals("gspo", "clip_frac"))[0], t_interval(ev.vals("grpo", "clip_frac"))[0]
+    m, h, n, s = paired(ev.s["grpo"], ev.s["gspo"], "clip_frac")
+    times = f"{g / r:.3g}x" if r > 0 else "GRPO clips nothing"
+    return (verdict(m, s, +1, g >= 10 * r), f"TCR gspo {ev.cell('gspo', 'clip_frac', True)} vs grpo "
+            f"{ev.cell('grpo', 'clip_frac', True)} ({times}; the paper's two orders of magnitude would be 100x); "
+            f"paired {_pd(ev, 'grpo', 'gspo', 'clip_frac', True)}")
+
+
+def real_clip_higher(ev: Evidence):
+    lo, hi = "grpo_beta0", "grpo_beta0_eps_high028"
+    if ev.has(lo, hi):  # the clean test: eps_high alone changes
+        m, h, n, s = paired(ev.s[lo], ev.s[hi], "entropy_final")
+        return (verdict(m, s, +1), f"GRPO without KL, final entropy eps_high 0.28 {ev.cell(hi, 'entropy_final')} "
+                f"vs 0.2 {ev.cell(lo, 'entropy_final')}, paired {_pd(ev, lo, hi, 'entropy_final')}; at 0.2 the "
+                f"upper bound clips {ev.cell(lo, 'clip_up_frac', True)} of tokens, their median pi_old "
+                f"{ev.cell(lo, 'upclip_pold_median')}, share with pi_old < 0.2 {ev.cell(lo, 'upclip_pold_lt02', True)}"
+                f"; at 0.28 {ev.cell(hi, 'clip_up_frac', True)}. {_entropy_budget(ev)}")
+    if not ev.has("dapo", "grpo"):
+        return "not run", "no runs"
+    m, h, n, s = paired(ev.s["grpo"], ev.s["dapo"], "entropy_final")
+    return (verdict(m, s, +1) + " (confounded)", f"final entropy dapo {ev.cell('dapo', 'entropy_final')} vs grpo "
+            f"{ev.cell('grpo', 'entropy_final')}, paired {_pd(ev, 'grpo', 'dapo', 'entropy_final')}; DAPO's "
+            f"up-clipped share {ev.cell('dapo', 'clip_up_frac', True)}, their median pi_old "
+            f"{ev.cell('dapo', 'upclip_pold_median')}, share with pi_old < 0.2 "
+            f"{ev.cell('dapo', 'upclip_pold_lt02', True)}. DAPO also changes reward, loss, KL and sampling: the "
+            f"clean test is GRPO with eps_high 0.2 vs 0.28 (beta 0). {_entropy_budget(ev)}")
+
+
+def _entropy_budget(ev: Evidence) -> str:
+    return (f"Entropy has to fall before a bound can slow its fall: at about {ev.step_s():.0f} s a step, 50+ steps "
+            f"a run x 3 seeds x 2 settings is about {6 * 50 * ev.step_s() / 3600:.1f} h here")
+
+
+def real_drgrpo(ev: Evidence):
+    if not ev.has("dr_grpo", "grpo"):
+        return "not run", "no runs"
+    m, h, n, s = paired(ev.s["grpo"], ev.s["dr_grpo"], "len_wrong")
+    trunc = t_interval(ev.vals("grpo", "truncated"))[0]
+    budget = ev.cfg()["rollout"]["max_new_tokens"]
+    why = (f"; {fmt(trunc, pct=True)} of GRPO's responses stop at the {budget}-token budget, so wrong answers cannot "
+           f"grow: needs a budget of 128+ tokens and 50+ steps" if trunc > 0.5 else "")
+    return ("not testable here" if why else verdict(m, s, -1), f"length of wrong answers dr_grpo "
+            f"{ev.cell('dr_grpo', 'len_wrong')} vs grpo {ev.cell('grpo', 'len_wrong')}; paired "
+            f"{_pd(ev, 'grpo', 'dr_grpo', 'len_wrong')}{why}")
+
+
+def real_dynamic_sampling(ev: Evidence):
+    if not ev.has("dapo"):
+        return "not run", "no runs"
+    m, h, n = t_interval(ev.vals("dapo", "gen_per_trained"))
+    rounds = ev.cfg("dapo")["rollout"]["max_rounds"]
+    return (verdict(m - 1, n >= 2 and m - h > 1, +1), f"dapo generates {ci(m, h)} responses per trained "
+            f"response (up to {rounds} generation rounds a step, each refilling the missing groups); all-equal "
+            f"groups {ev.cell('dapo', 'zero_grad_frac', True)}")
+
+
+def real_sapo(ev: Evidence):
+    if not ev.has("sapo"):
+        return "not run", "no runs"
+    dev = t_interval(ev.vals("sapo", "ratio_dev_median"))[0]
+    flat = [1 - 1 / math.cosh(t * dev / 2) ** 2 for t in (1.0, 1.05)]
+    rev = "sapo_tau_reversed"
+    measured = (f"tau_pos/tau_neg 1.0/1.05 vs 1.05/1.0: final accuracy paired {_pd(ev, rev, 'sapo', 'accuracy')}, "
+                f"final entropy paired {_pd(ev, rev, 'sapo', 'entropy_final')}; " if ev.has(rev) else
+                "only the default temperatures (tau_pos 1.0, tau_neg 1.05) ran; ")
+    return ("not testable here", f"{measured}median |r - 1| {fmt(dev)}, where the gate slopes "
+            f"sech^2(tau (r - 1) / 2) of tau 1.0 and 1.05 are 1 - {flat[0]:.2g} and 1 - {flat[1]:.2g}: the two "
+            f"temperatures act alike and there is no instability to damp. Needs a stress (lr x10, 4 epochs) and "
+            f"100+ steps a run x 3 seeds x 2 settings (about {6 * 100 * ev.step_s() / 3600:.0f} h here)")
+
+
+#: (claim, published, prefix of the simulator report's claim rows, simulator numbers (algo, key, percent), real cell)
+CLAIMS = (
+    ("DCPO's TCR is an order of magnitude below GRPO's and DAPO's",
+     "DCPO 2509.02333, Table 2: about 10x below both", "DCPO's TCR",
+     (("dcpo", "clip_frac", True), ("grpo", "clip_frac", True), ("dapo", "clip_frac", True)), real_dcpo_tcr),
+    ("DCPO's RUR is well above GRPO's", "DCPO Table 2: 71.8% vs 43.8%", "DCPO's RUR",
+     (("dcpo", "rur", True), ("grpo", "rur", True)), real_dcpo_rur),
+    ("GSPO clips far more tokens than GRPO", "GSPO 2507.18071, Fig. 2: about two orders of magnitude",
+     "GSPO clips", (("gspo", "clip_frac", True), ("grpo", "clip_frac", True)), real_gspo),
+    ("Clip-higher (eps_high 0.28) slows entropy collapse; the up-clipped tokens are rare ones",
+     "DAPO 2503.14476, Sec. 3.1, Fig. 2-3: entropy kept up; up-clipped tokens have pi_old < 0.2",
+     "Clip-higher slows", (("dapo", "entropy_final", False), ("grpo", "entropy_final", False),
+                           ("dapo", "upclip_pold_median", False), ("dapo", "upclip_pold_lt02", True)),
+     real_clip_higher),
+    ("Dr.GRPO removes GRPO's length bias on wrong answers",
+     "Dr.GRPO 2503.20783, Sec. 3.1: GRPO's wrong answers grow longer, Dr.GRPO's do not", "Dr.GRPO removes",
+     (("dr_grpo", "len_wrong", False), ("grpo", "len_wrong", False)), real_drgrpo),
+    ("Dynamic sampling costs extra generations", "DAPO Sec. 3.2: groups with all-equal rewards are refilled",
+     "DAPO's dynamic sampling", (("dapo", "gen_per_trained", False),), real_dynamic_sampling),
+    ("SAPO with tau_neg > tau_pos is more stable than the reverse", "SAPO 2511.20347: tau_neg > tau_pos",
+     "SAPO with tau_neg", (("sapo", "ratio_dev_median", False),), real_sapo),
+)
+SIM_ENVS = (("toy_lm", "simulator toy LM"), ("feature_lm", "simulator feature LM"))
+
+
+def claims_lines(ev: Evidence, sim_dir) -> list[str]:
+    """The claims table: published | simulator toy LM | simulator feature LM | real LM, each cell a verdict with
+    its numbers (the simulator's from reports/sim: its summary JSON and its report's claim rows)."""
+    sim_dir = Path(sim_dir)
+    rows = _sim_rows(sim_dir / "report.md")
+    summaries = {env: (read_json(sim_dir / f"summary_{env}.json") if (sim_dir / f"summary_{env}.json").exists()
+                       else None) for env, _ in SIM_ENVS}
+    lines = ["| claim | published | " + " | ".join(t for _, t in SIM_ENVS) + " | real LM (SmolLM2-135M) |",
+             "|---|---|---|---|---|"]
+    for claim, published, prefix, nums, real in CLAIMS:
+        sims = [sim_cell(summaries[env], rows.get(env, []), prefix, nums) for env, _ in SIM_ENVS]
+        verdict, text = real(ev)
+        lines.append(f"| {md(claim)} | {md(published)} | " + " | ".join(sims) + f" | **{verdict}**: {md(text)} |")
+    return lines
+
+
+def section(evidence_dir, sim_dir) -> list[str]:
+    """The evidence section of the real-model README (markdown lines); ``evidence_dir``/NOTES.md, when present,
+    follows the setting (what the numbers cannot show, the budget)."""
+    ev = Evidence(evidence_dir)
+    notes_path = Path(evidence_dir) / "NOTES.md"
+    notes = [notes_path.read_text().strip(), ""] if notes_path.exists() else []
+    c = ev.cfg()
+    n_runs = sum(len(by) for by in ev.runs.values())
+    steps = {len(r["records"]) for by in ev.runs.values() for r in by.values()}
+    m, r, t, d = c["model"], c["rollout"], c["train"], c["data"]
+    return [
+        f"{n_runs} runs: {len(ev.runs)} settings (the algorithms, and variants named after them) x seeds "
+        f"{sorted({s for by in ev.runs.values() for s in by})}, "
+        f"{'/'.join(map(str, sorted(steps)))} steps each. Setting: {m['name']} (top {m['train_top_layers']} blocks "
+        f"trained), engine {r['engine']}, {r['prompts_per_step']} prompts x G = {r['group_size']}, "
+        f"{r['max_new_tokens']}-token budget, a pool of {d['n']} problems ({d['digits']}-digit addition; a seed "
+        f"draws its own pool and samples), lr {t['lr']}, {t['epochs']} epoch(s) in minibatches of "
+        f"{t['minibatch_size']} sequences ({r['prompts_per_step'] * r['group_size'] // max(t['minibatch_size'], 1)}"
+        f" optimiser steps per rollout batch, so the ratio moves away from 1 within a batch). Each algorithm keeps "
+        f"its paper's reward, advantage and registry defaults (configs/evidence/).",
+        "",
+        *notes,
+        f"Metrics have the simulator's names and definitions (sim/metrics.py; gpu/step_metrics.py). Accuracy and "
+        f"pass@k: over the last {TAIL:.0%} of steps (first: the first {TAIL:.0%}); entropy: the last step; the rest "
+        f"are means over all steps. Each cell: mean ± 95% confidence half-width over seeds (Student t, n - 1 degrees "
+        f"of freedom; the column header gives n).",
+        "",
+        *algo_table(ev),
+        "",
+        "### Paired by seed against GRPO (95% interval of the per-seed difference excludes 0)",
+        "",
+        *paired_lines(ev),
+        "",
+        "### GSPO and SAPO no longer coincide",
+        "",
+        "With one optimiser step per batch (the earlier runs below) their gradients are equal at r = 1 and the runs "
+        "were identical step for step. Here, same seed (same first batch):",
+        "",
+        *coincide_lines(ev),
+        "",
+        "### Claims",
+        "",
+        "Simulator cells: the verdicts of reports/sim/report.md's claim rows for that environment (its regime in "
+        "brackets) and numbers from reports/sim/summary_<env>.json (mean ± sd over seeds). Real cells: these runs.",
+        "",
+        *claims_lines(ev, sim_dir),
+    ]

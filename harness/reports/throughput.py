@@ -1,0 +1,72 @@
+"""Markdown for the training-step throughput JSON of gpu/bench_h200.py: `cliplab report FILE.json` (or a folder
+holding throughput.json) writes a table of tokens/s, model TFLOP/s and MFU per algorithm."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.reports.rundirs import fmt
+
+KIND = "cliplab-throughput"  # the "kind" field gpu/bench_h200.py writes
+COLUMNS = (("algo", "algorithm"), ("steps", "timed steps"), ("step_s", "step s"),
+           ("train_tokens_per_s", "trained tokens/s"), ("all_tokens_per_s", "all tokens/s"),
+           ("model_tflops", "model TFLOP/s"), ("mfu", "MFU"), ("peak_mem_gib", "peak GiB"))
+
+
+def _load(path: Path):
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON file ({e})") from None
+    return data if isinstance(data, dict) and data.get("kind") == KIND else None
+
+
+def find(dirs) -> list[Path]:
+    """The throughput JSON files among ``dirs``: each a .json file of that kind or a folder with throughput.json."""
+    found = []
+    for d in map(Path, dirs):
+        p = d / "throughput.json" if d.is_dir() else d
+        if p.suffix == ".json" and p.is_file() and _load(p) is not None:
+            found.append(p)
+    return found
+
+
+def _cell(key, v):
+    if v is None:
+        return "n/a"
+    if key == "mfu":
+        return fmt(v, pct=True)
+    return str(v) if isinstance(v, (str, int)) else fmt(v)
+
+
+def render(data: dict, source: str) -> list[str]:
+    """Markdown lines for one result."""
+    b = data["batch"]
+    lines = [f"## {data['model']} on {data['device']} ({source})", "",
+             f"{data['precision']}; gradient checkpointing {data['grad_checkpointing']}; {b['prompts']} prompts x "
+             f"G={b['group']}, prompt {b['prompt_len']} + up to {b['gen_len']} generated tokens; "
+             f"{data['params'] / 1e6:.1f}M parameters; {fmt(data['flops_per_step'] / 1e12)} model TFLOP per step; "
+             f"MFU against {fmt(data['peak_tflops']) if data['peak_tflops'] else 'no'} peak TFLOP/s; "
+             f"{fmt(data['total_s'])} s in all.", "",
+             "| " + " | ".join(h for _, h in COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_cell(k, r.get(k)) for k, _ in COLUMNS) + " |" for r in data["rows"]]
+    return lines + [""]
+
+
+def write_report(paths, out_md=None) -> Path:
+    """Write ``out_md`` (default: throughput.md beside the first file) for the throughput JSON ``paths``."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("dirs: no throughput JSON files")
+    out_md = Path(out_md) if out_md else paths[0].with_name("throughput.md")
+    lines = ["# cliplab training-step throughput", "",
+             "Model FLOPs (6 per weight per token, plus causal attention; recomputation not counted) per second of "
+             "the timed steps; MFU = model FLOP/s over the device's peak.", ""]
+    for p in paths:
+        data = _load(p)
+        if data is None:
+            raise ValueError(f"{p}: expected a JSON object with kind {KIND!r}")
+        lines += render(data, p.name)
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text("\n".join(lines))
+    return out_md

@@ -1,0 +1,60 @@
+"""``cliplab sim``: run a simulator sweep and print its summary."""
+from __future__ import annotations
+
+import json
+
+from sim.config import parse_sets
+from spec.registry import ALGORITHMS
+
+BACKENDS = ("process", "ray")
+SHOWN = ("accuracy", "reward", "entropy_final", "clip_frac", "rur", "zero_grad_frac", "gen_per_trained")
+
+
+def parse_algos(text: str) -> list[str]:
+    """``"grpo,dapo"`` -> ["grpo", "dapo"]; ``"all"`` -> every registry algorithm."""
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if names == ["all"]:
+        return list(ALGORITHMS)
+    if not names:
+        raise ValueError("algos: expected a comma-separated list of algorithms (or 'all')")
+    for name in names:
+        if name not in ALGORITHMS:
+            raise ValueError(f"algos: unknown algorithm {name!r}; expected among {', '.join(ALGORITHMS)} or 'all'")
+    if len(set(names)) != len(names):
+        raise ValueError(f"algos: an algorithm is listed twice in {text!r}")
+    return names
+
+
+def format_table(summary: dict) -> str:
+    """A plain-text table of the summary, one row per label."""
+    rows = [["label", *SHOWN]]
+    for label, vals in summary["algorithms"].items():
+        rows.append([label] + ["-" if vals[k] is None else f"{vals[k]:.4g}" for k in SHOWN])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def run_sweep_on(backend: str, env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,
+                 out: str = "runs/sim", workers: int = 2, progress: bool = True, address: str | None = None) -> dict:
+    """The sweep on ``backend``: ``process`` (sim.sweep.run_sweep, local processes) or ``ray``."""
+    if backend == "process":
+        if address is not None:
+            raise ValueError("address: only the ray backend connects to a cluster")
+        from sim.sweep import run_sweep
+        return run_sweep(env, algos, seeds, steps, grid, out, workers=workers, progress=progress)
+    if backend == "ray":
+        from harness.runs.ray import run_sweep_ray
+        return run_sweep_ray(env, algos, seeds, steps, grid, out, address=address, num_cpus=workers,
+                             progress=progress)
+    raise ValueError(f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+
+
+def sim_command(env: str, algos: str | list[str], seeds: int, steps: int, sets: list[str] | None, out: str,
+                json_out: bool = False, workers: int = 2, progress: bool = True, backend: str = "process",
+                address: str | None = None) -> dict:
+    """Run ``algos`` x ``seeds`` x the ``--set`` grid on ``env`` into ``out``; print the summary (JSON if asked)."""
+    names = parse_algos(algos) if isinstance(algos, str) else parse_algos(",".join(algos))
+    summary = run_sweep_on(backend, env, names, seeds, steps, parse_sets(sets), out, workers=workers,
+                           progress=progress, address=address)
+    print(json.dumps(summary["algorithms"], indent=1, sort_keys=True) if json_out else format_table(summary))
+    return summary
