@@ -249,10 +249,10 @@ def k3_unbiased_under_old_policy(n: int = 3) -> bool:
 def tis_without_cap_is_plain_importance_weighting() -> bool:
     """Truncated IS with C = oo weights each token's loss by exp(old_logp - rollout_logp) exactly."""
     from .contract import resolve_hparams
-    from .exact import _exact_hp, symbolic_objective
+    from .exact import _exact_hp, short_rational, symbolic_objective
     from .registry import get_algorithm
     plain, s = symbolic_objective("grpo", 1, 2, beta=0.0)
-    hp = _exact_hp(resolve_hparams("grpo", {"beta": 0.0, "rollout_correction": "tis"}))
+    hp = _exact_hp(resolve_hparams("grpo", {"beta": 0.0, "rollout_correction": "tis"}), short_rational)
     hp["tis_cap"] = sp.oo
     tis = ob.policy_objective(get_algorithm("grpo"), hp, s["lp"], s["sg"], s["old"], s["A"], [[1, 1]],
                               rollout=s["ro"])

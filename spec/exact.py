@@ -19,6 +19,12 @@ def rational(x):
     return x if isinstance(x, sp.Basic) else sp.Rational(float(x)) if isinstance(x, float) else sp.sympify(x)
 
 
+def short_rational(x):
+    """A float as the shortest decimal that round-trips to it, exactly (0.2 -> 1/5, 1e-6 -> 1/1000000): the value
+    a paper or a config writes, for expressions a person reads."""
+    return sp.Rational(repr(float(x))) if isinstance(x, float) else rational(x)
+
+
 def _exact(name, x, ndim=None):
     """A checked numeric array as an object array of exact rationals; symbolic arrays pass through unchecked."""
     arr = np.asarray(x, dtype=object)
@@ -107,8 +113,10 @@ def _symbols(prefix, n_rows, n_cols):
     return [[sp.Symbol(f"{prefix}_{i}_{t}", real=True) for t in range(n_cols)] for i in range(n_rows)]
 
 
-def _exact_hp(hp):
-    return {k: rational(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in hp.items()}
+def _exact_hp(hp, exact=rational):
+    """Numeric hyper-parameters as sympy numbers: binary-exact (``rational``) where the float layers are matched at a
+    point, ``short_rational`` in expressions to read."""
+    return {k: exact(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in hp.items()}
 
 
 def symbolic_objective(name, rows, cols, *, mask=None, group_size=None, cov_select=None, **hp):
@@ -123,7 +131,7 @@ def symbolic_objective(name, rows, cols, *, mask=None, group_size=None, cov_sele
     check_token_shapes({"mask": mask.shape}, group_size, hp["agg"])
     syms = {k: _symbols(k, rows, cols) for k in ("lp", "sg", "old", "A", "ref", "ro")}
     chosen = None if cov_select is None else as_mask(cov_select, "cov_select").astype(int).tolist()
-    expr = ob.policy_objective(alg, _exact_hp(hp), syms["lp"], syms["sg"], syms["old"], syms["A"], mask.tolist(),
+    expr = ob.policy_objective(alg, _exact_hp(hp, short_rational), syms["lp"], syms["sg"], syms["old"], syms["A"], mask.tolist(),
                                syms["ref"] if hp["beta"] > 0 else None, group_size, ob.piecewise,
                                syms["ro"] if hp["rollout_correction"] else None, chosen)
     return expr, syms

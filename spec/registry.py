@@ -22,6 +22,17 @@ ROLLOUT_CORRECTIONS = ("tis", "mis", "seq_mis")
 #: CISPO's cap on the importance weight: ``1 + eps_high`` (paper, verl, SkyRL) or ``eps_high`` itself (TRL, Liger).
 CAP_MODES = ("relative", "absolute")
 
+#: The hyper-parameters each kind of clip reads (Algorithm.clip), each token selection (Algorithm.select), and each
+#: rollout correction beyond its name.
+CLIP_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "fixed": ("eps_low", "eps_high", "dual_clip", "delta"), "dynamic": ("eps_low", "eps_high", "r_max", "dual_clip"),
+    "log": ("eps_low", "eps_high"), "soft": ("tau_pos", "tau_neg"), "truncated": ("eps_low", "eps_high", "cap_mode"),
+    "off": ()})
+SELECT_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "cov_seed"), "kl_cov": ("kl_cov_ratio", "kl_cov_coef")})
+ROLLOUT_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "tis": ("tis_cap",), "mis": ("mis_low", "mis_high"), "seq_mis": ("mis_low", "mis_high")})
+
 #: Every hyper-parameter a policy loss accepts, with the meaning users see in errors and --help.
 HPARAMS: Mapping[str, str] = MappingProxyType({
     "eps_low": "lower clip width: r >= 1 - eps_low (DCPO: eps in its dynamic lower bound)",
@@ -62,6 +73,26 @@ class Algorithm:
     source: str = ""
     advantage: str = "grpo"  # the estimator the paper trains with (a key of ADVANTAGES)
     select: str | None = None  # token selection by Cov(log pi, A): "clip_cov" or "kl_cov"
+
+    def reads(self, hp: Mapping[str, object] | None = None) -> tuple[str, ...]:
+        """The hyper-parameters this algorithm reads under settings ``hp`` (its defaults when None), in HPARAMS'
+        order: its clip's, its token selection's, the KL estimator when beta > 0, max_len under the normalised sum,
+        and a rollout correction's own bounds when one is on."""
+        hp = {**self.defaults, **(hp or {})}
+        if self.clip == "none":
+            return ("beta",)
+        used = {"beta", "agg", "rollout_correction"} | set(CLIP_READS[self.clip]) | set(SELECT_READS.get(self.select, ()))
+        if hp["beta"]:
+            used.add("kl")
+        if hp["agg"] == "seq_mean_token_sum_norm":
+            used.add("max_len")
+        used |= set(ROLLOUT_READS.get(hp["rollout_correction"], ()))
+        return tuple(k for k in HPARAMS if k in used)
+
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{k}={self.defaults[k]!r}" for k in self.reads())
+        return (f"Algorithm({self.name!r}, ratio={self.ratio!r}, clip={self.clip!r}, advantage={self.advantage!r}, "
+                f"{settings}; source: {self.source})")
 
 
 def _alg(name, ratio, clip, source, advantage="grpo", select=None, **defaults):

@@ -54,3 +54,49 @@ def test_dcpo_dual_clip_follows_r_max(r_max):
 def test_unknown_name_lists_the_known_ones():
     with pytest.raises(ValueError, match="name: unknown algorithm 'grpoo'.*dcpo"):
         get_algorithm("grpoo")
+
+
+# Another valid value of each hyper-parameter (beside its default), for the reads() test.
+OTHER = {"eps_low": 0.1, "eps_high": 0.35, "kl": "k1", "max_len": 7, "tau_pos": 3.0, "tau_neg": 0.3, "r_max": 2.0,
+         "dual_clip": 1.5, "delta": 4.0, "cap_mode": "absolute", "clip_cov_ratio": 0.5, "clip_cov_lb": -5.0,
+         "clip_cov_ub": 50.0, "cov_seed": 3, "kl_cov_ratio": 0.5, "kl_cov_coef": 3.0, "tis_cap": 1.1,
+         "mis_low": 0.9, "mis_high": 1.2}
+
+
+@pytest.mark.parametrize("name", POLICY_ALGORITHMS)
+@pytest.mark.parametrize("base", [{}, {"beta": 0.1}, {"rollout_correction": "tis"}, {"rollout_correction": "mis"}])
+def test_reads_names_what_the_loss_reads(name, base):
+    """A hyper-parameter outside ``reads`` changes nothing (or is refused with its name); the clip's and selection's
+    ones inside it do change a token-ratio loss or its gradient on a batch with ratios far from 1."""
+    import numpy as np
+
+    import sim
+    rng = np.random.default_rng(0)
+    logp = -rng.exponential(1.0, (4, 6))
+    old = np.minimum(logp + rng.normal(0, 1.5, (4, 6)), -1e-3)  # log-probs (DCPO's q needs pi_old <= 1)
+    batch = dict(logp=logp, old_logp=old, adv=rng.normal(size=(4, 6)), mask=np.ones((4, 6)), group_size=2,
+                 ref_logp=logp + rng.normal(0, 0.5, (4, 6)), rollout_logp=old + rng.normal(0, 0.5, (4, 6)))
+    alg = get_algorithm(name)
+    if alg.defaults["agg"] == "seq_mean_token_sum_norm":
+        base = {**base, "max_len": 6}
+    reads = alg.reads(base)
+
+    def run(**hp):
+        try:
+            loss, grad, _ = sim.policy_loss(name, batch["logp"], batch["old_logp"], batch["adv"], batch["mask"],
+                                            group_size=2, ref_logp=batch["ref_logp"],
+                                            rollout_logp=batch["rollout_logp"] if base.get("rollout_correction")
+                                            else None, **{**base, **hp})
+        except ValueError as exc:
+            assert next(iter(hp)) in str(exc)
+            return None
+        return loss, grad
+
+    loss0, grad0 = run()
+    for key, value in OTHER.items():
+        got = run(**{key: value})
+        if key not in reads:
+            assert got is None or (got[0] == loss0 and np.array_equal(got[1], grad0)), key
+        elif alg.ratio == "token" and key in ("eps_low", "eps_high", "tau_pos", "tau_neg", "kl", "tis_cap", "mis_low",
+                                              "mis_high"):
+            assert got is not None and (got[0] != loss0 or not np.array_equal(got[1], grad0)), key
