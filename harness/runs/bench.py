@@ -86,9 +86,11 @@ def _rss_peak_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
 
 
-def compare(rows: int = 1024, cols: int = 1024, repeat: int = 5, algorithms=POLICY_ALGORITHMS) -> list[dict]:
+def compare(rows: int = 1024, cols: int = 1024, repeat: int = 5, algorithms=POLICY_ALGORITHMS):
     """Every algorithm in sim and gpu beside its plain reference, each target in its own process so that peak
-    memory is its own; returns rows with seconds, ratio to the plain reference and peak extra memory."""
+    memory is its own; returns a table (pandas) of seconds per call, the ratio to the plain reference of the same
+    layer, and the peak extra memory, one row per (layer, algorithm)."""
+    import pandas as pd
     targets = [("plain_numpy", "ppo"), ("plain_torch", "ppo")]
     targets += [(k, n) for n in algorithms for k in ("sim", "gpu")]
     results = []
@@ -97,11 +99,11 @@ def compare(rows: int = 1024, cols: int = 1024, repeat: int = 5, algorithms=POLI
                 f"print(json.dumps(_measure({kind!r}, {name!r}, {rows}, {cols}, {repeat})))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    plain = {"sim": results[0]["seconds"], "gpu": results[1]["seconds"]}
-    for r in results:
-        ref = plain["sim"] if r["kind"] in ("sim", "plain_numpy") else plain["gpu"]
-        r["ratio_to_plain"] = r["seconds"] / ref
-    return results
+    table = pd.DataFrame(results).rename(columns={"kind": "layer", "name": "algorithm"})
+    plain = table["layer"].map({"sim": "plain_numpy", "plain_numpy": "plain_numpy", "gpu": "plain_torch",
+                                "plain_torch": "plain_torch"})
+    table["ratio_to_plain"] = table["seconds"] / plain.map(table.set_index("layer")["seconds"].to_dict())
+    return table.set_index(["layer", "algorithm"])
 
 
 def logprob_inputs(n, hidden, vocab):

@@ -179,8 +179,25 @@ def main(argv=None):
         if a.out:  # written after each, so that a long run keeps what it measured
             with open(a.out, "w") as f:
                 json.dump(res, f, indent=1)
-    print(json.dumps(res, indent=1))
+    print(summary(res))
     return res
+
+
+def summary(res: dict) -> str:
+    """The comparison as a person reads it: the two losses on one batch, then a table with a row per TRL setting
+    (seconds per step by the chosen clock, speed-up by CPU and wall time, mean completion lengths)."""
+    import pandas as pd
+    clock = res["settings"]["clock"]
+    rows = {key: {"TRL gradient checkpointing": r["gradient_checkpointing_trl"], "steps timed": r["steps_timed"],
+                  f"ours s/step ({clock})": r[f"ours_{clock}_s_median"],
+                  f"TRL s/step ({clock})": r[f"trl_{clock}_s_median"],
+                  "speed-up (CPU)": r["speedup"], "speed-up (wall)": r["speedup_wall"],
+                  "ours mean length": r["ours_len_mean"], "TRL mean length": r["trl_len_mean"]}
+            for key in ("trl_default", "trl_no_checkpointing") if (r := res.get(key))}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    settings = ", ".join(f"{k} {v}" for k, v in res["settings"].items())
+    return (f"{settings}\nloss on one batch: ours {res['ours_loss']:.6g}, TRL {res['trl_loss']:.6g} "
+            f"(|diff| {res['abs_diff']:.2g})\n\n{table.to_string(float_format=lambda x: f'{x:.3g}')}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Differential checks that hold spec (exact), sim (NumPy float64) and gpu (torch float64 and float32) together."""
 from __future__ import annotations
 
+import re
+
 from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
@@ -352,8 +354,15 @@ def markdown(rows, derivations) -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence, whole, on one line (a docstring's first line may end mid-sentence)."""
+    text = " ".join(doc.split())
+    end = re.search(r"\.(\s+[A-Z(]|$)", text)  # "Eq. 4" and "Sec. 3" do not end one
+    return text[:end.start() + 1] if end else text
+
+
 def derivations() -> list[dict]:
     """The sympy derivations, each with its verdict."""
     from spec.derivations import CHECKS
-    return [{"derivation": name, "holds": bool(check()), "source": check.__doc__.splitlines()[0]}
+    return [{"derivation": name, "holds": bool(check()), "source": first_sentence(check.__doc__)}
             for name, check in CHECKS.items()]
