@@ -10,6 +10,8 @@ from harness.reports.evidence import Evidence, paired, t_interval
 from harness.reports.real import KEEP, write_readme
 
 STEPS = 3
+#: two-sided p of t = 4 sqrt(3) on 2 degrees of freedom, where P(|T| > t) = 1 - t / sqrt(2 + t^2)
+P_T4SQRT3 = 1 - 4 * 3 ** 0.5 / 50 ** 0.5
 
 
 def _run(root, algo, seed, name=None, hp=None, **per_step):
@@ -43,13 +45,15 @@ def evidence(tmp_path):
 
 
 def test_t_interval_and_pairing_by_hand():
-    m, h, n = t_interval([0.01, 0.02, 0.03])  # sd 0.01, t(0.975, 2) = 4.303
-    assert (m, n) == (pytest.approx(0.02), 3) and h == pytest.approx(4.303 * 0.01 / 3 ** 0.5)
+    iv = t_interval([0.01, 0.02, 0.03])  # sd 0.01, t(0.975, 2) = 4.303
+    assert (iv.mean, iv.n) == (pytest.approx(0.02), 3) and iv.half == pytest.approx(4.303 * 0.01 / 3 ** 0.5,
+                                                                                      rel=1e-4)
     a = {0: {"x": 0.5}, 1: {"x": 0.5}, 2: {"x": 0.5}, 3: {"x": 9.0}}
     b = {0: {"x": 0.9}, 1: {"x": 1.0}, 2: {"x": 0.8}}
-    m, h, n, sig = paired(a, b, "x")  # seeds 0-2 only; differences 0.4, 0.5, 0.3
-    assert (m, n, sig) == (pytest.approx(0.4), 3, True) and h == pytest.approx(4.303 * 0.1 / 3 ** 0.5)
-    assert paired(a, {0: {"x": 0.6}, 1: {"x": 0.4}}, "x")[3] is False  # +0.1, -0.1: the interval holds 0
+    c = paired(a, b, "x")  # seeds 0-2 only; differences 0.4, 0.5, 0.3: t = 0.4 / (0.1 / sqrt 3) on 2 df
+    assert (c.diff, c.n_a) == (pytest.approx(0.4), 3) and c.half == pytest.approx(4.303 * 0.1 / 3 ** 0.5, rel=1e-4)
+    assert c.p == pytest.approx(P_T4SQRT3, rel=1e-6)
+    assert not paired(a, {0: {"x": 0.6}, 1: {"x": 0.4}}, "x").significant()  # +0.1, -0.1: the interval holds 0
 
 
 def test_evidence_summaries(evidence):
@@ -84,19 +88,26 @@ def test_readme_regenerates_with_claims(evidence, tmp_path):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2].startswith("**reproduced**: dcpo rur 98% ± 1% sd; grpo rur 30% ± 2% sd (5 seeds, 300 steps)")
     assert cells[3].startswith("no claim row in reports/sim/report.md: dcpo rur 60% ± 1% sd")
-    # real: RUR differences 0.4, 0.5, 0.3 over the paired seeds
-    assert cells[4].startswith("**reproduced**: RUR dcpo 90% ± 24.8% vs grpo 50%")
+    # real, paired t tests over 3 seeds, Holm across the 4 claims tested: RUR differences 0.4, 0.5, 0.3 and DAPO's
+    # generations per trained response minus 1, 0.5, 0.667, 0.833, both t = 4 sqrt(3), p 0.0202; GSPO's TCR
+    # differences 49%, 48%, 47% (t = 83.1, p 0.00015); DCPO's TCR against GRPO's seeds (1%, 2%, 3%): -0.9%, -1.9%,
+    # -2.9% (t = -3.29, p 0.081; against DAPO the same -4.9% on every seed: structural). Holm: 4 x 0.00015;
+    # 3 x 0.0202 = 0.061; 0.061; 0.081: only GSPO's stays under 5%
+    assert cells[4].startswith("**not detectable with 3 seeds (smallest detectable effect ")
+    assert "RUR dcpo 90% ± 24.8% vs grpo 50%" in cells[4]
     tcr = next(line for line in text.splitlines() if line.startswith("| DCPO's TCR"))
-    # 0.1% against 2% and 5%: 10x below both, but against GRPO's seeds (1%, 2%, 3%) the paired differences
-    # (-0.9%, -1.9%, -2.9%) have a 95% half-width of 2.48%: in the direction, not significant
-    assert "**partly**: TCR dcpo 0.1%" in tcr
+    assert "**not detectable with 3 seeds" in tcr and "TCR dcpo 0.1%" in tcr
     gspo = next(line for line in text.splitlines() if line.startswith("| GSPO clips"))
-    assert "**reproduced**" in gspo and "(25x;" in gspo  # 50% vs 2%; differences 49%, 48%, 47%: significant
+    assert "**reproduced**" in gspo and "(25x;" in gspo
     ds = next(line for line in text.splitlines() if line.startswith("| Dynamic sampling"))
-    # seed means 1.5, 1.667, 1.833: sd 1/6, half-width 4.303 sd / sqrt 3
-    assert "**reproduced**: dapo generates 1.67 ± 0.414" in ds
+    assert "**not detectable with 3 seeds" in ds and "dapo generates 1.67 ± 0.414" in ds
+    clip = next(line for line in text.splitlines() if line.startswith("| Clip-higher"))
+    assert "**not testable here**" in clip  # 3 steps: entropy has not fallen
+    assert "Holm-corrected across the 4 claims tested here" in text
     assert "- seed 0: entropy differs from step 2 on (largest gap 0.05)" in text
-    assert "- dcpo - grpo, rur: 0.4 ± 0.248 (n = 3 seeds)" in text
+    # paired section: Holm over every (algorithm, metric) test against GRPO; rur's p 0.0202 is not significant
+    # after it, GSPO's TCR (p 0.00015, times at most 7 tests here) is
+    assert "- dcpo - grpo, rur" not in text and "- gspo - grpo, clip_frac: 0.48 ± 0.0248 (n = 3 seeds" in text
     assert (readme.parent / "evidence_curves.png").stat().st_size > 1000
 
 
@@ -111,11 +122,18 @@ def test_runner_jobs_and_finished(tmp_path):
 
 
 def test_verdict_rules():
-    from harness.reports.evidence import verdict
-    assert verdict(0.3, True, +1) == "reproduced" and verdict(0.3, True, +1, magnitude=False) == "partly"
-    assert verdict(0.3, False, +1) == "partly" and verdict(-0.3, True, +1) == "reversed"
-    assert verdict(-0.3, False, +1) == "no effect" and verdict(-0.3, True, -1) == "reproduced"
-    assert verdict(float("nan"), False, +1) == "not testable here"
+    from harness.reports.evidence import Measured, verdict
+    from harness.reports.stats import paired_test
+    up = paired_test([0, 0, 0], [0.3, 0.5, 0.4])  # differences 0.3, 0.5, 0.4
+    down = paired_test([0.3, 0.5, 0.4], [0, 0, 0])
+    assert verdict(Measured("", up, +1), 0.01) == "reproduced"
+    assert verdict(Measured("", up, +1, magnitude=False), 0.01) == "partly"
+    assert verdict(Measured("", down, +1), 0.01) == "reversed" and verdict(Measured("", down, -1), 0.01) == "reproduced"
+    assert verdict(Measured("", up, +1), 0.2).startswith("not detectable with 3 seeds (smallest detectable effect ")
+    assert verdict(Measured("", paired_test([1.0], [2.0]), +1), float("nan")) == "not testable here"
+    assert verdict(Measured("", up, +1, fixed="not run"), 0.01) == "not run"
+    assert verdict(Measured("", paired_test([1, 2], [1.5, 2.5]), +1), float("nan")) == "reproduced"  # structural
+    assert verdict(Measured("", paired_test([1, 2], [1, 2]), +1), float("nan")) == "identical on every seed"
 
 
 def test_clip_higher_reads_the_clean_pair_when_it_ran(evidence):
@@ -125,6 +143,7 @@ def test_clip_higher_reads_the_clean_pair_when_it_ran(evidence):
     from harness.reports.evidence import real_clip_higher
     ev = Evidence(evidence)
     assert "grpo_beta0" in ev.s and ev.vals("grpo", "clip_frac") == pytest.approx([0.01, 0.02, 0.03])
-    verdict, text = real_clip_higher(ev)  # differences 0.1, 0.15, 0.2: mean 0.15, half-width 4.303 * 0.05 / sqrt 3
-    assert verdict == "reproduced" and text.startswith("GRPO without KL, final entropy eps_high 0.28 0.95 ± 0.124 vs "
-                                                       "0.2 0.8")
+    m = real_clip_higher(ev)  # differences 0.1, 0.15, 0.2: mean 0.15, half-width 4.303 * 0.05 / sqrt 3
+    assert m.text.startswith("GRPO without KL, final entropy eps_high 0.28 0.95 ± 0.124 vs 0.2 0.8")
+    assert m.test.diff == pytest.approx(0.15) and m.test.half == pytest.approx(4.303 * 0.05 / 3 ** 0.5, rel=1e-4)
+    assert m.fixed == "not testable here"  # 3 steps: entropy has not fallen yet

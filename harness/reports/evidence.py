@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from sim.metrics import summarise_run
 from spec.records import read_json, read_jsonl
 
 from harness.reports.rundirs import ALIASES, fmt, md
+from harness.reports.stats import Comparison, holm, paired_test, t_interval
 
 #: the evidence runs (configs/evidence/<name>.yaml): the algorithms, then settings that test one claim each
 #: (SAPO's temperatures reversed; clip-higher on GRPO without its KL penalty)
@@ -20,7 +22,6 @@ ALGOS = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo", "clip_cov")
 VARIANTS = ("sapo_tau_reversed", "grpo_beta0", "grpo_beta0_eps_high028")
 ORDER = ALGOS + VARIANTS
 TAIL = 0.3  # accuracy, pass@k: the last 30% of steps, at least one (the simulator's summary: 10% of 300 steps)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 #: (summary key, what it is) of the per-algorithm table
 TABLE = (("accuracy_first", "accuracy, first 30% of steps"), ("accuracy", "accuracy, last 30%"),
          ("pass@1", "pass@1 from the group, last 30%"), ("pass@G", "pass@G from the group, last 30%"),
@@ -52,23 +53,10 @@ def run_summary(records: list[dict], group_size: int) -> dict:
     return s
 
 
-def t_interval(x) -> tuple[float, float, int]:
-    """Mean, 95% half-width (Student t, n - 1 degrees of freedom; NaN under 2 values) and n of the finite values."""
-    x = np.asarray(x, float)
-    x = x[np.isfinite(x)]
-    if not len(x):
-        return float("nan"), float("nan"), 0
-    if len(x) < 2:
-        return float(x.mean()), float("nan"), 1
-    return float(x.mean()), T975.get(len(x) - 1, 1.96) * float(x.std(ddof=1)) / math.sqrt(len(x)), len(x)
-
-
-def paired(a: dict, b: dict, key: str) -> tuple[float, float, int, bool]:
-    """b - a over the seeds both have: mean difference, 95% half-width, n, significant (the interval excludes 0)."""
+def paired(a: dict, b: dict, key: str) -> Comparison:
+    """b - a over the seeds both have, paired by seed (same seed: same prompt pool, same first batch)."""
     seeds = sorted(set(a) & set(b))
-    d = [b[s][key] - a[s][key] for s in seeds]
-    m, h, n = t_interval(d)
-    return m, h, n, bool(n >= 2 and h == h and abs(m) > h)
+    return paired_test([a[s][key] for s in seeds], [b[s][key] for s in seeds])
 
 
 def ci(m: float, h: float, pct: bool = False) -> str:
@@ -110,8 +98,15 @@ class Evidence:
         return [self.s[algo][seed][key] for seed in sorted(self.s.get(algo, {}))]
 
     def cell(self, algo: str, key: str, pct: bool = False) -> str:
-        m, h, _ = t_interval(self.vals(algo, key))
-        return ci(m, h, pct)
+        iv = t_interval(self.vals(algo, key))
+        return ci(iv.mean, iv.half, pct)
+
+    def mean(self, algo: str, key: str) -> float:
+        return t_interval(self.vals(algo, key)).mean
+
+    def steps(self, algo: str) -> int:
+        """The fewest steps any run of ``algo`` has."""
+        return min(len(r["records"]) for r in self.runs[algo].values())
 
     def has(self, *algos) -> bool:
         return all(a in self.s for a in algos)
@@ -131,22 +126,24 @@ def algo_table(ev: Evidence) -> list[str]:
 
 
 def paired_lines(ev: Evidence, base: str = "grpo") -> list[str]:
-    """Each algorithm against ``base``, paired by seed (same seed: same prompt pool, same first batch): the
-    differences whose 95% interval excludes 0, then how many do not."""
+    """Each algorithm against ``base``, paired by seed: the differences significant after Holm's correction across
+    all of them, the structural ones (equal on every seed, or the same in every pair: nothing to test), and how many
+    are not significant."""
     if base not in ev.s:
         return [f"No {base} runs: nothing to pair against."]
-    sig, nonsig = [], 0
-    for a in [a for a in ORDER if a in ev.s and a != base] + sorted(set(ev.s) - set(ORDER)):
-        for key in PAIRED:
-            m, h, n, significant = paired(ev.s[base], ev.s[a], key)
-            if m != m:
-                continue
-            if significant:
-                sig.append(f"- {a} - {base}, {key}: {fmt(m)} ± {fmt(h)} (n = {n} seeds)")
-            else:
-                nonsig += 1
-    return (sig or ["- none"]) + [f"", f"{nonsig} other differences ({', '.join(PAIRED)}) have a 95% interval "
-                                       f"that includes 0."]
+    tests = [(a, key, paired(ev.s[base], ev.s[a], key))
+             for a in [a for a in ORDER if a in ev.s and a != base] + sorted(set(ev.s) - set(ORDER)) for key in PAIRED]
+    tests = [(a, key, c) for a, key, c in tests if c.kind != "too few"]
+    adjusted = holm([c.p if c.kind in ("paired", "welch") else np.nan for _, _, c in tests])
+    sig = [f"- {a} - {base}, {key}: {fmt(c.diff)} ± {fmt(c.half)} (n = {c.n_a} seeds, Holm-adjusted p {p:.2g})"
+           for (a, key, c), p in zip(tests, adjusted) if p < 0.05]
+    structural = [f"{a} {key} ({fmt(c.diff)})" for a, key, c in tests if c.kind == "structural"]
+    tested = sum(np.isfinite(adjusted))
+    return (sig or ["- none"]) + [
+        "", f"Holm's correction runs over the {tested} paired t tests of this section; "
+            f"{tested - len(sig)} are not significant after it.",
+        *([f"Structural, not tested (the same difference on every seed): {', '.join(structural)}."] if structural
+          else [])]
 
 
 def coincide_lines(ev: Evidence, a: str = "gspo", b: str = "sapo") -> list[str]:
@@ -202,115 +199,147 @@ def sim_cell(summary: dict | None, rows: list, prefix: str, nums: tuple) -> str:
 
 
 def _pd(ev, a, b, key, pct=False) -> str:
-    m, h, n, s = paired(ev.s[a], ev.s[b], key)
-    return f"{b} - {a} {ci(m, h, pct)} ({'significant' if s else 'not significant'}, n = {n})"
+    c = paired(ev.s[a], ev.s[b], key)
+    test = "structural" if c.kind == "structural" else f"p {c.p:.2g}" if c.p == c.p else c.kind
+    return f"{b} - {a} {ci(c.diff, c.half, pct)} ({test}, n = {c.n_a})"
 
 
-def verdict(m: float, significant: bool, sign: int, magnitude: bool = True) -> str:
-    """A paired difference ``m`` against the claimed direction ``sign`` (+1 / -1): reproduced (significant, in the
-    direction, with the claimed ``magnitude``), partly (in the direction only), reversed (significant the other way),
-    no effect (otherwise)."""
-    if m != m:
-        return "not testable here"
-    if m * sign > 0:
-        return "reproduced" if significant and magnitude else "partly"
-    return "reversed" if significant else "no effect"
+@dataclass(frozen=True)
+class Measured:
+    """A claim measured on the evidence runs: its test (``test``: b - a, None when there is nothing to test), the
+    claimed direction ``sign`` (+1 / -1) and magnitude, the numbers, and a note after the verdict. ``fixed`` is a
+    verdict decided without a test ("not run", "not testable here")."""
+    text: str
+    test: Comparison | None = None
+    sign: int = 1
+    magnitude: bool = True
+    note: str = ""
+    fixed: str | None = None
+
+
+def verdict(m: Measured, p_adjusted: float, pct: bool = False) -> str:
+    """Reproduced: significant after Holm's correction, in the claimed direction, with the claimed magnitude;
+    partly: significant and in the direction, short of the magnitude; reversed: significant the other way; else
+    not detectable with these seeds, with the smallest effect they detect (80% power). A structural difference (the
+    same on every seed) is exact and needs no test: identical, or significant."""
+    c = m.test
+    if m.fixed or c is None or c.kind == "too few":
+        return m.fixed or "not testable here"
+    if c.kind == "structural":
+        if c.diff == 0:
+            return "identical on every seed" + m.note
+        significant = True
+    else:
+        significant = p_adjusted < 0.05
+    if not significant:
+        return f"not detectable with {c.n_a} seeds (smallest detectable effect {fmt(c.detectable, pct=pct)})" + m.note
+    if c.diff * m.sign > 0:
+        return ("reproduced" if m.magnitude else "partly") + m.note
+    return "reversed" + m.note
 
 
 def real_dcpo_tcr(ev: Evidence):
     if not ev.has("dcpo", "grpo", "dapo"):
-        return "not run", "no runs"
-    d, g, p = (t_interval(ev.vals(a, "clip_frac"))[0] for a in ("dcpo", "grpo", "dapo"))
-    m, _, _, s = paired(ev.s["grpo"], ev.s["dcpo"], "clip_frac")
-    m2, _, _, s2 = paired(ev.s["dapo"], ev.s["dcpo"], "clip_frac")
-    v = verdict(max(m, m2), s and s2, -1, d * 10 <= min(g, p))
-    return (v, f"TCR dcpo {ev.cell('dcpo', 'clip_frac', True)}, grpo {ev.cell('grpo', 'clip_frac', True)}, "
+        return Measured("no runs", fixed="not run")
+    d, g, p = (ev.mean(a, "clip_frac") for a in ("dcpo", "grpo", "dapo"))
+    # below both: the claim holds only as far as the weaker of the two comparisons (the larger p)
+    weaker = max((paired(ev.s["grpo"], ev.s["dcpo"], "clip_frac"), paired(ev.s["dapo"], ev.s["dcpo"], "clip_frac")),
+                 key=lambda c: (c.p if c.p == c.p else 2.0, c.diff))
+    return Measured(f"TCR dcpo {ev.cell('dcpo', 'clip_frac', True)}, grpo {ev.cell('grpo', 'clip_frac', True)}, "
             f"dapo {ev.cell('dapo', 'clip_frac', True)}; paired {_pd(ev, 'grpo', 'dcpo', 'clip_frac', True)}, "
-            f"{_pd(ev, 'dapo', 'dcpo', 'clip_frac', True)}")
+            f"{_pd(ev, 'dapo', 'dcpo', 'clip_frac', True)}", weaker, -1, d * 10 <= min(g, p))
 
 
 def real_dcpo_rur(ev: Evidence):
     if not ev.has("dcpo", "grpo"):
-        return "not run", "no runs"
-    m, h, n, s = paired(ev.s["grpo"], ev.s["dcpo"], "rur")
-    return (verdict(m, s, +1), f"RUR dcpo {ev.cell('dcpo', 'rur', True)} vs grpo {ev.cell('grpo', 'rur', True)}; "
+        return Measured("no runs", fixed="not run")
+    return Measured(f"RUR dcpo {ev.cell('dcpo', 'rur', True)} vs grpo {ev.cell('grpo', 'rur', True)}; "
             f"paired {_pd(ev, 'grpo', 'dcpo', 'rur', True)}. SAS has history from a prompt's second visit: pool of "
             f"{ev.cfg()['data']['n']} prompts, {ev.cfg()['rollout']['prompts_per_step']} a step, "
-            f"{ev.cfg()['run']['steps']} steps")
+            f"{ev.cfg()['run']['steps']} steps", paired(ev.s["grpo"], ev.s["dcpo"], "rur"), +1)
 
 
 def real_gspo(ev: Evidence):
     if not ev.has("gspo", "grpo"):
-        return "not run", "no runs"
-    g, r = t_interval(ev.vals("gspo", "clip_frac"))[0], t_interval(ev.vals("grpo", "clip_frac"))[0]
-    m, h, n, s = paired(ev.s["grpo"], ev.s["gspo"], "clip_frac")
+        return Measured("no runs", fixed="not run")
+    g, r = ev.mean("gspo", "clip_frac"), ev.mean("grpo", "clip_frac")
     times = f"{g / r:.3g}x" if r > 0 else "GRPO clips nothing"
-    return (verdict(m, s, +1, g >= 10 * r), f"TCR gspo {ev.cell('gspo', 'clip_frac', True)} vs grpo "
+    return Measured(f"TCR gspo {ev.cell('gspo', 'clip_frac', True)} vs grpo "
             f"{ev.cell('grpo', 'clip_frac', True)} ({times}; the paper's two orders of magnitude would be 100x); "
-            f"paired {_pd(ev, 'grpo', 'gspo', 'clip_frac', True)}")
+            f"paired {_pd(ev, 'grpo', 'gspo', 'clip_frac', True)}", paired(ev.s["grpo"], ev.s["gspo"], "clip_frac"),
+                    +1, g >= 10 * r)
 
 
 def real_clip_higher(ev: Evidence):
     lo, hi = "grpo_beta0", "grpo_beta0_eps_high028"
     if ev.has(lo, hi):  # the clean test: eps_high alone changes
-        m, h, n, s = paired(ev.s[lo], ev.s[hi], "entropy_final")
-        return (verdict(m, s, +1), f"GRPO without KL, final entropy eps_high 0.28 {ev.cell(hi, 'entropy_final')} "
+        return Measured(f"GRPO without KL, final entropy eps_high 0.28 {ev.cell(hi, 'entropy_final')} "
                 f"vs 0.2 {ev.cell(lo, 'entropy_final')}, paired {_pd(ev, lo, hi, 'entropy_final')}; at 0.2 the "
                 f"upper bound clips {ev.cell(lo, 'clip_up_frac', True)} of tokens, their median pi_old "
                 f"{ev.cell(lo, 'upclip_pold_median')}, share with pi_old < 0.2 {ev.cell(lo, 'upclip_pold_lt02', True)}"
-                f"; at 0.28 {ev.cell(hi, 'clip_up_frac', True)}. {_entropy_budget(ev)}")
+                f"; at 0.28 {ev.cell(hi, 'clip_up_frac', True)}. {_entropy_budget(ev)}",
+                        paired(ev.s[lo], ev.s[hi], "entropy_final"), +1,
+                        fixed="not testable here" if ev.steps(lo) < ENTROPY_STEPS else None)
     if not ev.has("dapo", "grpo"):
-        return "not run", "no runs"
-    m, h, n, s = paired(ev.s["grpo"], ev.s["dapo"], "entropy_final")
-    return (verdict(m, s, +1) + " (confounded)", f"final entropy dapo {ev.cell('dapo', 'entropy_final')} vs grpo "
+        return Measured("no runs", fixed="not run")
+    return Measured(f"final entropy dapo {ev.cell('dapo', 'entropy_final')} vs grpo "
             f"{ev.cell('grpo', 'entropy_final')}, paired {_pd(ev, 'grpo', 'dapo', 'entropy_final')}; DAPO's "
             f"up-clipped share {ev.cell('dapo', 'clip_up_frac', True)}, their median pi_old "
             f"{ev.cell('dapo', 'upclip_pold_median')}, share with pi_old < 0.2 "
             f"{ev.cell('dapo', 'upclip_pold_lt02', True)}. DAPO also changes reward, loss, KL and sampling: the "
-            f"clean test is GRPO with eps_high 0.2 vs 0.28 (beta 0). {_entropy_budget(ev)}")
+            f"clean test is GRPO with eps_high 0.2 vs 0.28 (beta 0). {_entropy_budget(ev)}",
+                    paired(ev.s["grpo"], ev.s["dapo"], "entropy_final"), +1, note=" (confounded)",
+                    fixed="not testable here" if ev.steps("grpo") < ENTROPY_STEPS else None)
+
+
+#: steps a run needs before entropy has fallen enough for a bound to slow its fall
+ENTROPY_STEPS = 50
 
 
 def _entropy_budget(ev: Evidence) -> str:
-    return (f"Entropy has to fall before a bound can slow its fall: at about {ev.step_s():.0f} s a step, 50+ steps "
+    return (f"Entropy has to fall before a bound can slow its fall: at about {ev.step_s():.0f} s a step, "
+            f"{ENTROPY_STEPS}+ steps "
             f"a run x 3 seeds x 2 settings is about {6 * 50 * ev.step_s() / 3600:.1f} h here")
 
 
 def real_drgrpo(ev: Evidence):
     if not ev.has("dr_grpo", "grpo"):
-        return "not run", "no runs"
-    m, h, n, s = paired(ev.s["grpo"], ev.s["dr_grpo"], "len_wrong")
-    trunc = t_interval(ev.vals("grpo", "truncated"))[0]
+        return Measured("no runs", fixed="not run")
+    trunc = ev.mean("grpo", "truncated")
     budget = ev.cfg()["rollout"]["max_new_tokens"]
     why = (f"; {fmt(trunc, pct=True)} of GRPO's responses stop at the {budget}-token budget, so wrong answers cannot "
            f"grow: needs a budget of 128+ tokens and 50+ steps" if trunc > 0.5 else "")
-    return ("not testable here" if why else verdict(m, s, -1), f"length of wrong answers dr_grpo "
-            f"{ev.cell('dr_grpo', 'len_wrong')} vs grpo {ev.cell('grpo', 'len_wrong')}; paired "
-            f"{_pd(ev, 'grpo', 'dr_grpo', 'len_wrong')}{why}")
+    return Measured(f"length of wrong answers dr_grpo {ev.cell('dr_grpo', 'len_wrong')} vs grpo "
+                    f"{ev.cell('grpo', 'len_wrong')}; paired {_pd(ev, 'grpo', 'dr_grpo', 'len_wrong')}{why}",
+                    paired(ev.s["grpo"], ev.s["dr_grpo"], "len_wrong"), -1,
+                    fixed="not testable here" if why else None)
 
 
 def real_dynamic_sampling(ev: Evidence):
     if not ev.has("dapo"):
-        return "not run", "no runs"
-    m, h, n = t_interval(ev.vals("dapo", "gen_per_trained"))
+        return Measured("no runs", fixed="not run")
     rounds = ev.cfg("dapo")["rollout"]["max_rounds"]
-    return (verdict(m - 1, n >= 2 and m - h > 1, +1), f"dapo generates {ci(m, h)} responses per trained "
-            f"response (up to {rounds} generation rounds a step, each refilling the missing groups); all-equal "
-            f"groups {ev.cell('dapo', 'zero_grad_frac', True)}")
+    gen = ev.vals("dapo", "gen_per_trained")
+    return Measured(f"dapo generates {ev.cell('dapo', 'gen_per_trained')} responses per trained response (up to "
+                    f"{rounds} generation rounds a step, each refilling the missing groups); all-equal groups "
+                    f"{ev.cell('dapo', 'zero_grad_frac', True)}",
+                    paired_test(np.ones(len(gen)), gen), +1)  # against one generation per trained response
 
 
 def real_sapo(ev: Evidence):
     if not ev.has("sapo"):
-        return "not run", "no runs"
-    dev = t_interval(ev.vals("sapo", "ratio_dev_median"))[0]
+        return Measured("no runs", fixed="not run")
+    dev = ev.mean("sapo", "ratio_dev_median")
     flat = [1 - 1 / math.cosh(t * dev / 2) ** 2 for t in (1.0, 1.05)]
     rev = "sapo_tau_reversed"
     measured = (f"tau_pos/tau_neg 1.0/1.05 vs 1.05/1.0: final accuracy paired {_pd(ev, rev, 'sapo', 'accuracy')}, "
                 f"final entropy paired {_pd(ev, rev, 'sapo', 'entropy_final')}; " if ev.has(rev) else
                 "only the default temperatures (tau_pos 1.0, tau_neg 1.05) ran; ")
-    return ("not testable here", f"{measured}median |r - 1| {fmt(dev)}, where the gate slopes "
+    return Measured(f"{measured}median |r - 1| {fmt(dev)}, where the gate slopes "
             f"sech^2(tau (r - 1) / 2) of tau 1.0 and 1.05 are 1 - {flat[0]:.2g} and 1 - {flat[1]:.2g}: the two "
             f"temperatures act alike and there is no instability to damp. Needs a stress (lr x10, 4 epochs) and "
-            f"100+ steps a run x 3 seeds x 2 settings (about {6 * 100 * ev.step_s() / 3600:.0f} h here)")
+            f"100+ steps a run x 3 seeds x 2 settings (about {6 * 100 * ev.step_s() / 3600:.0f} h here)",
+                    fixed="not testable here")
 
 
 #: (claim, published, prefix of the simulator report's claim rows, simulator numbers (algo, key, percent), real cell)
@@ -347,11 +376,15 @@ def claims_lines(ev: Evidence, sim_dir) -> list[str]:
                        else None) for env, _ in SIM_ENVS}
     lines = ["| claim | published | " + " | ".join(t for _, t in SIM_ENVS) + " | real LM (SmolLM2-135M) |",
              "|---|---|---|---|---|"]
-    for claim, published, prefix, nums, real in CLAIMS:
+    measured = [real(ev) for *_, real in CLAIMS]
+    tested = [m.test is not None and m.fixed is None and m.test.kind in ("paired", "welch") for m in measured]
+    adjusted = holm([m.test.p if t else np.nan for m, t in zip(measured, tested)])
+    for (claim, published, prefix, nums, _), m, p in zip(CLAIMS, measured, adjusted):
         sims = [sim_cell(summaries[env], rows.get(env, []), prefix, nums) for env, _ in SIM_ENVS]
-        verdict, text = real(ev)
-        lines.append(f"| {md(claim)} | {md(published)} | " + " | ".join(sims) + f" | **{verdict}**: {md(text)} |")
-    return lines
+        lines.append(f"| {md(claim)} | {md(published)} | " + " | ".join(sims) + f" | **{verdict(m, p)}**: "
+                     f"{md(m.text)} |")
+    return lines + ["", f"Real-model verdicts: paired t tests by seed (scipy), Holm-corrected across the "
+                        f"{sum(tested)} claims tested here."]
 
 
 def section(evidence_dir, sim_dir) -> list[str]:
@@ -379,11 +412,11 @@ def section(evidence_dir, sim_dir) -> list[str]:
         f"Metrics have the simulator's names and definitions (sim/metrics.py; gpu/step_metrics.py). Accuracy and "
         f"pass@k: over the last {TAIL:.0%} of steps (first: the first {TAIL:.0%}); entropy: the last step; the rest "
         f"are means over all steps. Each cell: mean ± 95% confidence half-width over seeds (Student t, n - 1 degrees "
-        f"of freedom; the column header gives n).",
+        f"of freedom, n the seeds with a value; the column header gives the runs).",
         "",
         *algo_table(ev),
         "",
-        "### Paired by seed against GRPO (95% interval of the per-seed difference excludes 0)",
+        "### Paired by seed against GRPO (significant after Holm's correction)",
         "",
         *paired_lines(ev),
         "",

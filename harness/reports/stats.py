@@ -62,8 +62,8 @@ def detectable_effect(se: float, df: float, alpha: float = 1 - LEVEL, power: flo
         return float("nan")
     crit = stats.t.ppf(1 - alpha / 2, df)
 
-    def gap(ncp: float) -> float:
-        return stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp) - power
+    def gap(ncp: float) -> float:  # the far tail is negligible for ncp > 0, and scipy's nct may give NaN there
+        return stats.nct.sf(crit, df, ncp) + np.nan_to_num(stats.nct.cdf(-crit, df, ncp)) - power
 
     high = crit + 1.0
     while gap(high) < 0:  # widen the bracket step by step (the noncentral t's tails lose precision far out)
