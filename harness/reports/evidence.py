@@ -215,9 +215,10 @@ class Measured:
     magnitude: bool = True
     note: str = ""
     fixed: str | None = None
+    pct: bool = False  # the tested quantity is a share (printed as a percentage)
 
 
-def verdict(m: Measured, p_adjusted: float, pct: bool = False) -> str:
+def verdict(m: Measured, p_adjusted: float) -> str:
     """Reproduced: significant after Holm's correction, in the claimed direction, with the claimed magnitude;
     partly: significant and in the direction, short of the magnitude; reversed: significant the other way; else
     not detectable with these seeds, with the smallest effect they detect (80% power). A structural difference (the
@@ -232,7 +233,7 @@ def verdict(m: Measured, p_adjusted: float, pct: bool = False) -> str:
     else:
         significant = p_adjusted < 0.05
     if not significant:
-        return f"not detectable with {c.n_a} seeds (smallest detectable effect {fmt(c.detectable, pct=pct)})" + m.note
+        return f"not detectable with {c.n_a} seeds (smallest detectable effect {fmt(c.detectable, pct=m.pct)})" + m.note
     if c.diff * m.sign > 0:
         return ("reproduced" if m.magnitude else "partly") + m.note
     return "reversed" + m.note
@@ -247,7 +248,7 @@ def real_dcpo_tcr(ev: Evidence):
                  key=lambda c: (c.p if c.p == c.p else 2.0, c.diff))
     return Measured(f"TCR dcpo {ev.cell('dcpo', 'clip_frac', True)}, grpo {ev.cell('grpo', 'clip_frac', True)}, "
             f"dapo {ev.cell('dapo', 'clip_frac', True)}; paired {_pd(ev, 'grpo', 'dcpo', 'clip_frac', True)}, "
-            f"{_pd(ev, 'dapo', 'dcpo', 'clip_frac', True)}", weaker, -1, d * 10 <= min(g, p))
+            f"{_pd(ev, 'dapo', 'dcpo', 'clip_frac', True)}", weaker, -1, d * 10 <= min(g, p), pct=True)
 
 
 def real_dcpo_rur(ev: Evidence):
@@ -256,7 +257,7 @@ def real_dcpo_rur(ev: Evidence):
     return Measured(f"RUR dcpo {ev.cell('dcpo', 'rur', True)} vs grpo {ev.cell('grpo', 'rur', True)}; "
             f"paired {_pd(ev, 'grpo', 'dcpo', 'rur', True)}. SAS has history from a prompt's second visit: pool of "
             f"{ev.cfg()['data']['n']} prompts, {ev.cfg()['rollout']['prompts_per_step']} a step, "
-            f"{ev.cfg()['run']['steps']} steps", paired(ev.s["grpo"], ev.s["dcpo"], "rur"), +1)
+            f"{ev.cfg()['run']['steps']} steps", paired(ev.s["grpo"], ev.s["dcpo"], "rur"), +1, pct=True)
 
 
 def real_gspo(ev: Evidence):
@@ -267,7 +268,7 @@ def real_gspo(ev: Evidence):
     return Measured(f"TCR gspo {ev.cell('gspo', 'clip_frac', True)} vs grpo "
             f"{ev.cell('grpo', 'clip_frac', True)} ({times}; the paper's two orders of magnitude would be 100x); "
             f"paired {_pd(ev, 'grpo', 'gspo', 'clip_frac', True)}", paired(ev.s["grpo"], ev.s["gspo"], "clip_frac"),
-                    +1, g >= 10 * r)
+                    +1, g >= 10 * r, pct=True)
 
 
 def real_clip_higher(ev: Evidence):
