@@ -76,13 +76,15 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         workers: int = typer.Option(2, help="Worker processes (CPUs for the ray backend)."),
         backend: str = typer.Option("process", help="process (local processes) or ray."),
-        ray_address: Optional[str] = typer.Option(None, help="Ray cluster address for --backend ray, e.g. auto.")):
+        ray_address: Optional[str] = typer.Option(None, help="Ray cluster address for --backend ray, e.g. auto."),
+        wandb: Optional[str] = typer.Option(None, help="Also log each run, as it is done, to this Weights & Biases "
+                                                       "project (WANDB_MODE=offline: to its run folder only).")):
     """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular, or feature_lm with
     shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
     seeds."""
     from harness.sim_cmd import sim_command
     _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers, True, backend,
-                 ray_address)
+                 ray_address, wandb)
 
 
 @app.command()

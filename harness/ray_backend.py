@@ -40,7 +40,7 @@ def store(out: Path, task_id: str, files: dict) -> None:
 
 def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,
                   out: str = "runs/sim", address: str | None = None, num_cpus: int | None = None,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, on_run=None) -> dict:
     """``sim.sweep.run_sweep`` with the runs spread over Ray workers; returns (and writes) the same summary.
     Connects to ``address`` (a running cluster, e.g. ``auto``) or starts a local instance with ``num_cpus``."""
     from sim.sweep import jobs, owned, plan, prepare, summarise, write_json
@@ -66,6 +66,8 @@ def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict
                     for run_id, files in ray.get(ref).items():
                         store(out_path, run_id, files)
                         bar.update()
+                        if on_run:
+                            on_run(out_path / "runs" / run_id)
             bar.close()
         finally:
             if started:
@@ -76,14 +78,16 @@ def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict
 
 
 def run_sweep_on(backend: str, env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,
-                 out: str = "runs/sim", workers: int = 2, progress: bool = True, address: str | None = None) -> dict:
-    """The sweep on ``backend``: ``process`` (sim.sweep.run_sweep, local processes) or ``ray``."""
+                 out: str = "runs/sim", workers: int = 2, progress: bool = True, address: str | None = None,
+                 on_run=None) -> dict:
+    """The sweep on ``backend``: ``process`` (sim.sweep.run_sweep, local processes) or ``ray``; ``on_run(folder)``
+    is called with each run's folder as it is done."""
     if backend == "process":
         if address is not None:
             raise ValueError("address: only the ray backend connects to a cluster")
         from sim.sweep import run_sweep
-        return run_sweep(env, algos, seeds, steps, grid, out, workers=workers, progress=progress)
+        return run_sweep(env, algos, seeds, steps, grid, out, workers=workers, progress=progress, on_run=on_run)
     if backend == "ray":
         return run_sweep_ray(env, algos, seeds, steps, grid, out, address=address, num_cpus=workers,
-                             progress=progress)
+                             progress=progress, on_run=on_run)
     raise ValueError(f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from sim.config import parse_sets
 from harness.ray_backend import run_sweep_on
+from spec.records import read_json, read_jsonl
 from spec.registry import ALGORITHMS
+from spec.tracking import WandbRun, wandb_ready
 
 SHOWN = ("accuracy", "reward", "entropy_final", "clip_frac", "rur", "zero_grad_frac", "gen_per_trained")
 
@@ -34,12 +37,31 @@ def format_table(summary: dict) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
 
+def wandb_logger(project: str, out: str):
+    """A sweep's ``on_run``: each run, as it is done, becomes one W&B run in ``project`` with its config and
+    per-step metrics, named by its folder, grouped by the sweep folder's name, its job type the label."""
+    if not project.strip():
+        raise ValueError("wandb: expected a W&B project name, got an empty string")
+    wandb_ready("wandb")
+
+    def log_run(folder: Path) -> None:
+        cfg = read_json(folder / "config.json")
+        run = WandbRun("wandb", project, folder, name=folder.name, group=Path(out).name, config=cfg,
+                       job_type=cfg["label"])
+        for record in read_jsonl(folder / "metrics.jsonl"):
+            run.log(record)
+        run.close()
+    return log_run
+
+
 def sim_command(env: str, algos: str | list[str], seeds: int, steps: int, sets: list[str] | None, out: str,
                 json_out: bool = False, workers: int = 2, progress: bool = True, backend: str = "process",
-                address: str | None = None) -> dict:
-    """Run ``algos`` x ``seeds`` x the ``--set`` grid on ``env`` into ``out``; print the summary (JSON if asked)."""
+                address: str | None = None, wandb: str | None = None) -> dict:
+    """Run ``algos`` x ``seeds`` x the ``--set`` grid on ``env`` into ``out``; print the summary (JSON if asked).
+    With ``wandb`` (a project), each finished run is also logged to Weights & Biases."""
     names = parse_algos(algos) if isinstance(algos, str) else parse_algos(",".join(algos))
+    on_run = wandb_logger(wandb, out) if wandb is not None else None
     summary = run_sweep_on(backend, env, names, seeds, steps, parse_sets(sets), out, workers=workers,
-                           progress=progress, address=address)
+                           progress=progress, address=address, on_run=on_run)
     print(json.dumps(summary["algorithms"], indent=1, sort_keys=True) if json_out else format_table(summary))
     return summary
