@@ -91,26 +91,33 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
 def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders, real-model run folders, or verl / "
                                                       "TRL logs (files or folders) from configs/recipes runs."),
            out: Optional[Path] = typer.Option(None, help="Markdown file (default DIRS[0]/report.md); PNGs beside "
-                                                           "it.")):
+                                                           "it."),
+           label: List[str] = typer.Option([], "--label", help="NAME=PATH: call the run at PATH (one of DIRS) NAME "
+                                                              "(repeatable)."),
+           algo: List[str] = typer.Option([], "--algo", help="NAME=ALGO: the run NAME (its label, or one of DIRS) was "
+                                                            "trained with ALGO, a registry algorithm (repeatable); "
+                                                            "else its run.json's, or its folder name if that is "
+                                                            "one.")):
     """A markdown report with plots. Simulator sweeps: curves per algorithm with seed bands, a summary, and the
     papers' claims with measurements and verdicts. Real-model runs (cliplab train): curves and a summary per run.
     Throughput JSON (python -m gpu.bench_h200 --out FILE): tokens/s and MFU per algorithm. Cluster logs (verl's
-    JSONL or console log, TRL's trainer_state.json): the same comparison and claims table."""
-    typer.echo(_user_errors(_report, dirs, out))
+    JSONL or console log, TRL's trainer_state.json, TensorBoard event folders of either): the same comparison and
+    claims table, runs named with --label and --algo."""
+    typer.echo(_user_errors(_report, dirs, out, label, algo))
 
 
-def _report(dirs: list[Path], out: Optional[Path]) -> Path:
-    """Throughput JSON gets the throughput report; cluster logs (verl, TRL: configs/recipes) the cluster report;
-    else the real-model report if any run under ``dirs`` is a real-model run (its config has a rollout section),
-    else the simulator's."""
+def _report(dirs: list[Path], out: Optional[Path], labels=(), algos=()) -> Path:
+    """Throughput JSON gets the throughput report; cluster logs (verl, TRL: configs/recipes) or runs named with
+    --label / --algo the cluster report; else the real-model report if any run under ``dirs`` is a real-model run
+    (its config has a rollout section), else the simulator's."""
     from harness import cluster_logs, real_report, throughput_report
     from harness import report as sim_report
     from harness.rundirs import check_dirs
     bench = throughput_report.find(dirs)
     if bench:
         return throughput_report.write_report(bench, out)
-    if cluster_logs.handles(dirs):
-        return cluster_logs.write_report(dirs, out)
+    if labels or algos or cluster_logs.handles(dirs):
+        return cluster_logs.write_report(dirs, out, labels, algos)
     check_dirs(dirs)
     if any('"rollout"' in p.read_text() for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
         return real_report.write_report(dirs, out or dirs[0] / "report.md")

@@ -95,7 +95,7 @@ def test_verl_console_lines_parse_as_verl_prints_them(tmp_path):
              *(f"(TaskRunner pid=7) {agg.concat_dict_to_str(metrics(s), step=s)}" for s in (2, 3))]  # Ray's prefix
     log = tmp_path / "run.txt"
     log.write_text("\n".join(lines) + "\n")
-    records, framework, note = cluster_logs.read_log(log)
+    records, framework, note, _ = cluster_logs.read_log(log)
     assert framework == "verl" and note == "" and [r["step"] for r in records] == [1, 2, 3]
     for rec in records:
         assert rec["clip_frac"] == 0.02 and rec["resp_len"] == 100.0 + rec["step"]
@@ -173,7 +173,7 @@ def test_bad_logs_are_one_line_errors_naming_the_file(tmp_path):
     cut = tmp_path / "x" / "verl.jsonl"
     write_verl_jsonl(cut, "grpo", 3)
     cut.write_bytes(cut.read_bytes() + b'{"step": 4, "data": {"actor/pg_clip')  # killed mid-write
-    records, _, note = cluster_logs.read_log(cut)
+    records, _, note, _ = cluster_logs.read_log(cut)
     assert [r["step"] for r in records] == [1, 2, 3] and "cut short" in note
 
 
