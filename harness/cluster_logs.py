@@ -404,7 +404,7 @@ def name_runs(runs: list[dict], paths, labels=(), algos=()) -> None:
         mine = [r for r in runs if r["label"] == name or r["path"] == p]
         if not mine:
             raise ValueError(f"algo: {name!r} names no run; expected a run's label or a given path: "
-                             f"{', '.join(sorted({r['label'] for r in runs} | set(map(str, paths))))}")
+                             f"{', '.join([*sorted({r['label'] for r in runs}), *map(str, paths)])}")
         for r in mine:
             r["algo"] = algo
 
@@ -439,7 +439,7 @@ def logged_as(metric: str) -> str:
     names += [f"verl `val-core/<data>/{var}/mean@N`" for var, v in VAL_METRICS.items() if v == metric]
     names += [f"TRL `{k}`" for k, v in TRL.items() if v == metric]
     return (f"{metric} ({' or '.join(names)})" if names
-            else f"{metric} (logged by neither verl nor TRL; `cliplab train` logs it)")
+            else f"{metric} (a cliplab metric that neither verl nor TRL logs)")
 
 
 def claim_rows(groups: Groups) -> list[str]:
