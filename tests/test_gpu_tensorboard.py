@@ -1,5 +1,6 @@
-"""With run.tensorboard, the training loop writes its per-step metrics as scalars that TensorBoard's own event
-reader reads back equal to metrics.jsonl."""
+"""With run.tensorboard, the training loop writes its per-step metrics as scalars, tagged by section (train/, clip/,
+entropy/, rollout/), that TensorBoard's own event reader reads back equal to metrics.jsonl; a resumed run's events
+replace what a killed attempt wrote after its checkpoint."""
 import importlib.util
 import json
 
@@ -17,9 +18,12 @@ def test_tensorboard_scalars_read_back(tmp_path, tiny_path):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     acc = EventAccumulator(str(out / "tb"))
     acc.Reload()
-    assert {"reward", "loss", "entropy", "tokens_per_s"} <= set(acc.Tags()["scalars"])
-    for key in ("reward", "loss", "entropy", "grad_norm"):
-        events = acc.Scalars(key)
+    assert {"rollout/reward", "train/loss", "entropy/entropy", "train/tokens_per_s", "clip/tcr",
+            "rollout/rur"} <= set(acc.Tags()["scalars"])
+    assert all(t.split("/")[0] in ("train", "clip", "entropy", "rollout") for t in acc.Tags()["scalars"])
+    for key, tag in (("reward", "rollout/reward"), ("loss", "train/loss"), ("entropy", "entropy/entropy"),
+                     ("grad_norm", "train/grad_norm")):
+        events = acc.Scalars(tag)
         assert [e.step for e in events] == [m["step"] for m in rows] == [1, 2]
         assert [e.value for e in events] == pytest.approx([m[key] for m in rows], rel=1e-6)
 
@@ -31,3 +35,18 @@ def test_tensorboard_off_by_default_and_missing_package_named(tmp_path, tiny_pat
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
     with pytest.raises(ValueError, match="run.tensorboard"):
         from_dict(tiny_config(tmp_path / "x", "grpo", run={"tensorboard": True}))
+
+
+def test_a_resumed_run_replaces_the_steps_a_killed_attempt_logged_after_its_checkpoint(tmp_path, tiny_path):
+    raw = tiny_config(tmp_path / "tb", "grpo", steps=4, run={"tensorboard": True, "resume": True, "save_every": 2})
+    killed = Trainer(from_dict(raw))
+    for _ in range(3):  # checkpoint at step 2, then step 3 logged, then killed
+        killed.train_step()
+    killed.loggers.tb.flush()
+    out = Trainer(from_dict(raw)).fit()  # resumes at step 2: steps 3 and 4 again
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    acc = EventAccumulator(str(out / "tb"))
+    acc.Reload()
+    events = acc.Scalars("train/loss")
+    assert [e.step for e in events] == [m["step"] for m in rows] == [1, 2, 3, 4]
+    assert [e.value for e in events] == pytest.approx([m["loss"] for m in rows], rel=1e-6)

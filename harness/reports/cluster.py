@@ -1,7 +1,9 @@
 """``cliplab report`` on a cluster's own logs: verl's file logger (JSONL of ``{"step", "data"}``), verl's console
-logger (``step:N - key:value - ...`` lines), TRL's ``trainer_state.json`` (``log_history``), beside cliplab's own run
-folders. Their metric names are mapped onto cliplab's; a metric a log lacks stays absent. The report is the real-model
-report's summary and curves, the papers' claims (a claim whose metrics a log lacks is marked absent), and the
+logger (``step:N - key:value - ...`` lines), TRL's ``trainer_state.json`` (``log_history``), and the TensorBoard event
+folders both write, beside cliplab's own run folders. Their metric names are mapped onto cliplab's; a metric a log
+lacks stays absent. A run is named by its ``run.json``, its folder or ``--label NAME=PATH``, and its algorithm is
+``run.json``'s, ``--algo NAME=ALGO``'s or its folder name when that is an algorithm. The report is the runs' summary
+and curves, the papers' claims (a claim whose metrics a log lacks names the logged metric it needs), and the
 published numbers of each recipe run beside the measured ones.
 """
 from __future__ import annotations
@@ -10,8 +12,11 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+
+from spec.records import read_json
 
 from harness.reports.claims import CLAIMS
 from harness.reports.published import published
@@ -22,14 +27,20 @@ from harness.reports.rundirs import Groups, fmt, load_runs, md
 VERL = {"actor/pg_clipfrac": "clip_frac", "actor/entropy": "entropy", "critic/score/mean": "reward",
         "response_length/mean": "resp_len", "actor/kl_loss": "kl_ref", "actor/cliplab_rur": "rur",
         "response_length/clip_ratio": "truncated"}
-#: verl's validation accuracy (``acc`` from cliplab's recipe rewards), mean over N samples per prompt.
-VERL_VAL = re.compile(r"^val-core/(?P<source>[^/]+)/acc/mean@(?P<n>\d+)$")
-#: TRL GRPOTrainer log_history key -> cliplab metric (``cliplab/rur`` is logged by CliplabGRPOTrainer).
+#: verl's validation metrics: per data source, the mean over the N samples of a prompt of the reward function's
+#: ``acc`` (-> accuracy) or of its score (``reward`` -> val_reward), under val-core (the data source's headline
+#: variable, acc if the reward function returns one) or val-aux (the other).
+VERL_VAL = re.compile(r"^val-(?P<sec>core|aux)/(?P<source>[^/]+)/(?P<var>acc|reward)/mean@(?P<n>\d+)$")
+VAL_METRICS = {"acc": "accuracy", "reward": "val_reward"}
+#: TRL GRPOTrainer log_history key -> cliplab metric (``cliplab/rur`` is logged by CliplabGRPOTrainer); its
+#: TensorBoard tags are these keys under ``train/``.
 TRL = {"clip_ratio/region_mean": "clip_frac", "entropy": "entropy", "reward": "reward",
        "completions/mean_length": "resp_len", "kl": "kl_ref", "cliplab/rur": "rur",
        "frac_reward_zero_std": "zero_grad_frac", "completions/clipped_ratio": "truncated"}
 LOG_NAMES = ("verl.jsonl", "console.log", "trainer_state.json")
-FORMATS = "verl's file-logger JSONL, verl's console log (step:N - key:value lines) or TRL's trainer_state.json"
+TB_EVENTS = "events.out.tfevents.*"
+FORMATS = ("verl's file-logger JSONL, verl's console log (step:N - key:value lines), TRL's trainer_state.json or a "
+           "TensorBoard event folder of verl or TRL")
 
 #: The metrics (and algorithms whose runs must have them) each claim of ``harness.reports.claims`` reads, by its name.
 NEEDS = {"claim_dcpo_tcr": (("clip_frac",), ("dcpo", "grpo", "dapo")),
@@ -48,9 +59,12 @@ NEEDS = {"claim_dcpo_tcr": (("clip_frac",), ("dcpo", "grpo", "dapo")),
          "claim_cov_entropy": (("entropy", "accuracy_exact", "cov_frac"), ("clip_cov", "kl_cov")),
          "claim_cispo": (("accuracy_exact", "ppo_zeroed_frac", "trunc_frac"), ("cispo",)),
          "claim_rollout_correction": (("accuracy_exact", "rc_weight_mean", "rc_cut_frac"), ("grpo",))}
-COLUMNS = (("reward", "first"), ("reward", "last"), ("accuracy", "final"), ("clip_frac", "mean"),
-           ("rur", "mean"), ("entropy", "final"), ("resp_len", "mean"), ("kl_ref", "final"),
+COLUMNS = (("reward", "first"), ("reward", "last"), ("accuracy", "final"), ("val_reward", "final"),
+           ("clip_frac", "mean"), ("rur", "mean"), ("entropy", "final"), ("resp_len", "mean"), ("kl_ref", "final"),
            ("zero_grad_frac", "mean"))
+PERCENT = ("clip_frac", "rur", "zero_grad_frac", "accuracy")
+#: The curves drawn, where some run logs them; validation metrics (logged every few steps) as markers.
+PANELS = ("accuracy", "val_reward", "reward", "entropy", "clip_frac", "rur", "kl_ref", "resp_len", "zero_grad_frac")
 
 
 def warn(path, text: str) -> None:
@@ -65,14 +79,35 @@ def _lines(path: Path) -> tuple[list[str], bool]:
 
 
 def _mapped(step: int, data: dict, names: dict) -> dict:
+    """A step's numbers under cliplab's names; verl's validation metrics under their own keys until ``_validation``
+    picks one per run."""
     rec = {"step": step}
     for key, value in data.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if key in names:
                 rec[names[key]] = float(value)
             elif names is VERL and VERL_VAL.match(key):
-                rec["accuracy"] = float(value)
+                rec[key] = float(value)
     return rec
+
+
+def _validation(records: list[dict]) -> list[str]:
+    """Map a run's validation metrics onto accuracy and val_reward, one logged key each for the whole run (val-core
+    before val-aux, then the first data source by name); returns the keys used."""
+    logged = {k for rec in records for k in rec if VERL_VAL.match(k)}
+    used = []
+    for var, metric in VAL_METRICS.items():
+        keys = sorted((m.group("sec") != "core", m.group("source"), k) for k in logged
+                      if (m := VERL_VAL.match(k)).group("var") == var)
+        if keys:
+            used.append(keys[0][2])
+            for rec in records:
+                if keys[0][2] in rec:
+                    rec[metric] = rec[keys[0][2]]
+    for rec in records:
+        for k in logged & rec.keys():
+            del rec[k]
+    return used
 
 
 def read_verl_jsonl(path: Path) -> tuple[list[dict], str]:
@@ -149,11 +184,52 @@ def _merge(records: list[dict]) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def read_tensorboard(paths) -> tuple[list[dict], str, str]:
+    """TensorBoard event folders (or files) of one run, read with TensorBoard's own EventAccumulator; several (a
+    resumed run's) are merged in the order they were started, a later one's steps replacing an earlier one's.
+    verl's tags are its metric names; TRL's are its log keys under ``train/``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    loaded = []
+    for path in paths:
+        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})  # 0: keep every point
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        if not tags:
+            raise ValueError(f"{path}: a TensorBoard event folder with no scalars; expected {FORMATS}")
+        loaded.append((min(e.wall_time for t in tags for e in acc.Scalars(t)), acc, tags))
+    data: dict[int, dict] = {}
+    trl = all(_trl_tags(tags) for _, _, tags in loaded)
+    for _, acc, tags in sorted(loaded, key=lambda x: x[0]):
+        for t in tags:
+            key = t.removeprefix("train/") if trl else t
+            for e in acc.Scalars(t):
+                data.setdefault(e.step, {})[key] = e.value
+    records = [_mapped(step, d, TRL if trl else VERL) for step, d in data.items()]
+    return _merge(records), "trl" if trl else "verl", ""
+
+
+def _trl_tags(tags) -> bool:
+    """TRL writes every training log key under train/ (transformers' TensorBoardCallback); verl writes its own
+    names (actor/, critic/, val-core/, ...)."""
+    return any(t.startswith("train/") for t in tags) and not any(t in VERL or VERL_VAL.match(t) for t in tags)
+
+
 READERS = {"verl.jsonl": read_verl_jsonl, "console.log": read_verl_console, "trainer_state.json": read_trl_state}
 
 
-def read_log(path) -> tuple[list[dict], str, str]:
-    """(records, framework, note) of one log file, its format told by its name or, failing that, its content."""
+class Log(NamedTuple):
+    records: list[dict]  # one per step, cliplab's metric names
+    framework: str  # verl or trl
+    note: str  # why the log is cut short, or ""
+    validation: list[str]  # the validation keys read as accuracy and val_reward
+
+
+def read_log(path) -> Log:
+    """One log: a file, its format told by its name or, failing that, its content, or TensorBoard event folders
+    (a list of them: one run's)."""
+    if isinstance(path, (list, tuple)) or Path(path).is_dir() or Path(path).name.startswith("events.out.tfevents"):
+        records, framework, note = read_tensorboard([path] if isinstance(path, (str, Path)) else path)
+        return Log(records, framework, note, _validation(records))
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such log file")
@@ -169,17 +245,32 @@ def read_log(path) -> tuple[list[dict], str, str]:
         else:
             raise ValueError(f"{path}: unknown log format; expected {FORMATS}")
     records, note = reader(path)
-    return records, "trl" if reader is read_trl_state else "verl", note
+    return Log(records, "trl" if reader is read_trl_state else "verl", note, _validation(records))
 
 
 # ---- run folders -----------------------------------------------------------------------------------------------
-def _log_of(folder: Path) -> Path | None:
-    """The log a run folder holds: verl's JSONL before its console, TRL's final state before its last checkpoint."""
+def _tb_folders(root: Path) -> list[Path]:
+    """Folders under ``root`` (itself included) holding TensorBoard event files, but not cliplab's own (OUT/tb
+    beside metrics.jsonl: its run folder is read instead)."""
+    found = {q.parent for q in root.glob(f"**/{TB_EVENTS}")}
+    return sorted(d for d in found if not (d.name == "tb" and (d.parent / "metrics.jsonl").is_file()))
+
+
+def _tb_run_folder(folder: Path) -> Path:
+    """The run an event folder belongs to: TRL writes <output_dir>/runs/<date_host>/, verl its experiment's folder."""
+    return folder.parent.parent if folder.parent.name == "runs" else folder
+
+
+def _log_of(folder: Path):
+    """The log a run folder holds: verl's JSONL before its console, TRL's final state before its last checkpoint,
+    then the TensorBoard event folders under it."""
     for name in LOG_NAMES:
         if (folder / name).is_file():
             return folder / name
     ckpts = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
-    return ckpts[-1] if ckpts else None
+    if ckpts:
+        return ckpts[-1]
+    return tuple(_tb_folders(folder)) or None
 
 
 def _run_folders(root: Path) -> list[Path]:
@@ -203,60 +294,120 @@ def _named_verl_logs(root: Path, folders: list[Path]) -> list[Path]:
     return out
 
 
+def _logs_under(root: Path) -> list[tuple[Path, object]]:
+    """(run folder, log) of every cluster run under ``root``: run folders by their logs or run.json, verl's
+    <project>/<experiment>.jsonl files, and TensorBoard event folders outside those run folders (grouped by run)."""
+    folders = _run_folders(root)
+    found = [(q.parent, q) for q in _named_verl_logs(root, folders)]
+    for f in folders:
+        log = _log_of(f)
+        if log is None:
+            raise ValueError(f"{f / 'run.json'}: no log beside it (expected one of {', '.join(LOG_NAMES)} or a "
+                             "TensorBoard event folder)")
+        found.append((f, log))
+    by_run: dict[Path, list[Path]] = {}
+    for d in _tb_folders(root):
+        if not any(f == d or f in d.parents for f in folders):
+            by_run.setdefault(_tb_run_folder(d), []).append(d)
+    return found + [(f, tuple(ds)) for f, ds in by_run.items()]
+
+
 def handles(paths) -> bool:
     """Whether ``paths`` hold a cluster log (so that ``cliplab report`` uses this module)."""
     for p in map(Path, paths):
         if not p.is_dir():  # a log file, or a path that does not exist (reported as such)
             return True
-        if _run_folders(p) or _named_verl_logs(p, []):
+        if _run_folders(p) or _named_verl_logs(p, []) or _tb_folders(p):
             return True
     return False
 
 
-def load(paths) -> tuple[list[dict], list[str]]:
+def load(paths, labels=(), algos=()) -> tuple[list[dict], list[str]]:
     """Runs (as ``harness.reports.rundirs`` runs: label, algo, params, seed, records) from log files, folders of cluster
-    runs and cliplab run folders; and one note per log that was cut short."""
+    runs and cliplab run folders, named by ``labels`` (NAME=PATH) and ``algos`` (NAME=ALGO); and one note per log
+    that was cut short."""
     runs, notes = [], []
     for p in map(Path, paths):
         if not p.exists():
             raise ValueError(f"{p}: no such file or folder")
         if p.is_file():
-            logs = [p]
+            found = [(_tb_run_folder(p.parent) if p.name.startswith("events.out.tfevents") else p.parent, p)]
         else:
-            folders = _run_folders(p)
-            logs = _named_verl_logs(p, folders)
-            for f in folders:
-                log = _log_of(f)
-                if log is None:
-                    raise ValueError(f"{f / 'run.json'}: no log beside it (expected one of {', '.join(LOG_NAMES)})")
-                logs.append(log)
+            found = _logs_under(p)
             if any(p.glob("**/metrics.jsonl")):  # cliplab's own run folders (cliplab train / sim)
-                runs += [{**r, "framework": "cliplab"} for r in load_runs([p])]
-        for log in logs:
-            run = _run_of(log)
+                runs += [{**r, "framework": "cliplab", "path": p} for r in load_runs([p])]
+        for folder, log in found:
+            run = {**_run_of(folder, log), "path": p}
             if run["note"]:
-                warn(log, run["note"] + (f"; reported up to step {run['records'][-1]['step']}"
-                                         if run["records"] else "; no complete step"))
-                notes.append(f"{log}: {run['note']}")
+                warn(run["log"], run["note"] + (f"; reported up to step {run['records'][-1]['step']}"
+                                                if run["records"] else "; no complete step"))
+                notes.append(f"{run['log']}: {run['note']}")
             runs.append(run)
     if not runs:
         raise ValueError(f"paths: no logs under {', '.join(map(str, paths))}; expected {FORMATS}")
+    name_runs(runs, paths, labels, algos)
     _unique_labels(runs)
+    for r in runs:
+        if r["algo"] is None:
+            warn(r["label"], f"no algorithm known, so no claim reads it; name it with --algo {r['label']}=ALGO "
+                             "or in its run.json")
     return runs, notes
 
 
-def _run_of(log: Path) -> dict:
-    records, framework, note = read_log(log)
-    folder = log.parent.parent if log.parent.name.startswith("checkpoint-") else log.parent
-    meta = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else {}
+def _run_of(folder: Path, log) -> dict:
+    records, framework, note, validation = read_log(log)
+    meta = read_json(folder / "run.json") if (folder / "run.json").is_file() else {}
     if meta.get("steps") and records and not note and records[-1]["step"] < meta["steps"]:
         note = f"cut short at step {records[-1]['step']} of {meta['steps']}"
-    name = meta.get("run") or (folder.name if log.name in LOG_NAMES else log.stem)
+    is_file = isinstance(log, Path) and log.is_file() and not log.name.startswith("events.out.tfevents")
+    name = meta.get("run") or (log.stem if is_file and log.name not in LOG_NAMES else folder.name)
     from spec.registry import ALGORITHMS
     algo = meta.get("algorithm") or (name if name in ALGORITHMS else None)
+    shown = ", ".join(map(str, log)) if isinstance(log, tuple) else str(log)
     return {"dir": str(folder), "label": name, "algo": algo, "params": meta.get("params", {}), "seed": 0,
-            "records": records, "framework": framework, "log": str(log), "note": note,
+            "records": records, "framework": framework, "log": shown, "note": note, "validation": validation,
             "recipe": meta.get("recipe"), "run": meta.get("run")}
+
+
+def _pairs(entries, option: str, what: str) -> list[tuple[str, str]]:
+    """``NAME=VALUE`` entries of ``option`` as (name, value); a ValueError naming ``option`` for a malformed one."""
+    out = []
+    for entry in entries:
+        name, sep, value = entry.partition("=")
+        if not (sep and name.strip() and value.strip()):
+            raise ValueError(f"{option}: expected NAME={what}, got {entry!r}")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def name_runs(runs: list[dict], paths, labels=(), algos=()) -> None:
+    """Apply ``--label NAME=PATH`` (PATH one of ``paths``, holding one run) and ``--algo NAME=ALGO`` (NAME a label
+    or one of ``paths``, ALGO in the registry): a ValueError listing the choices for an entry that names neither."""
+    from spec.registry import ALGORITHMS
+    given = {Path(p).resolve(): Path(p) for p in paths}
+    seen = set()
+    for name, path in _pairs(labels, "label", "PATH"):
+        p = given.get(Path(path).resolve())
+        if p is None:
+            raise ValueError(f"label: {path} is not one of the given paths; expected one of "
+                             f"{', '.join(map(str, paths))}")
+        mine = [r for r in runs if r["path"] == p]
+        if len(mine) != 1:
+            raise ValueError(f"label: {path} holds {len(mine)} runs; give the folder or log of one run")
+        if name in seen:
+            raise ValueError(f"label: {name!r} is given twice")
+        seen.add(name)
+        mine[0]["label"] = name
+    for name, algo in _pairs(algos, "algo", "ALGO"):
+        if algo not in ALGORITHMS:
+            raise ValueError(f"algo: unknown algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
+        p = given.get(Path(name).resolve())
+        mine = [r for r in runs if r["label"] == name or r["path"] == p]
+        if not mine:
+            raise ValueError(f"algo: {name!r} names no run; expected a run's label or a given path: "
+                             f"{', '.join([*sorted({r['label'] for r in runs}), *map(str, paths)])}")
+        for r in mine:
+            r["algo"] = algo
 
 
 def _unique_labels(runs: list[dict]) -> None:
@@ -280,10 +431,21 @@ def _value(groups: Groups, label: str, key: str, part: str) -> float:
 
 
 def _cell(v: float, key: str) -> str:
-    return "absent" if v != v else fmt(v, pct=key in ("clip_frac", "rur", "zero_grad_frac", "accuracy"))
+    return "absent" if v != v else fmt(v, pct=key in PERCENT)
+
+
+def logged_as(metric: str) -> str:
+    """Which logged metrics give cliplab's ``metric``, in words."""
+    names = [f"verl `{k}`" for k, v in VERL.items() if v == metric]
+    names += [f"verl `val-core/<data>/{var}/mean@N`" for var, v in VAL_METRICS.items() if v == metric]
+    names += [f"TRL `{k}`" for k, v in TRL.items() if v == metric]
+    return (f"{metric} ({' or '.join(names)})" if names
+            else f"{metric} (a cliplab metric that neither verl nor TRL logs)")
 
 
 def claim_rows(groups: Groups) -> list[str]:
+    """One row per claim: measured on the runs of the algorithms it compares, or what the logs lack to measure it,
+    named by the logged metrics that would give it."""
     rows = []
     for text, fn in CLAIMS:
         keys, algos = NEEDS[fn.__name__]
@@ -291,41 +453,103 @@ def claim_rows(groups: Groups) -> list[str]:
         lacking = sorted({k for lbl in used for k in keys if not np.isfinite(groups.curve(lbl, k)).any()})
         if used and lacking:
             rows.append(f"| {text} | absent | **absent** | the logs of {', '.join(used)} have no "
-                        f"{', '.join(lacking)} |")
+                        f"{'; no '.join(map(logged_as, lacking))} |")
             continue
         out = fn(groups)  # one (measured, verdict, why), or one row per regime
         for regime, meas, verdict, why in (out if isinstance(out, list) else [("", *out)]):
+            if meas == "n/a":  # the claims' advice is a simulator command: say what the logs would need instead
+                why = (f"{why.split('; run `')[0]}, each logging " + "; ".join(map(logged_as, keys))
+                       + " (a run's algorithm: its run.json, `--algo NAME=ALGO`, or a folder named like one)")
             rows.append(f"| {text} | {md(f'{regime}: {meas}' if regime else meas)} | **{verdict}** | {why} |")
     return rows
 
 
-def write_report(paths, out_md=None) -> Path:
-    """Write the comparison report of the runs in ``paths`` (logs, cluster run folders, cliplab run folders)."""
+def _curve(run: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the steps of ``run`` that log ``key``."""
+    pts = [(rec["step"], rec[key]) for rec in run["records"] if rec.get(key) is not None]
+    return np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
+
+
+def plot_runs(groups: Groups, path: Path) -> list[str]:
+    """The curves of PANELS that some run logs, one panel each, against the logged step: a metric logged at fewer
+    than half of a run's steps (validation) as markers joined by lines, others as a 3-step moving average.
+    Returns the panels drawn (none: no figure)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from matplotlib.ticker import MaxNLocator
+    labels = groups.labels()
+    panels = [k for k in PANELS if any(_curve(groups.runs[lbl][0], k)[0].size for lbl in labels)]
+    if not panels:
+        return []
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for ax, key in zip(axes.flat, panels):
+        for i, label in enumerate(labels):
+            run = groups.runs[label][0]
+            x, y = _curve(run, key)
+            if not x.size:
+                continue
+            style = {"color": colors(i % 10), "label": label.replace("$", r"\$")}
+            if x.size < 0.5 * len(run["records"]):
+                ax.plot(x, y, marker="o", ms=4, lw=0.8, **style)
+            else:
+                ax.plot(x, pd.Series(y).rolling(3, min_periods=1).mean(), lw=1.3, **style)
+        ax.set_title(key + (" (validation)" if key in VAL_METRICS.values() else ""), fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.remove()
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    for ax in list(axes.flat)[1:len(panels)]:  # every run once, whichever panel draws it
+        for h, n in zip(*ax.get_legend_handles_labels()):
+            if n not in names:
+                handles.append(h)
+                names.append(n)
+    fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(names) - 1) // 4), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return panels
+
+
+def write_report(paths, out_md=None, labels=(), algos=()) -> Path:
+    """Write the comparison report of the runs in ``paths`` (logs, cluster run folders, cliplab run folders), named
+    by ``labels`` (NAME=PATH) and ``algos`` (NAME=ALGO)."""
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-    runs, notes = load(paths)
+    runs, notes = load(paths, labels, algos)
     groups = Groups(runs)
     first = paths[0]
     out_md = Path(out_md) if out_md else (first if first.is_dir() else first.parent) / "report.md"
     out_md.parent.mkdir(parents=True, exist_ok=True)
     png = out_md.with_name(out_md.stem + "_curves.png")
-    from harness.reports.real import PANELS
-    from harness.reports.sim import plot_curves
-    plot_curves(groups, groups.labels(), png, panels=PANELS, smooth=3)
+    panels = plot_runs(groups, png)
+    options = [f"--label {x}" for x in labels] + [f"--algo {x}" for x in algos]
     lines = ["# cliplab cluster report", "",
-             f"Produced by `cliplab report {' '.join(map(str, paths))} --out {out_md}`.", "", "## Runs", "",
-             "| label | framework | algorithm | params | steps | log | note |", "|---|---|---|---|---|---|---|"]
+             f"Produced by `cliplab report {' '.join([*map(str, paths), *options])} --out {out_md}`.",
+             "", "## Runs", "",
+             "| label | framework | algorithm | params | steps | log | validation | note |",
+             "|---|---|---|---|---|---|---|---|"]
     for label in groups.labels():
         r = groups.runs[label][0]
-        lines.append(f"| {label} | {r['framework']} | {r['algo']} | "
+        lines.append(f"| {label} | {r['framework']} | {r['algo'] or 'unknown (--algo)'} | "
                      f"{', '.join(f'{k}={v}' for k, v in r['params'].items()) or '-'} | {len(r['records'])} | "
-                     f"{r.get('log', r['dir'])} | {r.get('note') or '-'} |")
+                     f"{r.get('log', r['dir'])} | {', '.join(r.get('validation') or []) or '-'} | "
+                     f"{r.get('note') or '-'} |")
     lines += ["", "## Comparison", "",
               "Measured from each framework's own metric names mapped onto cliplab's (verl: "
-              + ", ".join(f"`{k}` -> {v}" for k, v in VERL.items()) + ", `val-core/<source>/acc/mean@N` -> accuracy; "
-              "TRL: " + ", ".join(f"`{k}` -> {v}" for k, v in TRL.items()) + "). Over the steps that log a metric: "
-              "first/last: the mean of the first/last 20% of them; final: the last value; mean: all. A metric the "
-              "log does not have is **absent**, never estimated. published: the paper's number for this recipe "
-              "run.", "",
+              + ", ".join(f"`{k}` -> {v}" for k, v in VERL.items()) + ", `val-core/<data>/acc/mean@N` -> accuracy, "
+              "`val-core/<data>/reward/mean@N` -> val_reward (val-aux when that is where the log has it; the "
+              "validation column names the key read); TRL: " + ", ".join(f"`{k}` -> {v}" for k, v in TRL.items())
+              + ", in TensorBoard under `train/`). Over the steps that log a metric: first/last: the mean of the "
+              "first/last 20% of them; final: the last value; mean: all. A metric the log does not have is "
+              "**absent**, never estimated. published: the paper's number for this recipe run.", "",
               "| label | " + " | ".join(f"{k} ({p})" for k, p in COLUMNS) + " | published |",
               "|---" * (len(COLUMNS) + 2) + "|"]
     for label in groups.labels():
@@ -337,6 +561,10 @@ def write_report(paths, out_md=None) -> Path:
     lines += ["", "## Claims", "", "| claim | measured | verdict | why |", "|---|---|---|---|", *claim_rows(groups)]
     if notes:
         lines += ["", "## Cut short", "", *[f"- {n}; reported up to its last complete step" for n in notes]]
-    lines += ["", "## Curves (3-step moving average)", "", f"![curves]({png.name})", ""]
+    if panels:
+        lines += ["", "## Curves", "", "Training metrics as a 3-step moving average; validation points as markers.",
+                  "", f"![curves]({png.name})", ""]
+    else:
+        lines += ["", "## Curves", "", f"No run logs any of {', '.join(PANELS)}: nothing to draw.", ""]
     out_md.write_text("\n".join(lines) + "\n")
     return out_md

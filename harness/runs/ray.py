@@ -39,7 +39,7 @@ def store(out: Path, task_id: str, files: dict) -> None:
 
 def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,
                   out: str = "runs/sim", address: str | None = None, num_cpus: int | None = None,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, on_run=None) -> dict:
     """``sim.sweep.run_sweep`` with the runs spread over Ray workers; returns (and writes) the same summary.
     Connects to ``address`` (a running cluster, e.g. ``auto``) or starts a local instance with ``num_cpus``."""
     from sim.sweep import jobs, owned, plan, prepare, summarise, write_json
@@ -65,6 +65,8 @@ def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict
                     for run_id, files in ray.get(ref).items():
                         store(out_path, run_id, files)
                         bar.update()
+                        if on_run:
+                            on_run(out_path / "runs" / run_id)
             bar.close()
         finally:
             if started:
@@ -72,4 +74,3 @@ def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict
         summary = summarise(out_path, tasks)
         write_json(out_path / "summary.json", summary)
         return summary
-

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from sim.config import parse_sets
+from spec.records import read_json, read_jsonl
 from spec.registry import ALGORITHMS
+from spec.tracking import WandbRun, wandb_ready
 
 BACKENDS = ("process", "ray")
 SHOWN = ("accuracy", "reward", "entropy_final", "clip_frac", "rur", "zero_grad_frac", "gen_per_trained")
@@ -35,26 +38,47 @@ def format_table(summary: dict) -> str:
 
 
 def run_sweep_on(backend: str, env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,
-                 out: str = "runs/sim", workers: int = 2, progress: bool = True, address: str | None = None) -> dict:
-    """The sweep on ``backend``: ``process`` (sim.sweep.run_sweep, local processes) or ``ray``."""
+                 out: str = "runs/sim", workers: int = 2, progress: bool = True, address: str | None = None,
+                 on_run=None) -> dict:
+    """The sweep on ``backend``: ``process`` (sim.sweep.run_sweep, local processes) or ``ray``; ``on_run(folder)``
+    is called with each run's folder as it is done."""
     if backend == "process":
         if address is not None:
             raise ValueError("address: only the ray backend connects to a cluster")
         from sim.sweep import run_sweep
-        return run_sweep(env, algos, seeds, steps, grid, out, workers=workers, progress=progress)
+        return run_sweep(env, algos, seeds, steps, grid, out, workers=workers, progress=progress, on_run=on_run)
     if backend == "ray":
         from harness.runs.ray import run_sweep_ray
         return run_sweep_ray(env, algos, seeds, steps, grid, out, address=address, num_cpus=workers,
-                             progress=progress)
+                             progress=progress, on_run=on_run)
     raise ValueError(f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+
+
+def wandb_logger(project: str, out: str):
+    """A sweep's ``on_run``: each run, as it is done, becomes one W&B run in ``project`` with its config and
+    per-step metrics, named by its folder, grouped by the sweep folder's name, its job type the label."""
+    if not project.strip():
+        raise ValueError("wandb: expected a W&B project name, got an empty string")
+    wandb_ready("wandb")
+
+    def log_run(folder: Path) -> None:
+        cfg = read_json(folder / "config.json")
+        run = WandbRun("wandb", project, folder, name=folder.name, group=Path(out).name, config=cfg,
+                       job_type=cfg["label"])
+        for record in read_jsonl(folder / "metrics.jsonl"):
+            run.log(record)
+        run.close()
+    return log_run
 
 
 def sim_command(env: str, algos: str | list[str], seeds: int, steps: int, sets: list[str] | None, out: str,
                 json_out: bool = False, workers: int = 2, progress: bool = True, backend: str = "process",
-                address: str | None = None) -> dict:
-    """Run ``algos`` x ``seeds`` x the ``--set`` grid on ``env`` into ``out``; print the summary (JSON if asked)."""
+                address: str | None = None, wandb: str | None = None) -> dict:
+    """Run ``algos`` x ``seeds`` x the ``--set`` grid on ``env`` into ``out``; print the summary (JSON if asked).
+    With ``wandb`` (a project), each finished run is also logged to Weights & Biases."""
     names = parse_algos(algos) if isinstance(algos, str) else parse_algos(",".join(algos))
+    on_run = wandb_logger(wandb, out) if wandb is not None else None
     summary = run_sweep_on(backend, env, names, seeds, steps, parse_sets(sets), out, workers=workers,
-                           progress=progress, address=address)
+                           progress=progress, address=address, on_run=on_run)
     print(json.dumps(summary["algorithms"], indent=1, sort_keys=True) if json_out else format_table(summary))
     return summary
