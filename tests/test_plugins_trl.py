@@ -157,6 +157,7 @@ def test_dcpo_trains_with_sas_history_across_steps_and_resumes_it(plugin, tmp_pa
     second = torch.cat([a for step, a in trained if step == 1])
     assert sorted(first.tolist()) == pytest.approx([-1, -1, 1, 1], abs=1e-6)
     assert second.tolist() == pytest.approx([want] * 4, rel=1e-6)
+    assert list(trainer._logs["advantages"]) == pytest.approx([want] * 4, rel=1e-6)  # the completions log's too
     assert (tmp_path / "checkpoint-1" / plugin.SAS_STATE).is_file()
 
     resumed, trained = sas_trainer(plugin, tmp_path, seen, max_steps=2)

@@ -165,3 +165,6 @@ def test_batches_sas_cannot_key_are_one_line_errors(ray_trainer):
     no_prompts.batch.pop("prompts")  # what verl's V1 trainer gives its advantage step
     with pytest.raises(ValueError, match="trainer.use_v1=False"):
         advantages(ray_trainer, no_prompts)
+    no_prompts.batch.pop("responses")
+    with pytest.raises(ValueError, match="overlong_filter needs the batch's responses"):
+        advantages(ray_trainer, no_prompts, "grpo_overlong_filter")

@@ -89,12 +89,18 @@ class CliplabGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self.cliplab_sas is not None and self.model.training:
-            output["advantages"] = self._sas_advantages([x["prompt"] for x in inputs]).to(output["advantages"])
+            advantages = self._sas_advantages([x["prompt"] for x in inputs])
+            n, rank = len(inputs), self.accelerator.process_index
+            output["advantages"] = advantages[rank * n:(rank + 1) * n].to(output["advantages"])
+            logged = self._logs["advantages"]  # TRL logged its own advantages of the whole batch last
+            for _ in advantages:
+                logged.pop()
+            logged.extend(advantages.tolist())
         return output
 
     def _sas_advantages(self, prompts: list):
-        """DCPO's SAS (2509.02333 Eq. 9-12) of this process's completions, computed on every process alike over
-        the generation batch of all processes (TRL's gathered rewards, G consecutive rows per prompt)."""
+        """DCPO's SAS (2509.02333 Eq. 9-12) of the generation batch of all processes, computed on every process
+        alike (TRL's gathered rewards, G consecutive rows per prompt)."""
         per_func = self._cliplab_rewards
         if torch.isnan(per_func).all(1).any():
             raise ValueError("reward_funcs: SAS needs a reward for every completion; every function returned None "
@@ -104,9 +110,7 @@ class CliplabGRPOTrainer(GRPOTrainer):
         g = self.num_generations
         if any(len(set(keys[i:i + g])) > 1 for i in range(0, len(keys), g)):
             raise ValueError(f"num_generations: expected {g} consecutive completions of one prompt per group")
-        advantages = self.cliplab_sas(keys[::g], rewards, g)
-        n, rank = len(prompts), self.accelerator.process_index
-        return advantages[rank * n:(rank + 1) * n]
+        return self.cliplab_sas(keys[::g], rewards, g)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)

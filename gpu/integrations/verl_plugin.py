@@ -168,6 +168,10 @@ def prompt_keys(data) -> list[str]:
 def mask_truncated(data) -> int:
     """DAPO's overlong filtering (2503.14476 Sec. 3.4): the responses that fill the whole response width (verl's
     ``response_length/clip_ratio`` convention) leave the loss: their response mask is zeroed. Returns how many."""
+    if "responses" not in data.batch.keys():
+        raise ValueError(f"algorithm.adv_estimator: {OVERLONG_FILTER[1:]} needs the batch's responses and a response "
+                         "mask that reaches the actor update (verl's V1 trainer gives neither); set "
+                         "trainer.use_v1=False")
     mask = data.batch["response_mask"]
     truncated = mask.sum(-1) >= data.batch["responses"].shape[-1]
     data.batch["response_mask"] = mask * ~truncated[:, None]
