@@ -75,7 +75,7 @@ class Model:
 
     @property
     def attention_width(self) -> int:
-        """d of the attention FLOPs: query heads x head_dim (the hidden size for Qwen2.5, twice it for Qwen3-30B-A3B)."""
+        """d of the attention FLOPs: query heads x head_dim (Qwen2.5's hidden size, twice it for Qwen3-30B-A3B)."""
         return self.heads * self.head_dim
 
     @property

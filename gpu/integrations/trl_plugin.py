@@ -115,8 +115,9 @@ class CliplabGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.cliplab_sas is not None and self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            write_json(os.path.join(folder, SAS_STATE), self.cliplab_sas.state_dict())
+            step = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            write_json(os.path.join(self._get_output_dir(trial=trial), step, SAS_STATE),
+                       self.cliplab_sas.state_dict())
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

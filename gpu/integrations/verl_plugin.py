@@ -22,7 +22,6 @@ import functools
 import hashlib
 import os
 
-import numpy as np
 import torch
 
 from spec.records import read_json, write_json
