@@ -1,5 +1,7 @@
 """TRL's GRPOTrainer with cliplab's losses: the loss it optimises is gpu.policy_loss (exact spec values), it trains
 a tiny model end to end, and bad settings fail before a model is built."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -60,10 +62,11 @@ def test_bad_settings_fail_before_a_model_is_built(plugin):
         make_trainer(plugin.CliplabGRPOTrainer, {"algorithm": "grpo", "hparams": {"beta": 0.04}})
 
 
-def test_two_processes_give_the_gradient_of_one(tmp_path):
-    """``accelerate launch`` with 2 CPU processes (gloo DDP): after one backward on a global batch whose halves hold
-    7 and 3 tokens (and 2 and 1 non-empty completions), the averaged gradient equals one process's on the whole
-    batch, for a token mean, a mean over sequences and both group means (tests/trl_ddp_worker.py)."""
+def test_accumulated_micro_batches_and_processes_give_the_gradient_of_one(tmp_path):
+    """One optimiser step on a global batch of 8 completions (4 groups of 2; 17 tokens spread unevenly, an empty
+    completion and an empty group): 2 processes (``accelerate launch``, gloo DDP) with 2 accumulated micro-batches
+    each, and 1 process with 4 accumulated micro-batches, give the gradient of 1 process on the whole batch in one
+    micro-batch, for a token mean, a mean over sequences and both group means (tests/trl_ddp_worker.py)."""
     import os
     import subprocess
     import sys
@@ -74,25 +77,93 @@ def test_two_processes_give_the_gradient_of_one(tmp_path):
     worker = str(repo / "tests" / "trl_ddp_worker.py")
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-              str(29500 + os.getpid() % 1000), worker, str(tmp_path), "two", *runs]
+              str(29500 + os.getpid() % 1000), worker, str(tmp_path), "two:2", *runs]
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for cmd in (launch, [sys.executable, worker, str(tmp_path), "one", *runs])]
+             for cmd in (launch, [sys.executable, worker, str(tmp_path), "one:1,accum:4", *runs])]
     for p in procs:
         out = p.communicate(timeout=300)[0]
         assert p.returncode == 0, out[-3000:]
-    one, two = (torch.load(tmp_path / f"{name}.pt") for name in ("one", "two"))
+    one, two, accum = (torch.load(tmp_path / f"{name}.pt") for name in ("one", "two", "accum"))
     for run in runs:  # TRL's log-probs are float32: agreement to float32 rounding, relative to the whole gradient
-        a, b = (torch.cat([g.flatten() for g in grads[run].values()]) for grads in (one, two))
-        assert float(a.norm()) > 0 and float((a - b).norm() / a.norm()) < 1e-5, (run, float((a - b).norm() / a.norm()))
+        a = torch.cat([g.flatten() for g in one[run].values()])
+        for other in (two, accum):
+            b = torch.cat([g.flatten() for g in other[run].values()])
+            assert float(a.norm()) > 0 and float((a - b).norm() / a.norm()) < 1e-5, (run, float((a - b).norm()))
 
 
-def test_each_process_is_weighted_by_its_share_of_units(plugin):
-    """P * u_p / sum_q u_q, with the other process's units given by a stand-in for accelerate's reduce."""
+def test_each_micro_batch_is_weighted_by_its_share_of_its_steps_units(plugin):
+    """P * u / U: U summed over the step's micro-batches (weigh_windows) and the processes (a stand-in for
+    accelerate's reduce: the other process holds micro-batches with the same units)."""
     from types import SimpleNamespace
-    mask = torch.tensor([[1.0, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])  # 7 tokens, 2 rows, 1 group of 2 here
-    cases = [("token_mean", None, 3.0, 2 * 7 / 10), ("seq_mean_token_mean", None, 1.0, 2 * 2 / 3),
-             ("group_token_mean", 2, 1.0, 1.0)]  # (mode, G, the other process's units, the share)
-    for agg, group_size, other, share in cases:
-        acc = SimpleNamespace(num_processes=2, reduce=lambda t, reduction, o=other: t + o)
-        got = plugin.CliplabGRPOTrainer._process_share(SimpleNamespace(accelerator=acc), mask, agg, group_size)
-        assert float(got) == pytest.approx(share)
+    mask = torch.tensor([[1.0, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])  # 7 tokens, 2 rows, 1 group of 2
+    other = torch.tensor([[1.0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])  # 2 tokens, 1 row, 1 group
+    cases = [("token_mean", None, 2 * 7 / 18, 2 * 2 / 18), ("seq_mean_token_mean", None, 2 * 2 / 6, 2 * 1 / 6),
+             ("group_token_mean", 2, 2 * 1 / 4, 2 * 1 / 4)]  # (mode, G, the two micro-batches' shares)
+    acc = SimpleNamespace(num_processes=2, reduce=lambda t, reduction: 2 * t)
+    for agg, group_size, share, share_other in cases:
+        fake = SimpleNamespace(accelerator=acc, cliplab_agg=agg, cliplab_group_size=group_size,
+                               args=SimpleNamespace(gradient_accumulation_steps=2),
+                               _loss_mask=plugin.CliplabGRPOTrainer._loss_mask)
+        batches = [{"completion_mask": mask}, {"completion_mask": other}]
+        plugin.CliplabGRPOTrainer.weigh_windows(fake, batches)
+        got = [float(plugin.CliplabGRPOTrainer._share(fake, b["completion_mask"], b)) for b in batches]
+        assert got == pytest.approx([share, share_other])
+
+
+def test_the_shuffle_moves_whole_groups(plugin):
+    ids = torch.arange(12)
+    out = plugin.shuffle_whole_groups({"ids": ids, "texts": [f"r{i}" for i in range(12)], "n": torch.tensor(3),
+                                       "none": None}, 3)
+    groups = out["ids"].reshape(4, 3)
+    assert sorted(out["ids"].tolist()) == list(range(12)) and out["n"] == 3 and out["none"] is None
+    assert (groups % 3 == torch.arange(3)).all() and (groups[:, 1:] - groups[:, :-1] == 1).all()
+    assert out["texts"] == [f"r{i}" for i in out["ids"].tolist()]
+
+
+def sas_trainer(plugin, tmp_path, seen, **config):
+    """DCPO on the tiny model with two prompts per step, one group of 2 each, in two micro-batches (accumulated):
+    a prompt's first group scores [1, 0], its later ones [1, 1]."""
+    from datasets import Dataset
+
+    def reward(prompts, completions, **kwargs):
+        out = []
+        for i in range(0, len(prompts), 2):
+            out += [1.0, 1.0] if prompts[i] in seen else [1.0, 0.0]
+        seen.update(prompts)
+        return out
+    trainer = make_trainer(plugin.CliplabGRPOTrainer, {"algorithm": "dcpo", "hparams": {}}, reward=reward,
+                           freeze=False, gradient_accumulation_steps=2, output_dir=str(tmp_path), **config)
+    trainer.train_dataset = Dataset.from_dict({"prompt": ["t1 t2 t3", "t4 t5"]})
+    trained = []
+    original = trainer._compute_loss
+
+    def compute_loss(model, inputs):
+        trained.append((trainer.state.global_step, inputs["advantages"].detach().clone()))
+        return original(model, inputs)
+    trainer._compute_loss = compute_loss
+    return trainer, trained
+
+
+def test_dcpo_trains_with_sas_history_across_steps_and_resumes_it(plugin, tmp_path):
+    """Step 1 visits both prompts first ([1, 0]: SAS = GRPO's z-score with the population std, +-1); step 2 revisits
+    them all-equal ([1, 1]): pooled mean 3/4, variance (0 + 1/4) / 2 + (1/4)(1/2)^2 = 3/16, so both responses get
+    A_total / 2 = (1 - 3/4) / sqrt(3/16) / 2 where TRL's z-score gives 0 (DCPO Eq. 11-12). A run resumed from the
+    step-1 checkpoint continues the history (cliplab_sas.json in checkpoint-1)."""
+    want = (1 - 3 / 4) / (3 / 16) ** 0.5 / 2
+    seen: set = set()
+    trainer, trained = sas_trainer(plugin, tmp_path, seen, max_steps=2, save_strategy="steps", save_steps=1)
+    trainer.train()
+    first = torch.cat([a for step, a in trained if step == 0])
+    second = torch.cat([a for step, a in trained if step == 1])
+    assert sorted(first.tolist()) == pytest.approx([-1, -1, 1, 1], abs=1e-6)
+    assert second.tolist() == pytest.approx([want] * 4, rel=1e-6)
+    assert list(trainer._logs["advantages"]) == pytest.approx([want] * 4, rel=1e-6)  # the completions log's too
+    assert (tmp_path / "checkpoint-1" / plugin.SAS_STATE).is_file()
+
+    resumed, trained = sas_trainer(plugin, tmp_path, seen, max_steps=2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert torch.cat([a for _, a in trained]).tolist() == pytest.approx([want] * 4, rel=1e-6)
+    os.remove(tmp_path / "checkpoint-1" / plugin.SAS_STATE)
+    again, _ = sas_trainer(plugin, tmp_path, seen, max_steps=2)
+    with pytest.raises(ValueError, match=f"{plugin.SAS_STATE}: missing"):
+        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))

@@ -83,21 +83,23 @@ def test_micro_batches_with_global_batch_info_add_up_to_the_whole_batch(agg):
     assert np.concatenate(grads) == pytest.approx(whole_grad, rel=1e-12)
 
 
-def test_sas_through_verls_registry_keeps_history_per_prompt():
+def test_sas_through_verls_registry_keeps_history_per_prompt_key():
     sas = get_adv_estimator_fn(verl_plugin.SAS_NAME)
     reference = gpu.SmoothAdvantage()
     mask = torch.ones(4, 3)
     for visit, rewards in enumerate(([1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0])):
         scores = torch.zeros(4, 3, dtype=torch.float64)
         scores[:, -1] = torch.tensor(rewards, dtype=torch.float64)
-        index = np.array(["b", "a", "b", "a"], dtype=object)  # groups need not be contiguous
-        adv, ret = sas(scores, mask, index)
+        uids = np.array([f"b{visit}", f"a{visit}", f"b{visit}", f"a{visit}"], dtype=object)  # new at every step
+        adv, ret = sas(scores, mask, uids, prompt_keys=["b", "a", "b", "a"])  # groups need not be contiguous
         want = reference(["b", "a"], torch.tensor([rewards[0], rewards[2], rewards[1], rewards[3]],
                                                   dtype=torch.float64), 2)
         got = adv[[0, 2, 1, 3], 0]
         assert got.numpy() == pytest.approx(want.numpy())
         assert torch.equal(adv, ret)
     assert (adv[:, 0] != 0).any()  # the all-equal third visit still trains (A_total / i)
+    with pytest.raises(ValueError, match="no stable prompt key"):
+        sas(scores, mask, uids)
 
 
 def test_bad_settings_are_clear_errors():

@@ -19,7 +19,7 @@ from harness.recipes import cost as recipe_cost, launch as recipes  # noqa: E402
 from spec.registry import get_algorithm  # noqa: E402
 
 RECIPES = {r["name"]: r for r in recipes.all_recipes()}
-RUNS = [(name, run) for name, r in RECIPES.items() for run in r["runs"] if "unavailable" not in r["runs"][run]]
+RUNS = [(name, run) for name, r in RECIPES.items() for run in r["runs"]]
 PATHS = {"model": "/models/m", "train": "/data/train.parquet", "val": "/data/val.parquet"}
 
 
@@ -55,8 +55,11 @@ def test_each_verl_run_composes_and_its_names_resolve_to_cliplab(recipe, run):
     assert verl_plugin.LOSSES[loss_mode] == (algorithm, None)  # the run's algorithm, the paper's aggregation
     fn = get_policy_loss_fn(loss_mode)
     assert fn is verl_plugin._LOSS_FNS[loss_mode]
-    if cfg.algorithm.adv_estimator.startswith("cliplab_"):
-        assert get_adv_estimator_fn(cfg.algorithm.adv_estimator) is verl_plugin._SAS
+    estimator = cfg.algorithm.adv_estimator
+    if estimator.startswith("cliplab_"):
+        assert get_adv_estimator_fn(estimator) is verl_plugin._SAS
+    if estimator in verl_plugin.FILTERED or estimator == verl_plugin.SAS_NAME:  # keyed in RayPPOTrainer's step only
+        assert cfg.trainer.use_v1 is False
 
     # one actor loss call, on CPU tensors, with the ActorConfig verl builds from the composed config
     actor = omega_conf_to_dataclass(actor_cfg)
@@ -90,17 +93,19 @@ def test_recipe_settings_are_the_papers():
     assert (g.clip_ratio_low, g.clip_ratio_high) == (3e-4, 4e-4)
     s, rev = actor("sapo_temperature", "sapo"), actor("sapo_temperature", "sapo_reversed")
     assert (s.tau_pos, s.tau_neg) == (1.0, 1.05) and (rev.tau_pos, rev.tau_neg) == (1.05, 1.0)
-    ladder = [compose_run("dapo_ladder_32b", run) for run in ("naive_grpo", "clip_higher", "soft_overlong",
-                                                              "token_level", "dynamic_sampling")]
-    assert [c.actor_rollout_ref.actor.clip_ratio_high for c in ladder] == [0.2, 0.28, 0.28, 0.28, 0.28]
-    assert [c.reward.reward_manager.name for c in ladder] == ["naive", "naive", "dapo", "dapo", "dapo"]
+    ladder = [compose_run("dapo_ladder_32b", run) for run in RECIPES["dapo_ladder_32b"]["runs"]]
+    assert [c.actor_rollout_ref.actor.clip_ratio_high for c in ladder] == [0.2, 0.2, 0.28, 0.28, 0.28, 0.28]
+    assert [c.algorithm.adv_estimator for c in ladder] == ["grpo"] + ["grpo_overlong_filter"] * 4 + ["grpo"]
+    assert [c.trainer.use_v1 for c in ladder] == [True] + [False] * 4 + [True]  # V1: dynamic sampling's trainer
+    assert [c.reward.reward_manager.name for c in ladder] == ["naive"] * 3 + ["dapo"] * 3
     assert [c.actor_rollout_ref.actor.policy_loss.loss_mode for c in ladder] == \
-        ["cliplab_grpo"] * 3 + ["cliplab_dapo"] * 2
-    assert [bool(c.algorithm.filter_groups.enable) for c in ladder] == [False] * 4 + [True]
-    assert ladder[2].reward.reward_kwargs.overlong_buffer_cfg.len == 4096
+        ["cliplab_grpo"] * 4 + ["cliplab_dapo"] * 2
+    assert [bool(c.algorithm.filter_groups.enable) for c in ladder] == [False] * 5 + [True]
+    assert ladder[3].reward.reward_kwargs.overlong_buffer_cfg.len == 4096
+    assert compose_run("dcpo_math7b", "dcpo").trainer.use_v1 is False
 
 
-def test_missing_paths_and_unavailable_runs_are_one_line_errors(tmp_path, capsys):
+def test_missing_paths_are_one_line_errors(tmp_path, capsys):
     r = RECIPES["dcpo_math7b"]
     with pytest.raises(SystemExit) as exc:
         recipes.main(["verl", str(r["folder"]), "dcpo", "--model", str(tmp_path / "Qwen2.5-Math-7B"),
@@ -111,8 +116,6 @@ def test_missing_paths_and_unavailable_runs_are_one_line_errors(tmp_path, capsys
     with pytest.raises(ValueError, match=f"--train: {tmp_path / 'nope.parquet'} does not exist"):
         recipes.launch_verl(r, "dcpo", {"model": tmp_path / "m", "train": tmp_path / "nope.parquet",
                                         "val": tmp_path}, tmp_path, [], dry_run=True)
-    with pytest.raises(ValueError, match="cannot run in verl: verl 0.9.1 has no setting"):
-        recipes.launch_verl(RECIPES["dapo_ladder_32b"], "overlong_filter", {}, tmp_path, [], dry_run=True)
     cmd = recipes.launch_verl(r, "dcpo", {"model": tmp_path / "m", "train": tmp_path, "val": tmp_path}, tmp_path,
                               ["trainer.total_training_steps=2"], dry_run=True)
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and cmd[-1] == "trainer.total_training_steps=2"
@@ -164,21 +167,45 @@ def test_a_recipe_without_a_source_or_with_an_unknown_algorithm_is_refused(tmp_p
 
 
 def test_gpu_hours_and_memory_equal_a_hand_computation():
+    """dcpo_math7b's grpo run (KL loss: a reference forward) on H100, worked from Qwen2.5-Math-7B's config.json:
+    N = 7.61e9 - 152064 * 3584 (the input embedding table out), L d = 28 * (28 heads * 128)."""
     b = recipe_cost.Budget(prompts=512, group=16, prompt_len=1024, response_len=3072, steps=400, ref=True)
     got = recipe_cost.gpu_hours("Qwen2.5-Math-7B", "H100", b)
-    n, seqs = 7.61e9, 512 * 16
-    tokens = seqs * 4096
-    train = 10 * n * tokens / (989e12 * 0.4)  # 6N + 2N old log-probs + 2N reference
-    prefill = 2 * n * seqs * 1024 / (989e12 * 0.4)
+    n, ld, seqs, speed = 7.61e9 - 544_997_376, 100_352, 512 * 16, 989e12 * 0.4
+    pairs = 4096 * 4097 / 2  # causal token pairs of one 1024 + 3072-token sequence
+    train = seqs * (10 * n * 4096 + 20 * ld * pairs)  # 6N + 2N + 2N per token; 12 + 4 + 4 L d per pair
+    prefill = 512 * (2 * n * 1024 + 4 * ld * 1024 * 1025 / 2)  # once per prompt
     kv = 2 * 28 * 4 * 128 * 2
-    decode = (seqs / 256 * 3072 * 2 * n + seqs * kv * (1024 * 3072 + 3072 ** 2 / 2)) / 3.35e12
-    assert got["gpu_hours"] == pytest.approx((train + prefill + decode) * 400 / 3600, rel=1e-12)
-    assert decode > 2 * n * seqs * 3072 / (989e12 * 0.4)  # decoding is memory-bound here
+    decode_bytes = seqs / 256 * 3072 * 2 * 7.61e9 + seqs * kv * (1024 * 3072 + 3072 ** 2 / 2)
+    decode_flops = seqs * (2 * n * 3072 + 4 * ld * (1024 * 3072 + 3072 * 3073 / 2))
+    assert decode_bytes / 3.35e12 > decode_flops / speed  # decoding is memory-bound here
+    hours = ((train + prefill) / speed + decode_bytes / 3.35e12) * 400 / 3600
+    assert got["gpu_hours"] == pytest.approx(hours, rel=1e-12)
+    assert got["train_flops_per_step"] == pytest.approx(train, rel=1e-12)
+    assert 0.05 < got["train_attention_flops_per_step"] / (10 * n * 4096 * seqs) < 0.06  # attention adds ~5-6%
+    # DAPO's 32B ladder at 22528 tokens: attention adds about a quarter to training (12 L d (T + 1) / 2 vs 6N)
+    ladder = recipe_cost.gpu_hours("Qwen2.5-32B", "H200", recipe_cost.Budget(512, 16, 2048, 20480, 5000))
+    share = ladder["train_attention_flops_per_step"] / (ladder["train_flops_per_step"] -
+                                                        ladder["train_attention_flops_per_step"])
+    assert share == pytest.approx(64 * 5120 * 12 * 22529 / 2 / (6 * (32.5e9 - 152064 * 5120)), rel=1e-12)
+    assert 0.2 < share < 0.3
     mem = recipe_cost.memory_per_gpu("Qwen2.5-32B", "H100", 128, 22528, 0.8)
     assert mem["train"] == pytest.approx(16 * 32.5e9 / 128 + 22528 * 5120 * 64 * 2 + 22528 * 152064 * 4)
     assert mem["fits"] and not recipe_cost.memory_per_gpu("Qwen2.5-32B", "H100", 8, 22528, 0.8)["fits"]
     with pytest.raises(ValueError, match="model: expected one of"):
         recipe_cost.gpu_hours("llama", "H100", b)
+
+
+def test_the_model_table_matches_each_models_published_sizes():
+    """Heads x head_dim is the hidden size for Qwen2.5 (and twice it for Qwen3-30B-A3B); the non-embedding counts the
+    model cards publish (Qwen2.5-7B 6.53B, Qwen2.5-32B 31.0B, Qwen3-30B-A3B 29.9B) are the totals less the input
+    table and the untied head."""
+    m = recipe_cost.MODELS
+    assert m["Qwen2.5-Math-7B"].attention_width == 3584 and m["Qwen2.5-32B"].attention_width == 5120
+    assert m["Qwen3-30B-A3B-Base"].attention_width == 4096
+    for name, non_embedding in (("Qwen2.5-Math-7B", 6.53e9), ("Qwen2.5-32B", 31.0e9), ("Qwen3-30B-A3B-Base", 29.9e9)):
+        assert m[name].params - 2 * m[name].vocab * m[name].hidden == pytest.approx(non_embedding, rel=0.01)
+        assert "heads" in m[name].source and "KV heads" in m[name].source
 
 
 def test_the_readme_cost_table_is_the_generated_one():

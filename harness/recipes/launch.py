@@ -118,9 +118,6 @@ def _sidecar(r: dict, run: str, framework: str, out: Path, steps: int) -> Path:
 
 def launch_verl(r: dict, run: str, paths: dict, out: Path, extra: list[str], dry_run: bool = False) -> list[str]:
     """Run verl's trainer with the recipe's overrides, its file and console loggers writing into OUT/recipe/run."""
-    if "unavailable" in _run(r, run):
-        raise ValueError(f"run: {run!r} of {r['folder'] / 'recipe.yaml'} cannot run in verl: "
-                         f"{_run(r, run)['unavailable']}")
     check_paths(r, paths)
     folder = out / r["name"] / run
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(r, run, paths),
@@ -201,7 +198,8 @@ def trl_sharding(r: dict) -> dict:
 
 
 def run_cost(r: dict, run: str, gpu: str, sharding: dict | None = None) -> dict:
-    """GPU-hours and memory of one run of a recipe on ``gpu`` (under the recipe's verl sharding unless given)."""
+    """Estimated GPU-hours and memory of one run of a recipe on ``gpu`` (under the recipe's verl sharding unless
+    given)."""
     b, s = r["budget"], sharding or r["sharding"]
     ref = any(o == "actor_rollout_ref.actor.use_kl_loss=True" for o in overrides(r, run))
     budget = recipe_cost.Budget(b["prompts"], b["group"], b["prompt_len"], b["response_len"], b["steps"],
@@ -213,9 +211,10 @@ def run_cost(r: dict, run: str, gpu: str, sharding: dict | None = None) -> dict:
 
 
 def cost_table(recipes=None) -> str:
-    """The markdown cost table: one row per recipe run, H100 and H200."""
+    """The markdown cost table of estimated GPU-hours: one row per recipe run, H100 and H200."""
     lines = ["| recipe | run | framework, GPUs | tokens/step | H100 GPU-h | H200 GPU-h | of which generation (H200) | "
-             "memory/GPU training (states + activations) | H100 fits | H200 fits |", "|---" * 10 + "|"]
+             "attention share of training FLOPs | memory/GPU training (states + activations) | H100 fits | "
+             "H200 fits |", "|---" * 11 + "|"]
     for r in recipes or all_recipes():
         rows = [(run, "verl", r["sharding"]) for run in r["runs"]]
         rows += [(run, "TRL", trl_sharding(r)) for run, spec in r["runs"].items() if "trl" in spec]
@@ -224,6 +223,7 @@ def cost_table(recipes=None) -> str:
             lines.append(
                 f"| {r['name']} | {run} | {framework}, {shard['gpus']} | {h200['tokens_per_step']:.3g} | "
                 f"{h100['gpu_hours']:,.0f} | {h200['gpu_hours']:,.0f} | {h200['generate_h']:,.0f} | "
+                f"{h200['train_attention_flops_per_step'] / h200['train_flops_per_step']:.0%} | "
                 f"{h200['mem_train'] / 1e9:.1f} GB ({h200['mem_states'] / 1e9:.1f} + "
                 f"{h200['mem_activations'] / 1e9:.1f}) | {'yes' if h100['mem_fits'] else 'no'} | "
                 f"{'yes' if h200['mem_fits'] else 'no'} |")
