@@ -191,7 +191,7 @@ def test_a_callable_that_exits_hangs_crashes_or_mutates_fails_with_one_line(name
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("name, words", [("on_meta", "returned a tensor on the meta device"),
+@pytest.mark.parametrize("name, words", [("on_meta", "returned a tensor on the meta device (it has no values)"),
                                          ("complex_loss", "returned a complex tensor (torch.complex128)")])
 def test_a_result_that_is_not_a_real_loss_is_a_usage_error(name, words):
     with pytest.raises(ValueError, match=f"^target: cliplab_ci_losses:{name} {re.escape(words)}; expected a callable"):
