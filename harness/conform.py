@@ -402,14 +402,18 @@ def closest(check: Check, minimal: dict) -> str | None:
 
 
 def settle(target, report: dict, accepted: dict | None = None) -> dict:
-    """Give each row its ``outcome`` (its kind, or accepted) and, where it differs and matches no convention, the
-    ``closest`` one on its minimal input; ``report["ok"]``: no row differs or raises."""
+    """Give each row its ``outcome`` (its kind, or accepted) and, where it differs, the ``closest`` known convention:
+    the first it matches (a named one first), else the nearest on its minimal input; ``report["ok"]``: no row
+    differs or raises."""
     checks = None
     for row in report["rows"]:
         row["outcome"] = kind(row)
         if row["outcome"] == "differs" and accepted_match(row, accepted or {}):
             row["outcome"] = "accepted"
-        if row["outcome"] == "differs" and row.get("minimal") and not row.get("matches"):
+        if row["outcome"] == "differs" and row.get("matches"):
+            named = [m for m in row["matches"] if not m.endswith("(not a reference convention)")]
+            row["closest"] = (named or row["matches"])[0]
+        elif row["outcome"] == "differs" and row.get("minimal"):
             checks = checks or {(c.algorithm, c.call, c.knob): c for c in target.checks()}
             check = checks.get((row["algorithm"], row["call"], row["knob"]))
             row["closest"] = check and closest(check, row["minimal"])
