@@ -237,7 +237,8 @@ class _Child:
 
     def load(self) -> dict:
         try:
-            out = self.worker.call("load", {"target": self.target, "path": sys.path, "cwd": os.getcwd()})
+            out = self.worker.call("load", {"target": self.target, "path": [*sys.path, os.getcwd()],
+                                            "cwd": os.getcwd()})  # the user's modules, as `python -m` finds them
         except TargetError as exc:
             raise ValueError(f"target: loading {exc}") from None
         self.worker.timeout_s = self.timeout_s
