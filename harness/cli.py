@@ -19,7 +19,7 @@ app = typer.Typer(help="cliplab: verify, simulate and reproduce LLM policy-optim
 console = Console()
 
 
-def _verify_rows(seeds: int, quiet: bool):
+def _verify_rows(seeds: int, quiet: bool, algos: Optional[list] = None):
     from tqdm import tqdm
 
     from harness.verify import layers as verify
@@ -29,30 +29,38 @@ def _verify_rows(seeds: int, quiet: bool):
         bar.total = total
         bar.n = done
         bar.refresh()
-    rows = verify.run(seeds=seeds, progress=progress)
+    rows = verify.run(seeds=seeds, progress=progress, algos=algos)
     bar.close()
-    return rows, verify.derivations()
+    return rows, verify.derivations() if algos is None else []
 
 
 @app.command()
 def verify(json_out: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
            seeds: int = typer.Option(2, min=1, help="Fixed seeds per (algorithm, aggregation mode)."),
-           out: Path = typer.Option(None, help="Also write the table as markdown to this file.")):
+           out: Path = typer.Option(None, help="Also write the table as markdown to this file."),
+           algos: Optional[str] = typer.Option(None, help="Only these algorithms and parts, comma-separated (e.g. "
+                                               "grpo,dpo,gae); the derivations run without --algos.")):
     """Hold the three layers together: exact sympy (spec) vs NumPy float64 (sim) vs torch float64 and float32
     (gpu), for every policy algorithm under every option of harness.verify.layers.OPTIONS (aggregation modes, dual clip,
     KL kinds, delta, CISPO's cap, the Cov selections, rollout corrections), plus DPO, the advantage estimators
     (GRPO, Dr.GRPO, RLOO, GPG, REINFORCE++, SAS), GAE, the value loss, the KL estimators, DCPO's bounds, DAPO's
-    shaping and filter, and the sympy derivations. Exits 1 on any disagreement."""
+    shaping and filter, and the sympy derivations. Exits 1 on any disagreement. In a terminal the table is drawn;
+    in a pipe or file it is markdown, one row a line."""
+    from harness.verify.layers import names
     if out:
         from harness.reports.rundirs import output_file
         _user_errors(output_file, out)  # a bad --out fails before the run
-    rows, derivations = _verify_rows(seeds, quiet=json_out)
+    chosen = None if algos is None else _user_errors(names, algos)
+    rows, derivations = _verify_rows(seeds, quiet=json_out, algos=chosen)
     ok = all(r["agrees"] for r in rows) and all(d["holds"] for d in derivations)
     if out:
         from harness.verify.layers import markdown
         out.write_text("# cliplab verify\n\n" + markdown(rows, derivations))
     if json_out:
         print(json.dumps({"ok": ok, "rows": rows, "derivations": derivations}, indent=1))
+    elif not console.is_terminal:
+        from harness.verify.layers import markdown
+        print(markdown(rows, derivations), end="")
     else:
         from harness.verify.layers import COLUMNS, cells
         table = Table(title="cliplab verify: layer agreement")
@@ -149,11 +157,15 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
             adapter: Optional[str] = typer.Option(None, help="For module:function: algorithm=NAME,agg=MODE,"
                                                   "logp=PARAM,old_logp=PARAM,adv=PARAM,mask=PARAM,..."),
             level: str = typer.Option("loss", help="loss: each loss call; step: one optimisation step "
-                                      "(micro-batches, accumulation, ranks), writing OUT/step/TARGET.md and .json.")):
+                                      "(micro-batches, accumulation, ranks), writing OUT/step/TARGET.md and .json."),
+            accept: List[str] = typer.Option([], help="Conventions to let pass where the target differs from the "
+                                             "reference, KEY=VALUE (agg=token_mean,dual_clip=3) or a file of them, "
+                                             "one a line (repeatable).")):
     """Hold an outside implementation (verl, TRL, OpenRLHF or your callable) against the reference.
 
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
-    and the named convention the target matches instead."""
+    and the named convention the target matches instead. Exits 1 when a check differs (and matches no accepted
+    convention) or raises, 0 when all agree, 2 on a usage error."""
     from harness.conform.engine import conform_command
     from harness.conform.matrix import conform_all
     from spec.records import writable_folder
@@ -161,6 +173,8 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
         _user_errors(_refuse, f"level: expected loss or step, got {level!r}")
     if out:
         _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
+    if accept and (target == "all" or level == "step"):
+        _user_errors(_refuse, "accept: --accept applies to one target at --level loss")
     if target == "all":
         if out is None or adapter is not None or json_out:
             _user_errors(_refuse, "target: `all` writes every report (both levels) and the matrix to --out DIR; it "
@@ -173,7 +187,8 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
                                   "target has no optimisation step")
         _user_errors(step_command, target, json_out, out, 5 if seeds is None else seeds)
     else:
-        _user_errors(conform_command, target, json_out, out, 30 if seeds is None else seeds, adapter)
+        report = _user_errors(conform_command, target, json_out, out, 30 if seeds is None else seeds, adapter, accept)
+        raise typer.Exit(0 if report["ok"] else 1)
 
 
 def _refuse(message: str):

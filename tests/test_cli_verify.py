@@ -4,7 +4,7 @@ import json
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.verify.layers import OPTIONS, PAIRS
+from harness.verify.layers import COLUMNS, OPTIONS, PAIRS, PARTS_CHECKED, parts_case
 from spec.registry import ALGORITHMS, PARTS
 
 
@@ -33,3 +33,19 @@ def test_verify_json_names_every_algorithm_and_agrees(tmp_path):
 def test_help_explains():
     result = CliRunner().invoke(app, ["verify", "--help"])
     assert result.exit_code == 0 and "three layers" in result.output
+
+
+def test_verify_filters_by_algos_and_prints_a_table_a_pipe_can_read():
+    result = CliRunner().invoke(app, ["verify", "--algos", "grpo,gae", "--seeds", "1"])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]  # below the header
+    cells = [line.strip("| ").split(" | ") for line in rows]
+    assert {(c[0], c[1]) for c in cells} == {(name, pair) for name in ("grpo", "gae") for pair in PAIRS}
+    assert all(len(c) == len(COLUMNS) and c[-1] == "agrees" for c in cells)  # one whole row a line, not wrapped
+    assert set(PARTS_CHECKED) == set(parts_case(0))  # every part can be chosen by name
+
+
+def test_verify_names_the_algorithms_it_knows_for_an_unknown_one():
+    result = CliRunner().invoke(app, ["verify", "--algos", "grpo,nope"])
+    assert result.exit_code == 2 and "algos: unknown 'nope'; expected names separated by commas among ppo, grpo" \
+        in result.output

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("spec", "sim", "gpu", "harness")
+PACKAGES = ("spec", "sim", "gpu", "harness", "cliplab")
 
 
 def module_name(path: Path) -> str:

@@ -4,6 +4,7 @@ named convention of the reference the target matches instead."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -11,6 +12,8 @@ from typing import Callable
 import numpy as np
 
 from spec.records import write_text
+from spec.registry import (AGG_MODES, CAP_MODES, HPARAMS, KL_KINDS, POLICY_ALGORITHMS, ROLLOUT_CORRECTIONS,
+                           get_algorithm)
 
 from harness.conform.cases import TOLERANCE, Batch, Check, Convention
 from harness.verify.layers import scaled_diff
@@ -171,17 +174,15 @@ def _matches(check: Check, runs) -> dict:
     return {"matches": full, "value_matches": value_only, "grad_matches": grad_only}
 
 
-def conform(target: str, seeds: int = 30, only: Callable[[Check], bool] | None = None, adapter=None) -> dict:
-    """Run every check of ``target`` (verl, trl, openrlhf or module:function) and return the report."""
+def conform(target, seeds: int = 30, only: Callable[[Check], bool] | None = None, adapter=None) -> dict:
+    """Run every check of ``target`` (a framework name, module:function, a Python function computing a policy loss,
+    or a target object) and return the report."""
     import torch
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ValueError(f"seeds: expected a positive integer (generated batches per check and family), got {seeds!r}")
-
-    from harness.conform.targets import load_target
+    check_seeds(seeds)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: one thread is an order of magnitude faster on shared cores
     try:
-        tgt = load_target(target, adapter)
+        tgt = target_of(target, adapter)
         checks = [c for c in tgt.checks() if only is None or only(c)]
         rows = [row for check in checks for row in run_check(check, seeds)]
     finally:
@@ -189,6 +190,23 @@ def conform(target: str, seeds: int = 30, only: Callable[[Check], bool] | None =
     return {"target": tgt.name, "versions": tgt.versions, "tolerance": getattr(tgt, "tolerance", TOLERANCE),
             "seeds": seeds,
             "how": tgt.how, "rows": rows}
+
+
+def check_seeds(seeds) -> None:
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds: expected a positive integer (generated batches per check and family), got {seeds!r}")
+
+
+def target_of(target, adapter=None):
+    """A target object: ``target`` itself if it is one, a framework's or module:function's by name, or a Python
+    function's (with ``adapter`` a dict or key=value text)."""
+    if hasattr(target, "checks"):
+        return target
+    if isinstance(target, str):
+        from harness.conform.targets import load_target
+        return load_target(target, adapter)
+    from harness.conform.targets.callable import CallableTarget
+    return CallableTarget(target, adapter)
 
 
 def verdict(row: dict) -> str:
@@ -284,15 +302,194 @@ def write_report(report: dict, out: str | Path) -> None:
     write_text(folder / f"{stem}.json", json.dumps(strict_json(report), indent=1, sort_keys=True) + "\n")
 
 
+# ---- the command: verdict kinds, accepted conventions, console lines, exit code ------------------------------------
+
+#: Verdict kinds that fail ``cliplab conform`` (exit 1) and ``assert_conforms``. The others: agrees, accepted
+#: (differs, and matches a convention the user accepts), not implemented, no reference (nothing claimed).
+FAILING = ("differs", "raises")
+CHOICES = {"agg": tuple(AGG_MODES), "kl": KL_KINDS, "cap_mode": CAP_MODES,
+           "rollout_correction": (*ROLLOUT_CORRECTIONS, "None")}
+NUMERIC = tuple(k for k in HPARAMS if k not in CHOICES and k not in ("max_len", "cov_seed"))
+LABEL = re.compile(r"(?:.* \()?(?P<name>[a-z0-9_]+)(?:\[(?P<settings>[^\]]*)\])?\)?")
+
+
+def kind(row: dict) -> str:
+    """A check's verdict kind: the engine's when it records one, else from its status (error: raises). A check that
+    agrees on every batch with tokens but not on a batch without any differs."""
+    found = row.get("kind") or {"error": "raises"}.get(row["status"], row["status"])
+    return "differs" if found == "agrees" and row.get("empty_batch") else found
+
+
+def parse_accept(entries) -> dict:
+    """``--accept`` entries: KEY=VALUE items (comma-separated), or files of them, one a line, ``#`` comments;
+    -> {key: {values}}. An entry that names no known convention is a ValueError listing the known ones."""
+    items = []
+    for entry in entries or ():
+        if "=" in entry:
+            items += entry.split(",")
+            continue
+        try:
+            items += [line.split("#")[0] for line in Path(entry).read_text().splitlines()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"accept: {entry!r} is neither KEY=VALUE nor a readable file of them "
+                             f"({getattr(exc, 'strerror', None) or exc})") from None
+    accepted = {}
+    for item in filter(None, (i.strip() for i in items)):
+        key, _, value = (x.strip() for x in item.partition("="))
+        if not (value in CHOICES.get(key, ()) or key in NUMERIC and isinstance(_setting(value), (float, type(None)))):
+            known = [f"{k}={v}" for k, values in CHOICES.items() for v in values]
+            raise ValueError(f"accept: {item!r} names no known convention; known: {', '.join(known)}, or KEY=NUMBER "
+                             f"for {', '.join(NUMERIC)}")
+        accepted.setdefault(key, set()).add(_setting(value))
+    return accepted
+
+
+def _setting(text: str):
+    """A setting's value as labels write it: a number, None, or a name."""
+    if text == "None":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _settings(label: str | None):
+    """(algorithm, every hyper-parameter with the registry's defaults) of a policy convention's label, or None
+    for a label that names no reference convention."""
+    found = LABEL.fullmatch(label or "")
+    if not found or found["name"] not in POLICY_ALGORITHMS:
+        return None
+    given = dict(item.split("=", 1) for item in (found["settings"] or "").split(", ") if "=" in item)
+    merged = {**{k: str(v) for k, v in get_algorithm(found["name"]).defaults.items()}, **given}
+    return found["name"], {k: _setting(v) for k, v in merged.items() if k != "max_len"}
+
+
+def accepted_match(row: dict, accepted: dict) -> str | None:
+    """The first convention the target matches that differs from the reference only in accepted settings."""
+    want = _settings(row.get("reference"))
+    if want is None or not accepted:
+        return None
+    for label in row.get("matches") or ():
+        got = _settings(label)
+        if got and got[0] == want[0] and all(
+                got[1].get(k) in accepted.get(k, ()) for k in set(got[1]) | set(want[1])
+                if got[1].get(k) != want[1].get(k)):
+            return label
+    return None
+
+
+def closest(check: Check, minimal: dict) -> str | None:
+    """The known convention nearest to the target on a minimal input: the reference or a candidate, with the
+    largest scaled difference there."""
+    data = dict(minimal["input"])
+    group_size = data.pop("group_size")
+    arrays = {k: np.asarray(v, dtype=float) for k, v in data.items()}
+    core = {k: arrays.pop(k) for k in ("logp", "old_logp", "adv", "mask", "ref_logp")}
+    try:
+        value, grad, used = check.run(Batch(**core, group_size=group_size, extra=arrays))
+    except Exception:  # noqa: BLE001 (the target is outside code)
+        return None
+    best = None
+    for conv in [c for c in (check.reference, *check.candidates) if c is not None]:
+        try:
+            gap = max(_diff((value, grad), conv.fn(used)))
+        except ValueError:
+            continue
+        if best is None or gap < best[0]:
+            best = (gap, conv.label if conv.named else conv.label + " (not a reference convention)")
+    return None if best is None else f"{best[1]} (off by {best[0]:.2e} there)"
+
+
+def settle(target, report: dict, accepted: dict | None = None) -> dict:
+    """Give each row its ``outcome`` (its kind, or accepted) and, where it differs, the ``closest`` known convention:
+    the first it matches (a named one first), else the nearest on its minimal input; ``report["ok"]``: no row
+    differs or raises."""
+    checks = None
+    for row in report["rows"]:
+        row["outcome"] = kind(row)
+        if row["outcome"] == "differs" and accepted_match(row, accepted or {}):
+            row["outcome"] = "accepted"
+        if row["outcome"] == "differs" and row.get("matches"):
+            named = [m for m in row["matches"] if not m.endswith("(not a reference convention)")]
+            row["closest"] = (named or row["matches"])[0]
+        elif row["outcome"] == "differs" and row.get("minimal"):
+            checks = checks or {(c.algorithm, c.call, c.knob): c for c in target.checks()}
+            check = checks.get((row["algorithm"], row["call"], row["knob"]))
+            row["closest"] = check and closest(check, row["minimal"])
+    report["ok"] = not any(r["outcome"] in FAILING for r in report["rows"])
+    return report
+
+
+def console_lines(report: dict, failing_only: bool = False) -> list[str]:
+    """Each check on a line (outcome, algorithm, knob, family, verdict); under each difference its largest errors,
+    its minimal input, both values and the closest known convention; then a summary line."""
+    fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
+    lines = []
+    for r in report["rows"]:
+        if failing_only and r["outcome"] not in FAILING:
+            continue
+        lines.append(f"{r['outcome'].upper() if r['outcome'] in FAILING else r['outcome']:<8} {r['algorithm']} "
+                     f"[{r['knob']}] {r['family']}: {verdict(r)}")
+        if r["outcome"] not in (*FAILING, "accepted"):
+            continue
+        if r.get("loss_diff") is not None:
+            lines.append(f"    largest difference over {r['cases']} batches: loss {fmt(r['loss_diff'])}, gradient "
+                         f"{fmt(r['grad_diff'])} (tolerance {report['tolerance']:g}, scaled by max(1, |reference|))")
+        if r.get("target_errors") and r["outcome"] != "raises":
+            lines.append(f"    raised on some batches: {'; '.join(r['target_errors'])}")
+        if r.get("minimal"):
+            m = r["minimal"]
+            exact = f" (exact: {json.dumps(m['reference_exact'])})" if "reference_exact" in m else ""
+            lines += [f"    minimal input (rows: {m['rows']}, tokens: {m['tokens']}; reads {r['reads']}): "
+                      f"{json.dumps(m['input'])}",
+                      f"    target {json.dumps(m['target'])}, reference {json.dumps(m['reference'])}{exact}"]
+        if r.get("empty_batch"):
+            lines.append(f"    batch without tokens: {json.dumps(r['empty_batch']['input'])}")
+        if r.get("closest"):
+            lines.append(f"    closest known convention: {r['closest']}")
+        if r.get("note"):
+            lines.append(f"    note: {r['note']}")
+    counts = {}
+    for r in report["rows"]:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    lines.append(f"{report['target']}: {len(report['rows'])} checks: "
+                 + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                 + ("" if report["ok"] else " (fails)"))
+    return lines
+
+
 def conform_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 30,
-                    adapter: str | None = None) -> dict:
-    """CLI body: run the checks, print a table (or JSON), and write ``<out>/<target>.md`` and ``.json``."""
-    report = conform(target, seeds=seeds, adapter=adapter)
+                    adapter: str | None = None, accept=()) -> dict:
+    """CLI body: run the checks, print each with its outcome and each difference with its numbers (or JSON), and
+    write ``<out>/<target>.md`` and ``.json``; ``report["ok"]`` says whether any check differs or raises."""
+    check_seeds(seeds)
+    accepted = parse_accept(accept)
+    out = None if out is None else Path(out).absolute()  # whatever the target does, the report lands here
+    tgt = target_of(target, adapter)
+    report = settle(tgt, conform(tgt, seeds=seeds), accepted)
     if out is not None:
         write_report(report, out)
     if json_out:
         print(json.dumps(strict_json(report), indent=1, sort_keys=True))
     else:
-        for r in report["rows"]:
-            print(f"{r['algorithm']:<16} {r['knob']:<40} {r['family']:<8} {verdict(r)}")
+        print("\n".join(console_lines(report)))
+    return report
+
+
+def assert_conforms(fn, algorithm: str, *, seeds: int = 30, accept=(), **adapter) -> dict:
+    """Assert that ``fn`` (a function, or "module:function") computes ``algorithm``'s policy loss with the
+    hyper-parameters and parameter names in ``adapter`` (the keys of ``cliplab conform --adapter``, e.g. beta=0,
+    logp="log_probs", adv_shape="seq") on generated batches. On a difference, the AssertionError shows its minimal
+    input, both values and the closest known convention. ``accept``: conventions to let pass (KEY=VALUE or files,
+    as ``--accept``). Returns the report."""
+    __tracebackhide__ = True  # pytest shows the assertion, not this frame
+    check_seeds(seeds)
+    accepted = parse_accept([accept] if isinstance(accept, str) else accept)
+    from harness.conform.targets.callable import CallableTarget
+    target = CallableTarget(fn, {"algorithm": algorithm, **adapter})
+    report = settle(target, conform(target, seeds=seeds), accepted)
+    if not report["ok"]:
+        raise AssertionError(f"{target.name} does not conform to {algorithm}:\n"
+                             + "\n".join(console_lines(report, failing_only=True)))
     return report

@@ -292,12 +292,30 @@ def parts_case(seed: int) -> dict:
 
 # ---- the whole run ------------------------------------------------------------------------------------------------
 
-def run(seeds: int = 2, progress=None) -> list[dict]:
+#: The parts of ``parts_case``, in its order.
+PARTS_CHECKED = ("grpo_advantage", "dr_grpo_advantage", "rloo_advantage", "gpg_advantage", "reinforce_pp", "sas",
+                 "gae", "value_loss", "kl", "dcpo_bounds", "overlong", "dynamic_sampling")
+
+
+def names(text: str) -> list[str]:
+    """``--algos`` text (comma-separated) as a list of the policy algorithms, dpo and parts that verify checks; a
+    ValueError lists them for an unknown one."""
+    known = (*POLICY_ALGORITHMS, "dpo", *PARTS_CHECKED)
+    chosen = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in known]
+    if unknown or not chosen:
+        raise ValueError(f"algos: unknown {', '.join(map(repr, unknown)) or 'empty list'}; expected names separated "
+                         f"by commas among {', '.join(known)}")
+    return chosen
+
+
+def run(seeds: int = 2, progress=None, algos=None) -> list[dict]:
     """Every policy algorithm under every option of OPTIONS on ``seeds`` generated batches each (the exact layer
-    on the first, the float pairs on all: exact evaluation is the slow part), then DPO and the parts; one row per
-    (algorithm or part, layer pair): cases, the worst value and gradient excess (None: the layers give no
-    gradient), where the worst was, and the verdict (every excess at most 1)."""
+    on the first, the float pairs on all: exact evaluation is the slow part), then DPO and the parts; only those in
+    ``algos`` if given. One row per (algorithm or part, layer pair): cases, the worst value and gradient excess
+    (None: the layers give no gradient), where the worst was, and the verdict (every excess at most 1)."""
     table: dict = {}
+    wanted = (lambda name: True) if algos is None else set(algos).__contains__
 
     def add(algorithm, where, results):
         for pair, (v_err, g_err) in results.items():
@@ -312,18 +330,23 @@ def run(seeds: int = 2, progress=None) -> list[dict]:
             if g_err is not None:
                 row["grad_err"] = max(row["grad_err"], g_err)
 
-    jobs = [(name, opt, seed) for name in POLICY_ALGORITHMS for opt in OPTIONS if opt.applies(name)
-            for seed in range(seeds)]
-    total = len(jobs) + seeds
-    for k, (name, opt, seed) in enumerate(jobs):
+    jobs = [(k, name, opt, seed) for k, (name, opt, seed) in enumerate(
+        (name, opt, seed) for name in POLICY_ALGORITHMS for opt in OPTIONS if opt.applies(name)
+        for seed in range(seeds)) if wanted(name)]  # each case keeps its number, filtered or not
+    others = any(wanted(n) for n in ("dpo", *PARTS_CHECKED))
+    total = len(jobs) + seeds * others
+    for done, (k, name, opt, seed) in enumerate(jobs):
         case = 1000 * k + seed
         add(name, f"{opt.label}, case {case}", policy_case(name, make_case(case), exact=seed == 0, **opt.hp))
         if progress:
-            progress(k + 1, total)
-    for seed in range(seeds):
-        add("dpo", f"seed {seed}", dpo_case(seed))
-        for part, results in parts_case(seed).items():
-            add(part, f"seed {seed}", results)
+            progress(done + 1, total)
+    for seed in range(seeds if others else 0):
+        if wanted("dpo"):
+            add("dpo", f"seed {seed}", dpo_case(seed))
+        if any(wanted(part) for part in PARTS_CHECKED):
+            for part, results in parts_case(seed).items():
+                if wanted(part):
+                    add(part, f"seed {seed}", results)
         if progress:
             progress(len(jobs) + seed + 1, total)
     rows = list(table.values())
@@ -349,8 +372,9 @@ def markdown(rows, derivations) -> str:
     """The verify table and the derivations as markdown."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
-    lines += ["", "| derivation (sympy) | holds | what it checks |", "|---|---|---|"]
-    lines += [f"| {d['derivation']} | {'yes' if d['holds'] else 'NO'} | {d['source']} |" for d in derivations]
+    if derivations:
+        lines += ["", "| derivation (sympy) | holds | what it checks |", "|---|---|---|"]
+        lines += [f"| {d['derivation']} | {'yes' if d['holds'] else 'NO'} | {d['source']} |" for d in derivations]
     return "\n".join(lines) + "\n"
 
 

@@ -1,20 +1,29 @@
-"""A user callable ``module:function`` computing a policy loss from torch tensors. An adapter description maps the
-callable's parameters and names what it claims to implement, e.g.
+"""A user callable computing a policy loss from torch tensors: ``module:function`` (``cliplab conform``: imported and
+called in a child process, each call within a time limit, so that whatever the code does, print, exit, change
+directory, hang or crash, stays there) or a function object (``assert_conforms``: called in the caller's process).
+An adapter maps the callable's parameters and names what it claims to implement, e.g.
 ``algorithm=dapo,agg=token_mean,logp=log_prob,old_logp=old_log_prob,adv=advantages,mask=response_mask,returns=0``.
 Parameters named like verl's, TRL's or OpenRLHF's are recognised without an adapter."""
 from __future__ import annotations
 
+import builtins
 import importlib
 import inspect
+import os
+import sys
+import weakref
+from functools import partial
 
+import numpy as np
 import torch
 
 from spec.contract import resolve_hparams
-from spec.registry import AGG_MODES, HPARAMS, POLICY_ALGORITHMS
+from spec.registry import AGG_MODES, GROUP_AGG_MODES, HPARAMS, POLICY_ALGORITHMS
 
-from harness.conform.cases import Check, batch_of
+from harness.conform.cases import TOLERANCE, Check, batch_of
+from harness.verify.layers import scaled_diff
 from harness.conform.targets import reference as ref
-from harness.conform.targets.reference import t64
+from harness.conform.targets.remote import WORKERS, TargetError, Worker
 
 ALIASES = {
     "logp": ("logp", "log_prob", "log_probs", "logprobs", "per_token_logps"),
@@ -24,28 +33,55 @@ ALIASES = {
     "ref_logp": ("ref_logp", "ref_log_prob", "ref_log_probs", "ref_per_token_logps"),
     "group_size": ("group_size", "num_generations"),
 }
+#: Adapter keys that say how to call the callable (beside algorithm, the parameter names and hyper-parameters).
+CALL_OPTIONS = {
+    "returns": "which item of a returned tuple is the loss (default 0)",
+    "adv_shape": "token: advantages of shape [B, T] (default); seq: one per sequence, shape [B]",
+    "timeout_s": "seconds each call of a module:function may take (default 60)",
+}
+ADV_SHAPES = ("token", "seq")
+TIMEOUT_S = 60.0
+LOAD_TIMEOUT_S = 300.0  # importing the module (and torch) in a fresh process on a loaded machine
 EXPECTED = ("a callable f(logp, old_logp, adv, mask[, ref_logp][, group_size]) -> loss (a 0-d torch tensor "
             "differentiable in logp, or a tuple whose item `returns` is one); [B, T] float64 tensors")
 
 
-def parse_adapter(text: str | None) -> dict:
-    """``key=value,...`` -> dict; keys are algorithm, returns, our argument names, and hyper-parameters."""
+class BadReturn(TypeError):
+    """The callable returned something that is not a loss."""
+
+
+def parse_adapter(adapter: str | dict | None) -> dict:
+    """``key=value,...`` (or a dict of the same) -> dict; keys are algorithm, CALL_OPTIONS, our argument names (the
+    callable's parameter name as value) and hyper-parameters."""
+    if isinstance(adapter, dict):
+        items = list(adapter.items())
+    else:
+        items = []
+        for item in filter(None, (p.strip() for p in (adapter or "").split(","))):
+            key, sep, value = (s.strip() for s in item.partition("="))
+            if not sep or not value:
+                raise ValueError(f"adapter: expected key=value items separated by commas, got {item!r}")
+            items.append((key, _number(value) if key in HPARAMS or key in CALL_OPTIONS else value))
     out = {}
-    for item in filter(None, (p.strip() for p in (text or "").split(","))):
-        key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not value:
-            raise ValueError(f"adapter: expected key=value items separated by commas, got {item!r}")
-        if key not in ("algorithm", "returns", *ALIASES, *HPARAMS):
-            raise ValueError(f"adapter: unknown key {key!r}; expected algorithm, returns, one of "
+    for key, value in items:
+        if key not in ("algorithm", *CALL_OPTIONS, *ALIASES, *HPARAMS):
+            raise ValueError(f"adapter: unknown key {key!r}; expected algorithm, {', '.join(CALL_OPTIONS)}, one of "
                              f"{', '.join(ALIASES)} (= the callable's parameter name) or a hyper-parameter "
                              f"({', '.join(HPARAMS)})")
-        out[key] = _number(value) if key in HPARAMS or key == "returns" else value
+        out[key] = value
     if "algorithm" in out and out["algorithm"] not in POLICY_ALGORITHMS:
         raise ValueError(f"adapter: unknown algorithm {out['algorithm']!r}; expected one of "
                          f"{', '.join(POLICY_ALGORITHMS)}")
     if "agg" in out and out["agg"] not in AGG_MODES:
         raise ValueError(f"adapter: unknown aggregation mode {out['agg']!r}; expected one of {', '.join(AGG_MODES)}")
+    if out.get("adv_shape", "token") not in ADV_SHAPES:
+        raise ValueError(f"adapter: adv_shape={out['adv_shape']!r}; expected token ([B, T]) or seq ([B])")
+    returns = out.get("returns", 0)
+    if isinstance(returns, bool) or not isinstance(returns, int) or returns < 0:
+        raise ValueError(f"adapter: returns={returns!r}; expected an index >= 0 into the returned tuple")
+    timeout = out.get("timeout_s", TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ValueError(f"adapter: timeout_s={timeout!r}; expected a number of seconds > 0")
     return out
 
 
@@ -64,7 +100,7 @@ def load_callable(target: str):
         raise ValueError(f"target: expected module:function, got {target!r}")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # an outside module may fail in any way while importing
+    except (Exception, SystemExit) as exc:  # an outside module may fail in any way while importing
         raise ValueError(f"target: cannot import module {module_name!r} ({type(exc).__name__}: {exc})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
@@ -72,88 +108,260 @@ def load_callable(target: str):
     return fn
 
 
-def bind(fn, adapter: dict) -> dict:
-    """Our argument name -> the callable's parameter name; a ValueError if a required parameter is left over."""
+def signature_of(fn) -> dict:
+    """The callable's parameters as plain data: {"text": "f(a, b=1)", "params": [[name, required], ...]} (only
+    those that can be passed by keyword), or {"error": ...}."""
     try:
-        params = inspect.signature(fn).parameters
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        raise ValueError(f"target: cannot read the signature of {fn!r}; expected {EXPECTED}") from None
-    names = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return {"error": f"target: cannot read the signature of {fn!r}; expected {EXPECTED}"}
+    params = [[n, p.default is p.empty] for n, p in sig.parameters.items()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unfillable = [n for n, p in sig.parameters.items() if p.kind == p.POSITIONAL_ONLY and p.default is p.empty]
+    return {"text": f"{getattr(fn, '__name__', 'f')}{sig}", "params": params, "positional_only": unfillable}
+
+
+def bind(signature: dict, adapter: dict) -> dict:
+    """Our argument name -> the callable's parameter name; a ValueError naming the parameters left unmapped and the
+    adapter keys that map them."""
+    names = [n for n, _ in signature["params"]]
     binding = {}
     for ours, aliases in ALIASES.items():
         given = adapter.get(ours)
         if given is not None:
             if given not in names:
                 raise ValueError(f"adapter: {ours}={given!r}, but the callable has no parameter {given!r} "
-                                 f"(it has {', '.join(sorted(names)) or 'none'})")
+                                 f"(it has {', '.join(names) or 'none'})")
             binding[ours] = given
         else:
             found = [a for a in aliases if a in names]
             if found:
                 binding[ours] = found[0]
     missing = [ours for ours in ("logp", "old_logp", "adv", "mask") if ours not in binding]
-    required = [n for n, p in params.items() if p.default is p.empty
-                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in binding.values()]
-    if missing or required:
-        raise ValueError(f"target: wrong signature {fn.__name__}{inspect.signature(fn)}: "
-                         + (f"no parameter for {', '.join(missing)}" if missing else "")
-                         + ("; " if missing and required else "")
-                         + (f"cannot fill {', '.join(required)}" if required else "")
-                         + f"; expected {EXPECTED} (or an adapter such as logp=NAME,old_logp=NAME,adv=NAME,mask=NAME)")
+    unmapped = [n for n, required in signature["params"] if required and n not in binding.values()]
+    unmapped += signature["positional_only"]
+    if missing or unmapped:
+        hint = ",".join(f"{ours}={name}" for ours, name in zip(missing, unmapped))
+        raise ValueError(f"target: wrong signature {signature['text']}: "
+                         + "; ".join(filter(None, [
+                             f"no parameter for {', '.join(missing)}" if missing else "",
+                             f"cannot map its parameters {', '.join(unmapped)}" if unmapped else ""]))
+                         + f"; map them with the adapter keys {', '.join(ALIASES)}"
+                         + (f" (e.g. --adapter {hint}, or assert_conforms(..., "
+                            + ", ".join(f"{h.split('=')[0]}={h.split('=')[1]!r}" for h in hint.split(",")) + "))"
+                            if hint else "")
+                         + f"; expected {EXPECTED}")
     return binding
 
 
+def evaluate(fn, how: dict, arrays: dict) -> dict:
+    """Call ``fn`` with float64 tensors of ``arrays`` (our names) bound as ``how["binding"]`` and
+    ``how["group_size"]``; advantages [B] if ``how["adv_shape"]`` is seq. Returns {"loss", "grad"} (d loss / d logp),
+    {"bad": what is wrong with the result}, or {"raised": [exception type, message]} when the callable raised,
+    exited, or changed an input in place. Runs in the worker for module:function targets."""
+    tensors = {k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in arrays.items()}
+    if how.get("adv_shape") == "seq":
+        tensors["adv"] = tensors["adv"][:, 0].contiguous()
+    before = {k: t.clone() for k, t in tensors.items()}
+    logp = tensors["logp"].requires_grad_(True)
+    given = {**tensors, "group_size": how["group_size"]}
+    try:
+        out = fn(**{param: given[ours] for ours, param in how["binding"].items()})
+        changed = [how["binding"][k] for k, t in tensors.items() if not torch.equal(t.detach(), before[k])]
+        if changed:
+            raise RuntimeError(f"the callable changed its input {', '.join(changed)} in place")
+        loss = _loss(out, how.get("returns", 0))
+        if isinstance(loss, str):
+            return {"bad": loss}
+        if loss.requires_grad:
+            loss.reshape(()).backward()
+    except SystemExit as exc:
+        return {"raised": ["SystemExit", f"the callable called sys.exit({exc.code!r})"]}
+    except Exception as exc:  # noqa: BLE001 (user code may raise anything: it is the target's verdict)
+        return {"raised": [type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:300]]}
+    grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
+    return {"loss": float(loss.detach().cpu().double()), "grad": grad.numpy()}
+
+
+def _loss(out, returns: int):
+    """The returned loss tensor, or a string saying what was returned instead."""
+    if isinstance(out, (tuple, list)):
+        if returns >= len(out):
+            return f"returned a {type(out).__name__} of {len(out)} items (returns={returns} is out of range)"
+        out = out[returns]
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, not a one-element tensor"
+    if out.is_meta:
+        return "returned a tensor on the meta device (it has no values)"
+    if out.is_complex():
+        return f"returned a complex tensor ({out.dtype})"
+    if out.numel() != 1:
+        return f"returned a tensor of shape {list(out.shape)}, not a one-element tensor"
+    return out
+
+
+def _rebuilt(kind: str, message: str) -> Exception:
+    """The callable's exception as raised (builtin types), else a RuntimeError naming its type."""
+    cls = getattr(builtins, kind, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except TypeError:  # a builtin type whose constructor takes other arguments
+            pass
+    return RuntimeError(f"{kind}: {message}")
+
+
+class _InProcess:
+    """A function object, called in this process (assert_conforms)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def load(self) -> dict:
+        return signature_of(self.fn)
+
+    def call(self, how, arrays) -> dict:
+        return evaluate(self.fn, how, arrays)
+
+
+class _Child:
+    """``module:function`` imported and called in a worker process of cliplab's own python, a time limit per call;
+    after the worker crashes or passes the limit, every later call fails at once with the same line."""
+
+    def __init__(self, target: str, timeout_s: float):
+        self.target, self.timeout_s = target, float(timeout_s)
+        self.worker = Worker(target, timeout_s=max(LOAD_TIMEOUT_S, self.timeout_s),
+                             script=WORKERS / "callable.py", python=sys.executable)
+        self.stopped = None
+        weakref.finalize(self, self.worker.close)
+
+    def load(self) -> dict:
+        try:
+            out = self.worker.call("load", {"target": self.target, "path": [*sys.path, os.getcwd()],
+                                            "cwd": os.getcwd()})  # the user's modules, as `python -m` finds them
+        except TargetError as exc:
+            raise ValueError(f"target: loading {exc}") from None
+        self.worker.timeout_s = self.timeout_s
+        return out
+
+    def call(self, how, arrays) -> dict:
+        if self.stopped:
+            raise TargetError(self.stopped)
+        try:
+            return self.worker.call("call", how, **arrays)
+        except TargetError as exc:
+            if self.worker.proc is None:  # crashed or stopped: it would fail the same way on every call
+                self.stopped = str(exc)
+            raise
+
+
 class CallableTarget:
-    def __init__(self, target: str, adapter: str | None):
-        self.fn = load_callable(target)
+    def __init__(self, target, adapter: str | dict | None = None):
         self.adapter = parse_adapter(adapter)
-        self.binding = bind(self.fn, self.adapter)
-        self.name = target
         self.algorithm = self.adapter.get("algorithm")
         self.hp = {k: v for k, v in self.adapter.items() if k in HPARAMS}
         if self.algorithm is not None:
             resolve_hparams(self.algorithm, self.hp)  # a bad claimed hyper-parameter fails here, with its name
         elif self.hp:
             raise ValueError("adapter: hyper-parameters need algorithm=NAME (what the callable implements)")
-        self.versions = {"callable": target, "torch": torch.__version__.split("+")[0]}
-        self.how = (f"`{target}` is called with float64 [B, T] tensors bound as {self.binding}; the gradient is "
+        if isinstance(target, str):
+            module, _, attr = target.partition(":")
+            if not module or not attr:
+                raise ValueError(f"target: expected module:function, got {target!r}")
+            self.name, self.runner = target, _Child(target, self.adapter.get("timeout_s", TIMEOUT_S))
+        elif callable(target):
+            self.name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+            self.runner = _InProcess(target)
+        else:
+            raise ValueError(f"target: expected module:function or a callable, got {target!r}")
+        signature = self.runner.load()
+        if "error" in signature:
+            raise ValueError(signature["error"])
+        self.binding = bind(signature, self.adapter)
+        self.versions = {"callable": self.name, "torch": torch.__version__.split("+")[0]}
+        where = "in a child process" if isinstance(self.runner, _Child) else "in the caller's process"
+        self.how = (f"`{self.name}` is called {where} with float64 tensors bound as {self.binding} (advantages "
+                    f"{'[B]' if self.adapter.get('adv_shape') == 'seq' else '[B, T]'}); the gradient is "
                     "d loss / d logp by autograd.")
+        self._checks = None
         self._probe()
 
     def _probe(self):
-        """Call once on a small batch so that a wrong signature or return type fails with what was expected."""
+        """Call once on a small batch so that a result that is not a loss fails with what was expected; an error
+        inside the callable is left to the checks, which report it."""
         try:
-            value, _, _ = self.run(batch_of(0, "typical"))
-        except (TypeError, AttributeError, IndexError, KeyError) as exc:
-            raise ValueError(f"target: calling {self.name} failed ({type(exc).__name__}: {exc}); expected "
-                             f"{EXPECTED}") from None
-        if not isinstance(value, float):
-            raise ValueError(f"target: {self.name} returned {type(value).__name__}; expected {EXPECTED}")
+            self.run(batch_of(0, "typical"))
+        except BadReturn as exc:
+            raise ValueError(f"target: {exc}") from None
+        except Exception:  # noqa: BLE001 (reported by every check)
+            pass
 
-    def run(self, b):
-        logp = t64(b.logp, grad=True)
-        args = {"logp": logp, "old_logp": t64(b.old_logp), "adv": t64(b.adv), "mask": t64(b.mask),
-                "ref_logp": t64(b.ref_logp), "group_size": b.group_size}
-        out = self.fn(**{self.binding[k]: v for k, v in args.items() if k in self.binding})
-        if isinstance(out, (tuple, list)):
-            out = out[int(self.adapter.get("returns", 0))]
-        if not isinstance(out, torch.Tensor) or out.numel() != 1:
-            raise TypeError(f"returned {type(out).__name__}, not a one-element tensor")
-        if out.requires_grad:
-            out.reshape(()).backward()
-        grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
-        return float(out.detach()), grad.numpy(), b
+    def run(self, b, adv_shape: str | None = None):
+        arrays = {"logp": b.logp, "old_logp": b.old_logp, "adv": b.adv, "mask": b.mask, "ref_logp": b.ref_logp}
+        how = {"binding": self.binding, "group_size": b.group_size, "returns": self.adapter.get("returns", 0),
+               "adv_shape": adv_shape or self.adapter.get("adv_shape", "token")}
+        out = self.runner.call(how, {k: v for k, v in arrays.items() if k in self.binding})
+        if "bad" in out:
+            raise BadReturn(f"{self.name} {out['bad']}; expected {EXPECTED}")
+        if "raised" in out:
+            raise _rebuilt(*out["raised"])
+        return float(out["loss"]), np.asarray(out["grad"], dtype=float), b
 
     def checks(self) -> list[Check]:
-        aggs = ref.TOKEN_AGG
-        conv, cands = None, []
+        if self._checks is None:
+            self._checks = [self._check()]
+        return self._checks
+
+    def _check(self) -> Check:
+        aggs, grid = ref.TOKEN_AGG, {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
+        conv, cands, notes = None, [], []
         if self.algorithm is not None:
             conv = ref.policy(self.algorithm, **self.hp)
-            cands = ref.policy_grid([self.algorithm], self.hp, {"agg": aggs, "dual_clip": [None, 3.0]},
-                                    rows_counted=True, exclude=(self.algorithm, self.hp))
+            cands = ref.policy_grid([self.algorithm], self.hp, grid, rows_counted=True,
+                                    exclude=(self.algorithm, self.hp))
+            if self._kl_unseen():
+                cands += ref.policy_grid([self.algorithm], {**self.hp, "beta": 0.0}, grid, rows_counted=True)
             cands += [c for c in ref.released(self.algorithm) if not ref.is_released(self.algorithm, self.hp)]
+            notes = self._mismatches(conv)
         others = [a for a in POLICY_ALGORITHMS if a != self.algorithm]
         cands += ref.policy_grid(others, {"beta": 0.0}, {"agg": aggs})
-        return [Check(self.algorithm or "unknown", self.name, ", ".join(f"{k}={v}" for k, v in self.hp.items())
-                      or "as called", self.run, conv, cands, batch_of,
-                      exact=None if conv is None else ref.exact_policy(self.algorithm, **self.hp))]
+        cases = partial(batch_of, seq_adv=True) if self.adapter.get("adv_shape") == "seq" else batch_of
+        return Check(self.algorithm or "unknown", self.name, ", ".join(f"{k}={v}" for k, v in self.hp.items())
+                     or "as called", self.run, conv, cands, cases, note=" ".join(notes),
+                     exact=None if conv is None else ref.exact_policy(self.algorithm, **self.hp))
+
+    def _kl_unseen(self) -> bool:
+        """The claimed reference has a KL term, and the callable takes no reference log-probs to compute one."""
+        return "ref_logp" not in self.binding and resolve_hparams(self.algorithm, dict(self.hp))["beta"] > 0
+
+    def _mismatches(self, conv) -> list[str]:
+        """Every mismatch between the claim and the callable that can be seen before the checks run."""
+        hp = resolve_hparams(self.algorithm, dict(self.hp))
+        notes = []
+        if self._kl_unseen():
+            notes.append(f"The reference {self.algorithm} has a KL term (beta={hp['beta']:g}, {hp['kl']}) and "
+                         f"{self.name} takes no reference log-probs: a loss without a KL term is "
+                         f"{self.algorithm} with beta=0 (adapter beta=0).")
+        if hp["agg"] in GROUP_AGG_MODES and "group_size" not in self.binding:
+            notes.append(f"The reference aggregates per group (agg={hp['agg']}) and {self.name} takes no group "
+                         "size (adapter group_size=PARAM).")
+        if "adv_shape" not in self.adapter and self._agrees_only_per_sequence(conv):
+            notes.append(f"Called with one advantage per sequence, shape [B], {self.name} agrees with the "
+                         "reference on probe batches: add adv_shape=seq to the adapter (the default passes "
+                         "[B, T]).")
+        return notes
+
+    def _agrees_only_per_sequence(self, conv) -> bool:
+        """On a few probe batches with per-sequence advantages, the callable agrees with the reference (or with it
+        at beta=0 if it cannot see a KL term) when given [B] advantages, and not when given [B, T]."""
+        refs = [conv] + ([ref.policy(self.algorithm, **{**self.hp, "beta": 0.0})] if self._kl_unseen() else [])
+        batches = [b for b in (batch_of(s, "typical", seq_adv=True) for s in range(3)) if b.mask.sum() > 0]
+
+        def agrees(shape):
+            try:
+                got = [self.run(b, adv_shape=shape) for b in batches]
+            except Exception:  # noqa: BLE001 (a callable that raises on this shape does not agree with it)
+                return False
+            return any(all(max(scaled_diff(v, want[0]), scaled_diff(g, want[1])) <= TOLERANCE
+                           for (v, g, _), want in zip(got, (r.fn(b) for b in batches))) for r in refs)
+        return agrees("seq") and not agrees("token")

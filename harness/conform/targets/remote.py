@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -37,9 +38,9 @@ def env_python(name: str) -> Path:
 class Worker:
     """One worker process of target ``name``; ``call`` starts it on first use and after a crash."""
 
-    def __init__(self, name: str, timeout_s: float = 60.0, script: Path | None = None):
+    def __init__(self, name: str, timeout_s: float = 60.0, script: Path | None = None, python: Path | None = None):
         self.name, self.timeout_s = name, timeout_s
-        self.python = env_python(name)
+        self.python = Path(python) if python else env_python(name)
         self.script = Path(script) if script else WORKERS / f"{name}.py"
         self.proc = None
         self.hung = None  # after a call times out, every later call fails at once with the same line
@@ -85,7 +86,9 @@ class Worker:
         self.log.seek(0)
         lines = [s for s in self.log.read().splitlines() if s.strip()]
         self.proc = None
-        return f"{self.name}: worker exited with code {code}" + (f": {lines[-1].strip()}" if lines else "")
+        how = (f"was killed by {signal.Signals(-code).name} (exit code {code})" if -code in signal.valid_signals()
+               else f"exited with code {code}")
+        return f"{self.name}: worker {how}" + (f": {lines[-1].strip()}" if lines else "")
 
     def versions(self) -> dict:
         return self.call("versions")

@@ -1,0 +1,30 @@
+"""cliplab's pytest plugin, registered through the ``pytest11`` entry point: the ``assert_conforms`` fixture and
+the ``--cliplab-seeds`` option. Nothing heavy (torch, the reference) is imported until a test uses the fixture.
+
+    def test_my_loss_is_grpo(assert_conforms):
+        assert_conforms(my_loss, "grpo", beta=0)   # fails with the minimal input, both values, the closest convention
+"""
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.getgroup("cliplab").addoption(
+        "--cliplab-seeds", type=int, default=None, metavar="N",
+        help="generated batches per check and case family for assert_conforms (default 30)")
+
+
+@pytest.fixture
+def assert_conforms(request):
+    """``assert_conforms(fn, algorithm, **adapter)``: cliplab.assert_conforms, with ``--cliplab-seeds`` as the
+    default number of generated batches."""
+    from harness.conform.engine import assert_conforms as check
+    seeds = request.config.getoption("cliplab_seeds")
+
+    def run(fn, algorithm, **kw):
+        __tracebackhide__ = True
+        if seeds is not None:
+            kw.setdefault("seeds", seeds)
+        return check(fn, algorithm, **kw)
+    return run
