@@ -104,13 +104,14 @@ def _report(dirs: list[Path], out: Optional[Path]) -> Path:
     from harness import cluster_logs, real_report, throughput_report
     from harness import report as sim_report
     from harness.rundirs import check_dirs
+    from spec.records import read_text
     bench = throughput_report.find(dirs)
     if bench:
         return throughput_report.write_report(bench, out)
     if cluster_logs.handles(dirs):
         return cluster_logs.write_report(dirs, out)
     check_dirs(dirs)
-    if any('"rollout"' in p.read_text() for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
+    if any('"rollout"' in read_text(p) for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
         return real_report.write_report(dirs, out or dirs[0] / "report.md")
     return sim_report.write_report(dirs, out)
 

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from spec.records import read_json, read_text, safe_name, write_text
+
 from .claims import CLAIMS
 from .published import published
-from .rundirs import Groups, fmt, load_runs, md
+from .rundirs import Groups, fmt, load_runs, md, output_file, shell_line
 
 #: verl metric -> cliplab metric. ``actor/kl_loss`` is the KL to the reference under verl's kl_loss_type (k3 for
 #: low_var_kl); ``actor/cliplab_rur`` is logged by cliplab's verl losses; ``critic/score/mean`` the task score.
@@ -58,9 +60,9 @@ def warn(path, text: str) -> None:
 
 
 # ---- readers: each returns (records with cliplab names, note) ---------------------------------------------------
-def _lines(path: Path) -> tuple[list[str], bool]:
+def _lines(path: Path, errors: str = "strict") -> tuple[list[str], bool]:
     """The file's lines and whether the last one is complete (ends with a newline)."""
-    text = path.read_text(errors="replace")
+    text = read_text(path, errors)
     return text.split("\n")[:-1], text.endswith("\n") or not text
 
 
@@ -108,8 +110,8 @@ def _console_value(text: str) -> float | None:
 
 def read_verl_console(path: Path) -> tuple[list[dict], str]:
     """Lines ``step:N - key:value - ...`` as verl's console logger prints them, anywhere in a line (Ray prefixes
-    its workers' output with ``(TaskRunner pid=...)``)."""
-    lines, complete = _lines(path)
+    its workers' output with ``(TaskRunner pid=...)``; bytes that are not UTF-8 in other output are read as U+FFFD)."""
+    lines, complete = _lines(path, errors="replace")
     records = []
     for line in lines:
         m = _CONSOLE_STEP.search(line)
@@ -129,16 +131,29 @@ def read_verl_console(path: Path) -> tuple[list[dict], str]:
 
 def read_trl_state(path: Path) -> tuple[list[dict], str]:
     try:
-        state = json.loads(path.read_text())
+        state = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg}); expected TRL's trainer_state.json") from None
     if not (isinstance(state, dict) and isinstance(state.get("log_history"), list)):
         raise ValueError(f"{path}: no log_history; expected TRL's trainer_state.json")
-    records = [_mapped(int(e["step"]), e, TRL) for e in state["log_history"]
-               if isinstance(e, dict) and "step" in e and "train_runtime" not in e]
+    for field in ("global_step", "max_steps"):
+        _check_int(path, field, state.get(field))
+    records = []
+    for i, entry in enumerate(state["log_history"]):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: log_history[{i}]: expected an object, got {entry!r}")
+        if "step" in entry and "train_runtime" not in entry:
+            _check_int(path, f"log_history[{i}].step", entry["step"], required=True)
+            records.append(_mapped(entry["step"], entry, TRL))
     done, planned = state.get("global_step"), state.get("max_steps")
     note = f"cut short at step {done} of {planned}" if done and planned and done < planned else ""
     return _merge(records), note
+
+
+def _check_int(path: Path, field: str, value, required: bool = False) -> None:
+    """A ValueError naming the file and the field unless ``value`` is an integer (or, when not ``required``, absent)."""
+    if (value is not None or required) and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{path}: {field}: expected an integer, got {value!r}")
 
 
 def _merge(records: list[dict]) -> list[dict]:
@@ -155,11 +170,11 @@ READERS = {"verl.jsonl": read_verl_jsonl, "console.log": read_verl_console, "tra
 def read_log(path) -> tuple[list[dict], str, str]:
     """(records, framework, note) of one log file, its format told by its name or, failing that, its content."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"{path}: no such log file")
     reader = READERS.get(path.name)
     if reader is None:
-        head = path.read_text(errors="replace")[:2000].lstrip()
+        head = read_text(path, errors="replace")[:2000].lstrip()
         if head.startswith('{"step"'):
             reader = read_verl_jsonl
         elif head.startswith("{") and '"log_history"' in head:
@@ -196,7 +211,7 @@ def _named_verl_logs(root: Path, folders: list[Path]) -> list[Path]:
     """verl file-logger files at verl's default place, <project>/<experiment>.jsonl, outside the run folders."""
     out = []
     for q in sorted(root.glob("**/*.jsonl")):
-        if q.name not in ("metrics.jsonl", "verl.jsonl") and q.parent not in folders:
+        if q.name not in ("metrics.jsonl", "verl.jsonl") and q.parent not in folders and q.is_file():  # no FIFO
             with q.open(errors="replace") as f:
                 if f.read(16).replace(" ", "").startswith('{"step":'):
                     out.append(q)
@@ -248,7 +263,7 @@ def load(paths) -> tuple[list[dict], list[str]]:
 def _run_of(log: Path) -> dict:
     records, framework, note = read_log(log)
     folder = log.parent.parent if log.parent.name.startswith("checkpoint-") else log.parent
-    meta = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else {}
+    meta = _run_json(folder / "run.json") if (folder / "run.json").exists() else {}
     if meta.get("steps") and records and not note and records[-1]["step"] < meta["steps"]:
         note = f"cut short at step {records[-1]['step']} of {meta['steps']}"
     name = meta.get("run") or (folder.name if log.name in LOG_NAMES else log.stem)
@@ -257,6 +272,22 @@ def _run_of(log: Path) -> dict:
     return {"dir": str(folder), "label": name, "algo": algo, "params": meta.get("params", {}), "seed": 0,
             "records": records, "framework": framework, "log": str(log), "note": note,
             "recipe": meta.get("recipe"), "run": meta.get("run")}
+
+
+#: run.json (written by configs/recipes' launchers): each field's type and what it is
+RUN_JSON = {"recipe": (str, "a recipe name"), "run": (str, "a run name"), "framework": (str, "a framework name"),
+            "algorithm": (str, "an algorithm name"), "params": (dict, "an object of settings"),
+            "steps": (int, "an integer")}
+
+
+def _run_json(path: Path) -> dict:
+    """A run folder's run.json; a ValueError naming the file and the field when one has the wrong type."""
+    meta = read_json(path)
+    for field, (kind, what) in RUN_JSON.items():
+        value = meta.get(field)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise ValueError(f"{path}: {field}: expected {what}, got {value!r}")
+    return meta
 
 
 def _unique_labels(runs: list[dict]) -> None:
@@ -290,7 +321,7 @@ def claim_rows(groups: Groups) -> list[str]:
         used = [lbl for lbl in groups.labels() if groups.runs[lbl][0]["algo"] in algos]
         lacking = sorted({k for lbl in used for k in keys if not np.isfinite(groups.curve(lbl, k)).any()})
         if used and lacking:
-            rows.append(f"| {text} | absent | **absent** | the logs of {', '.join(used)} have no "
+            rows.append(f"| {text} | absent | **absent** | the logs of {md(', '.join(used))} have no "
                         f"{', '.join(lacking)} |")
             continue
         out = fn(groups)  # one (measured, verdict, why), or one row per regime
@@ -302,23 +333,23 @@ def claim_rows(groups: Groups) -> list[str]:
 def write_report(paths, out_md=None) -> Path:
     """Write the comparison report of the runs in ``paths`` (logs, cluster run folders, cliplab run folders)."""
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    first = paths[0]
+    out_md = output_file(out_md or (first if first.is_dir() else first.parent) / "report.md", inputs=paths)
     runs, notes = load(paths)
     groups = Groups(runs)
-    first = paths[0]
-    out_md = Path(out_md) if out_md else (first if first.is_dir() else first.parent) / "report.md"
-    out_md.parent.mkdir(parents=True, exist_ok=True)
-    png = out_md.with_name(out_md.stem + "_curves.png")
+    png = out_md.with_name(safe_name(out_md.stem) + "_curves.png")
     from .real_report import PANELS
     from .report import plot_curves
     plot_curves(groups, groups.labels(), png, panels=PANELS, smooth=3)
-    lines = ["# cliplab cluster report", "",
-             f"Produced by `cliplab report {' '.join(map(str, paths))} --out {out_md}`.", "", "## Runs", "",
-             "| label | framework | algorithm | params | steps | log | note |", "|---|---|---|---|---|---|---|"]
+    lines = ["# cliplab cluster report", "", "Produced by:", "", "```", shell_line("cliplab", "report", *paths,
+                                                                                "--out", out_md), "```", "",
+             "## Runs", "", "| label | framework | algorithm | params | steps | log | note |",
+             "|---|---|---|---|---|---|---|"]
     for label in groups.labels():
         r = groups.runs[label][0]
-        lines.append(f"| {label} | {r['framework']} | {r['algo']} | "
-                     f"{', '.join(f'{k}={v}' for k, v in r['params'].items()) or '-'} | {len(r['records'])} | "
-                     f"{r.get('log', r['dir'])} | {r.get('note') or '-'} |")
+        cells = (label, r["framework"], r["algo"], ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-",
+                 len(r["records"]), r.get("log", r["dir"]), r.get("note") or "-")
+        lines.append("| " + " | ".join(md(c) for c in cells) + " |")
     lines += ["", "## Comparison", "",
               "Measured from each framework's own metric names mapped onto cliplab's (verl: "
               + ", ".join(f"`{k}` -> {v}" for k, v in VERL.items()) + ", `val-core/<source>/acc/mean@N` -> accuracy; "
@@ -332,11 +363,11 @@ def write_report(paths, out_md=None) -> Path:
         r = groups.runs[label][0]
         cells = [_cell(_value(groups, label, k, p), k) for k, p in COLUMNS]
         pub = published(r.get("recipe"), r.get("run"))
-        lines.append(f"| {label} | " + " | ".join(cells) + " | "
-                     + ("; ".join(f"{k} {_cell(v, k)} ({src})" for k, (v, src) in pub.items()) or "-") + " |")
+        lines.append(f"| {md(label)} | " + " | ".join(cells) + " | "
+                     + md("; ".join(f"{k} {_cell(v, k)} ({src})" for k, (v, src) in pub.items()) or "-") + " |")
     lines += ["", "## Claims", "", "| claim | measured | verdict | why |", "|---|---|---|---|", *claim_rows(groups)]
     if notes:
-        lines += ["", "## Cut short", "", *[f"- {n}; reported up to its last complete step" for n in notes]]
+        lines += ["", "## Cut short", "", *[f"- {md(n)}; reported up to its last complete step" for n in notes]]
     lines += ["", "## Curves (3-step moving average)", "", f"![curves]({png.name})", ""]
-    out_md.write_text("\n".join(lines) + "\n")
+    write_text(out_md, "\n".join(lines) + "\n")
     return out_md

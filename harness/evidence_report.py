@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.metrics import summarise_run
-from spec.records import read_json, read_jsonl
+from spec.records import read_json, read_jsonl, read_text
 
 from .evidence import ALGOS, VARIANTS
 from .rundirs import ALIASES, fmt, md
@@ -29,6 +29,13 @@ TABLE = (("accuracy_first", "accuracy, first 30% of steps"), ("accuracy", "accur
          ("cov_logp_adv", "Cov(log pi, A)"), ("gap_mean_abs", "rollout/trainer |log-prob gap|"),
          ("step_time_s", "seconds per step"))
 PAIRED = ("accuracy", "entropy_final", "clip_frac", "rur", "len_wrong", "ratio_dev_median", "gen_per_trained")
+INT, NAME = ((int,), "an integer"), ((str,), "a name")
+#: The fields of a run's config.json that the evidence section reads: their types, and what they are.
+CONFIG_FIELDS = {"model.name": NAME, "model.train_top_layers": ((int, type(None)), "an integer or null"),
+                 "rollout.engine": NAME, "rollout.prompts_per_step": INT, "rollout.group_size": INT,
+                 "rollout.max_new_tokens": INT, "data.n": INT, "data.digits": INT,
+                 "train.lr": ((int, float), "a number"), "train.epochs": INT, "train.minibatch_size": INT,
+                 "run.seed": INT, "run.steps": INT}
 
 
 def _mean_over(records, key, part=slice(None)) -> float:
@@ -78,7 +85,17 @@ def load_run(folder: Path) -> dict:
                for rec in read_jsonl(folder / "metrics.jsonl")]
     if not records:
         raise ValueError(f"{folder / 'metrics.jsonl'}: no metrics")
-    return {"cfg": read_json(folder / "config.json"), "records": records}
+    return {"cfg": _checked(read_json(folder / "config.json"), folder / "config.json"), "records": records}
+
+
+def _checked(cfg: dict, path: Path) -> dict:
+    """``cfg`` when every field of CONFIG_FIELDS has its type; a ValueError naming the file and the field."""
+    for name, (kinds, what) in CONFIG_FIELDS.items():
+        section, key = name.split(".")
+        value = cfg[section].get(key) if isinstance(cfg.get(section), dict) else None
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise ValueError(f"{path}: {name}: expected {what}, got {value!r}")
+    return cfg
 
 
 class Evidence:
@@ -121,7 +138,8 @@ def algo_table(ev: Evidence) -> list[str]:
     """Per algorithm, mean ± 95% CI over seeds of each TABLE metric (one row per metric, one column per algorithm)."""
     algos = [a for a in ORDER if a in ev.s] + sorted(set(ev.s) - set(ORDER))
     seeds = {a: len(ev.s[a]) for a in algos}
-    lines = ["| metric | " + " | ".join(f"{a} ({seeds[a]})" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]
+    lines = ["| metric | " + " | ".join(f"{md(a)} ({seeds[a]})" for a in algos) + " |",
+             "|---" * (len(algos) + 1) + "|"]
     for key, what in TABLE:
         lines.append(f"| {md(what)} | " + " | ".join(ev.cell(a, key) for a in algos) + " |")
     return lines
@@ -139,7 +157,7 @@ def paired_lines(ev: Evidence, base: str = "grpo") -> list[str]:
             if m != m:
                 continue
             if significant:
-                sig.append(f"- {a} - {base}, {key}: {fmt(m)} ± {fmt(h)} (n = {n} seeds)")
+                sig.append(f"- {md(a)} - {base}, {key}: {fmt(m)} ± {fmt(h)} (n = {n} seeds)")
             else:
                 nonsig += 1
     return (sig or ["- none"]) + [f"", f"{nonsig} other differences ({', '.join(PAIRED)}) have a 95% interval "
@@ -169,7 +187,7 @@ def _sim_rows(report_md: Path) -> dict:
     rows, env = {}, None
     if not report_md.exists():
         return rows
-    for line in report_md.read_text().splitlines():
+    for line in read_text(report_md).splitlines():
         head = re.match(r"^### (\w+)", line)
         if head:
             env = head.group(1)
@@ -356,7 +374,7 @@ def section(evidence_dir, sim_dir) -> list[str]:
     follows the setting (what the numbers cannot show, the budget)."""
     ev = Evidence(evidence_dir)
     notes_path = Path(evidence_dir) / "NOTES.md"
-    notes = [notes_path.read_text().strip(), ""] if notes_path.exists() else []
+    notes = [read_text(notes_path).strip(), ""] if notes_path.exists() else []
     c = ev.cfg()
     n_runs = sum(len(by) for by in ev.runs.values())
     steps = {len(r["records"]) for by in ev.runs.values() for r in by.values()}
@@ -364,8 +382,8 @@ def section(evidence_dir, sim_dir) -> list[str]:
     return [
         f"{n_runs} runs: {len(ev.runs)} settings (the algorithms, and variants named after them) x seeds "
         f"{sorted({s for by in ev.runs.values() for s in by})}, "
-        f"{'/'.join(map(str, sorted(steps)))} steps each. Setting: {m['name']} (top {m['train_top_layers']} blocks "
-        f"trained), engine {r['engine']}, {r['prompts_per_step']} prompts x G = {r['group_size']}, "
+        f"{'/'.join(map(str, sorted(steps)))} steps each. Setting: {md(m['name'])} (top {m['train_top_layers']} blocks "
+        f"trained), engine {md(r['engine'])}, {r['prompts_per_step']} prompts x G = {r['group_size']}, "
         f"{r['max_new_tokens']}-token budget, a pool of {d['n']} problems ({d['digits']}-digit addition; a seed "
         f"draws its own pool and samples), lr {t['lr']}, {t['epochs']} epoch(s) in minibatches of "
         f"{t['minibatch_size']} sequences ({r['prompts_per_step'] * r['group_size'] // max(t['minibatch_size'], 1)}"
