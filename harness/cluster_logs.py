@@ -191,9 +191,10 @@ def read_log(path) -> tuple[list[dict], str, str]:
 def _log_of(folder: Path) -> Path | None:
     """The log a run folder holds: verl's JSONL before its console, TRL's final state before its last checkpoint."""
     for name in LOG_NAMES:
-        if (folder / name).is_file():
+        if (folder / name).exists():  # a FIFO or a folder under a log's name is refused by its reader
             return folder / name
-    ckpts = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    ckpts = sorted((p for p in folder.glob("checkpoint-*/trainer_state.json") if p.parent.name[11:].isdigit()),
+                   key=lambda p: int(p.parent.name[11:]))
     return ckpts[-1] if ckpts else None
 
 

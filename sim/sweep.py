@@ -151,13 +151,17 @@ def plan(env: str, algos: list[str], seeds: int, steps: int, grid: dict) -> list
     for name, value in (("seeds", seeds), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    for key, values in grid.items():
+        again = next((v for i, v in enumerate(values) if any(v == w for w in values[:i])), None)
+        if again is not None:
+            raise ValueError(f"set: {key} lists the value {again!r} twice; give each value once")
     tasks, ids = [], set()
     for algo in algos:
         for params in grid_points(grid):
             cfg = resolve(env, algo, params)
             if run_id(algo, params, 0) in ids:
-                raise ValueError(f"set: the grid gives {label_of(algo, params)} twice (a value listed twice, or two "
-                                 f"values with the same folder name); give each value once")
+                raise ValueError(f"set: two grid points of {algo} have the same folder name "
+                                 f"{safe_name(label_of(algo, params))!r}; give values that differ in letters or digits")
             for seed in range(seeds):
                 tasks.append({"env": env, "algo": algo, "seed": seed, "steps": steps, "params": params,
                               "label": label_of(algo, params), "id": run_id(algo, params, seed), "settings": cfg})
@@ -237,9 +241,10 @@ def run_jobs(grouped: list[list[dict]], out: str, workers: int, on_done) -> None
                 job = waiting.pop(0)
                 receive, send = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_worker, args=(job, out, send, os.getpid()), daemon=True)
-                proc.start()
+                with _interrupts_held():
+                    proc.start()
+                    running[receive] = (proc, job)
                 send.close()  # the worker holds the only sending end: its death reads as EOF
-                running[receive] = (proc, job)
             for receive in mp.connection.wait(list(running)):
                 proc, job = running.pop(receive)
                 with receive:
@@ -256,6 +261,20 @@ def run_jobs(grouped: list[list[dict]], out: str, workers: int, on_done) -> None
         for proc, _ in running.values():
             proc.kill()
             proc.join()
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold a Ctrl-C until the block ends: Python drops the KeyboardInterrupt of one whose handler runs inside its
+    fork hooks (any thread, tqdm's monitor included, may take the signal while the main thread forks)."""
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, None)
 
 
 def _died(code: int, job: list[dict]) -> str:
@@ -289,15 +308,14 @@ def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | N
     keep_heap()
     with owned(out):
         tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
-        bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
-                   disable=not progress)
         grouped = jobs(todo, workers)
-        if workers == 1 or len(grouped) <= 1:
-            for job in grouped:
-                bar.update(len(run_tasks(job, str(out_path))))
-        else:
-            run_jobs(grouped, str(out_path), workers, lambda job: bar.update(len(job)))
-        bar.close()
+        with tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
+                  disable=not progress) as bar:  # closed (its line ended) before an error is printed
+            if workers == 1 or len(grouped) <= 1:
+                for job in grouped:
+                    bar.update(len(run_tasks(job, str(out_path))))
+            else:
+                run_jobs(grouped, str(out_path), workers, lambda job: bar.update(len(job)))
         summary = summarise(out_path, tasks)
         write_json(out_path / "summary.json", summary)
     return summary
