@@ -270,7 +270,7 @@ def _run_of(log: Path) -> dict:
     name = meta.get("run") or (folder.name if log.name in LOG_NAMES else log.stem)
     from spec.registry import ALGORITHMS
     algo = meta.get("algorithm") or (name if name in ALGORITHMS else None)
-    return {"dir": str(folder), "label": name, "algo": algo, "params": meta.get("params", {}), "seed": 0,
+    return {"dir": str(folder), "label": name, "algo": algo, "params": meta.get("params") or {}, "seed": 0,
             "records": records, "framework": framework, "log": str(log), "note": note,
             "recipe": meta.get("recipe"), "run": meta.get("run")}
 

@@ -1,5 +1,6 @@
 """Reports and the CLI on damaged or hostile run folders: half-written lines, empty seeds, truncated configs, paths
-that are files; labels and folder names that carry markdown."""
+that are files, FIFOs, malformed fields, copied runs, an --out that is a run file; labels and folder names that carry
+markdown, HTML or a code fence."""
 import json
 import os
 import re

@@ -1,7 +1,8 @@
-"""Sweeps: resume after a killed run equals an uninterrupted sweep; summary; CLI function; report."""
+"""Sweeps: resume after a killed run equals an uninterrupted sweep; summary; CLI function; report; the lock file,
+reruns with other algorithms, grid values listed twice, a worker killed alone, Ctrl-C."""
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
