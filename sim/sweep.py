@@ -258,9 +258,10 @@ def run_jobs(grouped: list[list[dict]], out: str, workers: int, on_done) -> None
                     raise error
                 on_done(job)
     finally:
-        for proc, _ in running.values():
+        for receive, (proc, _) in running.items():
             proc.kill()
             proc.join()
+            receive.close()
 
 
 @contextlib.contextmanager
