@@ -8,7 +8,7 @@ PIP_VERSION := 26.3
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test fuzz bench verify lock targets
+.PHONY: install demo test fuzz bench verify lock targets reports
 
 # requirements.lock pins the whole environment: `make lock` writes it from what pip's resolver chooses for
 # pyproject.toml's pins, so every clone installs exactly that set, package by package (--no-deps: nothing is
@@ -46,6 +46,15 @@ bench: $(STAMP)
 
 verify: $(STAMP)
 	$(VENV)/bin/cliplab verify
+
+# Every committed report, each after what it reads: the simulator's sweeps and report (reports/sim/regenerate.sh,
+# resumable; minutes on many cores), the real-model README (it quotes the simulator's verdicts and summaries), then
+# the conformance pages and matrix (every framework that `make targets` builds). tests/test_report_freshness.py
+# holds the reports that regenerate from committed data in under a minute to what the code writes now.
+reports: $(STAMP) targets
+	PYTHON=$(abspath $(PY)) reports/sim/regenerate.sh
+	$(PY) -m harness.reports.real
+	$(PY) -m harness.cli conform all --out reports/conformance
 
 # Re-resolve pyproject.toml's pins in a scratch environment and write requirements.lock from it.
 lock:

@@ -118,10 +118,12 @@ def _report(dirs: list[Path], out: Optional[Path], labels=(), algos=()) -> Path:
     """Throughput JSON gets the throughput report; cluster logs (verl, TRL: configs/recipes) or runs named with
     --label / --algo the cluster report; else the real-model report if any run under ``dirs`` is a real-model run
     (its config has a rollout section), else the simulator's."""
+    from spec.records import read_text
+
     from harness.reports import cluster as cluster_logs
     from harness.reports import real as real_report
-    from harness.reports import throughput as throughput_report
     from harness.reports import sim as sim_report
+    from harness.reports import throughput as throughput_report
     from harness.reports.rundirs import check_dirs
     bench = throughput_report.find(dirs)
     if bench:
@@ -129,7 +131,7 @@ def _report(dirs: list[Path], out: Optional[Path], labels=(), algos=()) -> Path:
     if labels or algos or cluster_logs.handles(dirs):
         return cluster_logs.write_report(dirs, out, labels, algos)
     check_dirs(dirs)
-    if any('"rollout"' in p.read_text() for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
+    if any('"rollout"' in read_text(p) for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
         return real_report.write_report(dirs, out or dirs[0] / "report.md")
     return sim_report.write_report(dirs, out)
 

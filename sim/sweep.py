@@ -2,30 +2,36 @@
 
 Layout (shared with the real-model harness, which the report also reads)::
 
-    DIR/sweep.json                    the sweep's settings
+    DIR/sweep.json                    env and steps, and every command (algos, seeds, grid) that wrote into DIR
     DIR/runs/<run>/config.json        algo, seed, label, env, params (the --set values) and the full settings
     DIR/runs/<run>/metrics.jsonl      one JSON object per step (complete runs only)
     DIR/runs/<run>/done.json          the run's summary; written last, so a run is done iff it exists
-    DIR/summary.json                  per label, the mean over seeds of every summary metric
+    DIR/summary.json                  per label, the mean over seeds of every summary metric (every done run in DIR)
 
 A run writes its steps to ``metrics.jsonl.part`` as it goes; on completion the part file is renamed and
 ``done.json`` is written atomically (temp file, then ``os.replace``). A resumed sweep skips done runs and restarts
 unfinished ones from scratch, so no run is lost or counted twice. A label's seeds run together as one stacked
 trainer (``sim.loop.run_stack``), each still into its own run folder.
 
-One live sweep owns a folder at a time (``DIR/sweep.lock``, see :func:`owned`), and worker processes die with the
-sweep's process, so a resumed sweep never races the leftovers of a killed one.
+A rerun in the same folder with other algorithms, grid values or seeds adds its runs: sweep.json keeps the history of
+commands and summary.json covers every done run. One live sweep owns a folder at a time (``DIR/sweep.lock``, see
+:func:`owned`); each job runs in a worker process of its own that dies with the sweep's process, so a resumed sweep
+never races the leftovers of a killed one, and a worker that dies (``kill -9``, the out-of-memory killer) ends the
+sweep with an error naming its runs.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import json
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -52,10 +58,7 @@ def owned(out, wait: float = 10.0):
     owner is refused at once, naming its pid; the leftovers of a dead one (dying with it) are waited for up to
     ``wait`` seconds."""
     out = writable_folder(out, "out")
-    try:
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ValueError(f"out: cannot write {out / LOCK} ({exc.strerror})") from None
+    fd = _open_lock(out / LOCK)
     try:
         deadline = time.monotonic() + wait
         while True:
@@ -75,6 +78,21 @@ def owned(out, wait: float = 10.0):
         yield out
     finally:
         os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file opened for reading and writing (created if missing); a ValueError naming it when it is a
+    symbolic link, a hard link to another name, or not a regular file (a FIFO, a folder): the lock truncates it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise ValueError(f"out: cannot use {path} as the sweep's lock ({why}); remove it") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise ValueError(f"out: cannot use {path} as the sweep's lock (it is not a regular file of its own); remove it")
+    return fd
 
 
 def _alive(pid: int) -> bool:
@@ -105,8 +123,8 @@ def keep_heap() -> None:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Pool initializer: on Linux the worker gets SIGKILL when the sweep's process dies, so no orphan keeps
-    writing into the folder; a worker whose parent is already gone exits."""
+    """In a worker process: on Linux it gets SIGKILL when the sweep's process dies, so no orphan keeps writing into
+    the folder; a worker whose parent is already gone exits."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent:
@@ -133,13 +151,21 @@ def plan(env: str, algos: list[str], seeds: int, steps: int, grid: dict) -> list
     for name, value in (("seeds", seeds), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    tasks = []
+    for key, values in grid.items():
+        again = next((v for i, v in enumerate(values) if any(v == w for w in values[:i])), None)
+        if again is not None:
+            raise ValueError(f"set: {key} lists the value {again!r} twice; give each value once")
+    tasks, ids = [], set()
     for algo in algos:
         for params in grid_points(grid):
             cfg = resolve(env, algo, params)
+            if run_id(algo, params, 0) in ids:
+                raise ValueError(f"set: two grid points of {algo} have the same folder name "
+                                 f"{safe_name(label_of(algo, params))!r}; give values that differ in letters or digits")
             for seed in range(seeds):
                 tasks.append({"env": env, "algo": algo, "seed": seed, "steps": steps, "params": params,
                               "label": label_of(algo, params), "id": run_id(algo, params, seed), "settings": cfg})
+                ids.add(tasks[-1]["id"])
     return tasks
 
 
@@ -190,11 +216,72 @@ def run_tasks(tasks: list[dict], out: str) -> list[dict]:
     return summaries
 
 
-def _worker(args):
-    """Run one job; the ids of its runs."""
-    tasks, out = args
-    run_tasks(tasks, out)
-    return [t["id"] for t in tasks]
+def _worker(job: list[dict], out: str, answer, parent: int) -> None:
+    """A worker process: run one job and answer None, or the exception it raised. Ctrl-C is the sweep's process's to
+    handle (it stops the workers)."""
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run_tasks(job, out)
+        answer.send(None)
+    except Exception as exc:  # noqa: BLE001 (raised again by the sweep's process)
+        answer.send(exc)
+
+
+def run_jobs(grouped: list[list[dict]], out: str, workers: int, on_done) -> None:
+    """Run each job in a forked worker process of its own, ``workers`` at a time, calling ``on_done(job)`` as each
+    ends. A job's exception is raised here; a worker that dies without answering (``kill -9``, the out-of-memory
+    killer) is a ValueError naming its runs. Either way, and on Ctrl-C, the other workers are stopped first (their
+    runs restart on resume): no worker outlives the call."""
+    ctx = mp.get_context("fork")
+    waiting, running = list(grouped), {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < workers:
+                job = waiting.pop(0)
+                receive, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_worker, args=(job, out, send, os.getpid()), daemon=True)
+                with _interrupts_held():
+                    proc.start()
+                    running[receive] = (proc, job)
+                send.close()  # the worker holds the only sending end: its death reads as EOF
+            for receive in mp.connection.wait(list(running)):
+                proc, job = running.pop(receive)
+                with receive:
+                    try:
+                        error = receive.recv()
+                    except EOFError:  # it died before answering
+                        proc.join()
+                        error = ValueError(_died(proc.exitcode, job))
+                proc.join()
+                if error is not None:
+                    raise error
+                on_done(job)
+    finally:
+        for receive, (proc, _) in running.items():
+            proc.kill()
+            proc.join()
+            receive.close()
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold a Ctrl-C until the block ends: Python drops the KeyboardInterrupt of one whose handler runs inside its
+    fork hooks (any thread, tqdm's monitor included, may take the signal while the main thread forks)."""
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, None)
+
+
+def _died(code: int, job: list[dict]) -> str:
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return (f"workers: the worker process running {', '.join(t['id'] for t in job)} {how}; the sweep stopped, its "
+            f"done runs are kept: rerun the same command to resume")
 
 
 def prepare(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None, out: str):
@@ -205,8 +292,10 @@ def prepare(env: str, algos: list[str], seeds: int, steps: int, grid: dict | Non
     out_path = writable_folder(out, "out")
     writable_folder(out_path / "runs", "out")
     _check_resumable(out_path, env, steps)
-    write_json(out_path / "sweep.json", {"env": env, "steps": steps, "seeds": seeds, "algos": list(algos),
-                                         "grid": grid})
+    history = commands(out_path / "sweep.json") if (out_path / "sweep.json").exists() else []
+    command = {"algos": list(algos), "seeds": seeds, "grid": grid}
+    write_json(out_path / "sweep.json", {"env": env, "steps": steps,
+                                         "commands": history + ([command] if command not in history else [])})
     todo = [t for t in tasks if not (out_path / "runs" / t["id"] / "done.json").exists()]
     return tasks, out_path, todo
 
@@ -221,21 +310,20 @@ def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | N
     keep_heap()
     with owned(out):
         tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
-        bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
-                   disable=not progress)
-        grouped = [(job, str(out_path)) for job in jobs(todo, workers)]
-        with contextlib.ExitStack() as stack:
+        grouped = jobs(todo, workers)
+
+        def done(job):
+            bar.update(len(job))
+            for task in job if on_run else ():
+                on_run(out_path / "runs" / task["id"])
+        with tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env}", unit="run",
+                  disable=not progress) as bar:  # closed (its line ended) before an error is printed
             if workers == 1 or len(grouped) <= 1:
-                finished = map(_worker, grouped)
+                for job in grouped:
+                    run_tasks(job, str(out_path))
+                    done(job)
             else:
-                pool = stack.enter_context(mp.get_context("fork").Pool(min(workers, len(grouped)), _die_with_parent,
-                                                                       (os.getpid(),)))
-                finished = pool.imap_unordered(_worker, grouped)
-            for ids in finished:
-                bar.update(len(ids))
-                for run in ids if on_run else ():
-                    on_run(out_path / "runs" / run)
-        bar.close()
+                run_jobs(grouped, str(out_path), workers, done)
         summary = summarise(out_path, tasks)
         write_json(out_path / "summary.json", summary)
     return summary
@@ -250,14 +338,38 @@ def _check_resumable(out: Path, env: str, steps: int) -> None:
                              f"expected env={env!r}, steps={steps} to resume it (use another --out)")
 
 
+def commands(sweep_json: Path) -> list[dict]:
+    """The commands (algos, seeds, grid) that wrote into a sweep folder, oldest first, from its sweep.json (one
+    written before the history was kept holds one command); a ValueError naming the file when they are malformed."""
+    sweep = read_json(sweep_json)
+    history = sweep.get("commands", [{k: sweep.get(k) for k in ("algos", "seeds", "grid")}])
+    if not (isinstance(history, list) and history and all(
+            isinstance(c, dict) and isinstance(c.get("algos"), list) and all(isinstance(a, str) for a in c["algos"])
+            and isinstance(c.get("grid"), dict) and all(isinstance(v, list) for v in c["grid"].values())
+            for c in history)):
+        raise ValueError(f"{sweep_json}: commands: expected a list of {{algos: [names], seeds, grid: {{key: "
+                         f"[values]}}}}")
+    return history
+
+
 def summarise(out: Path, tasks: list[dict]) -> dict:
-    """Per label, the mean over seeds of each run's summary metrics."""
+    """Per label, the mean over seeds of each run's summary metrics, over every done run in ``out``: this command's
+    ``tasks`` and the runs of the earlier commands in the folder. Labels in the order of ``tasks``, then the
+    others by name."""
+    first = {}
+    for i, t in enumerate(tasks):
+        first.setdefault(t["label"], i)
     by_label: dict[str, list[dict]] = {}
-    for t in tasks:
-        done = read_json(Path(out) / "runs" / t["id"] / "done.json")
-        by_label.setdefault(t["label"], []).append(done)
+    for path in sorted((Path(out) / "runs").glob("*/done.json")):
+        done = read_json(path)
+        if not isinstance(done.get("label"), str):
+            raise ValueError(f"{path}: label: expected the run's label, got {done.get('label')!r}")
+        by_label.setdefault(done["label"], []).append(done)
+    for runs in by_label.values():
+        runs.sort(key=lambda r: r["seed"] if isinstance(r.get("seed"), int) else -1)
     table = {}
-    for label, runs in by_label.items():
+    for label in sorted(by_label, key=lambda lbl: (first.get(lbl, len(first)), lbl)):
+        runs = by_label[label]
         row = {"seeds": len(runs)}
         for key in SUMMARY_KEYS:
             vals = [r[key] for r in runs if r.get(key) is not None]

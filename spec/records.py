@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import warnings
 from pathlib import Path
 
@@ -25,13 +26,34 @@ def write_json(path, obj) -> None:
     write_text(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
+def read_text(path, errors: str = "strict") -> str:
+    """The UTF-8 text of the regular file ``path``; a ValueError naming the file when it cannot be read, is not a
+    regular file (a FIFO would block the reader) or holds a byte that is not UTF-8 (named by line and column; with
+    ``errors="replace"`` such bytes become U+FFFD instead)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, and is refused below
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file; expected a file to read")
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read()
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8", errors)
+    except UnicodeDecodeError as exc:
+        line, column = data.count(b"\n", 0, exc.start) + 1, exc.start - data.rfind(b"\n", 0, exc.start)
+        raise ValueError(f"{path}: line {line}, column {column}: byte 0x{data[exc.start]:02x} is not UTF-8") from None
+
+
 def read_json(path) -> dict:
     """A JSON object from ``path``; a ValueError naming the file if it is unreadable, truncated or not an object."""
     path = Path(path)
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror if isinstance(exc, OSError) else exc})") from None
+        obj = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); truncated?") from None
     if not isinstance(obj, dict):
@@ -43,10 +65,7 @@ def read_jsonl(path) -> list[dict]:
     """One JSON object per line of ``path``. A last line that does not parse (a writer killed mid-line) is dropped
     with a warning naming the file; a bad line elsewhere is a ValueError naming the file and the line."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror if isinstance(exc, OSError) else exc})") from None
+    lines = read_text(path).splitlines()
     numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
     records = []
     for k, (lineno, line) in enumerate(numbered):

@@ -1,5 +1,6 @@
 """Reports and the CLI on damaged or hostile run folders: half-written lines, empty seeds, truncated configs, paths
-that are files; labels and folder names that carry markdown."""
+that are files, FIFOs, malformed fields, copied runs, an --out that is a run file; labels and folder names that carry
+markdown, HTML or a code fence."""
 import json
 import os
 import re
@@ -181,3 +182,204 @@ def test_cli_demo_and_conform_out_that_is_a_file_fail_before_the_run(tmp_path):
     for args in (["demo"], ["conform", "trl"]):
         code, out = _cli(*args, "--out", tmp_path / "afile")
         assert code == 2 and out == f"error: out: {tmp_path / 'afile'} is a file; expected a folder"
+
+
+# ---- reliability, round 3: nothing replaced, nothing counted twice, nothing waited on, no markup let through ------
+def _cli_proc(*args, timeout=120):
+    """The CLI in a child process (a FIFO bug would hang it: the timeout fails the test instead)."""
+    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=ROOT, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+
+
+def _verl_run(folder, name="grpo"):
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"run": name, "algorithm": "grpo", "steps": 2}))
+    (folder / "verl.jsonl").write_text("".join(json.dumps({"step": s, "data": {"actor/entropy": 1.0 / s}}) + "\n"
+                                               for s in (1, 2)))
+
+
+def test_report_out_never_replaces_a_run_file_or_a_log(sweep, tmp_path):
+    metrics = sweep / "runs" / "grpo__seed0" / "metrics.jsonl"
+    before = metrics.read_bytes()
+    code, out = _cli("report", sweep, "--out", metrics)
+    assert code == 2 and out == f"error: out: {metrics} is not a .md file; expected a markdown file path (a report " \
+                                "never replaces another file)"
+    _verl_run(tmp_path / "cluster" / "grpo")
+    log = tmp_path / "cluster" / "grpo" / "verl.jsonl"
+    logged = log.read_bytes()
+    code, out = _cli("report", tmp_path / "cluster", "--out", log)
+    assert code == 2 and out.startswith(f"error: out: {log} is not a .md file")
+    named = tmp_path / "log.md"  # a log named .md, given as the file to report on
+    named.write_bytes(logged)
+    code, out = _cli("report", named, "--out", named)
+    assert code == 2 and out == f"error: out: {named} is one of the files to report on; expected a new markdown " \
+                                "file path"
+    assert metrics.read_bytes() == before and log.read_bytes() == logged and named.read_bytes() == logged
+
+
+def test_a_copied_or_symlinked_run_folder_counts_once_with_a_warning(tmp_path):
+    runs = tmp_path / "sweep" / "runs"
+    _sim_run(runs / "grpo__seed0", "grpo", 0, [0.0, 0.25])
+    _sim_run(runs / "grpo__seed1", "grpo", 1, [1.0, 0.75])
+    import shutil
+    shutil.copytree(runs / "grpo__seed0", runs / "grpo__seed0_copy")
+    (runs / "grpo__seed1_link").symlink_to(runs / "grpo__seed1", target_is_directory=True)
+    with pytest.warns(UserWarning, match="counted once") as caught:
+        text = write_report([tmp_path / "sweep"], tmp_path / "r.md", bandit=False).read_text()
+    assert sorted(str(w.message).split(":")[0] for w in caught if "counted once" in str(w.message)) == \
+        [str(runs / "grpo__seed0_copy"), str(runs / "grpo__seed1_link")]
+    assert _row(text, "grpo")[1:3] == ["2", "0.5"]  # 2 seeds; last-step accuracy (0.25 + 0.75) / 2
+
+
+def test_a_fifo_where_a_file_should_be_is_a_one_line_error_not_a_hang(tmp_path):
+    cases = {}
+    for name in ("metrics.jsonl", "config.json"):  # the simulator's run files
+        run = tmp_path / name / "runs" / "r0"
+        _sim_run(run, "grpo", 0, [0.5])
+        (run / name).unlink()
+        os.mkfifo(run / name)
+        cases[tmp_path / name] = run / name
+    _sim_run(tmp_path / "sweepjson" / "runs" / "r0", "grpo", 0, [0.5])
+    os.mkfifo(tmp_path / "sweepjson" / "sweep.json")
+    cases[tmp_path / "sweepjson"] = tmp_path / "sweepjson" / "sweep.json"
+    (tmp_path / "verl" / "grpo").mkdir(parents=True)  # a cluster log, and a .jsonl that is sniffed for verl's format
+    os.mkfifo(tmp_path / "verl" / "grpo" / "verl.jsonl")
+    cases[tmp_path / "verl"] = tmp_path / "verl" / "grpo" / "verl.jsonl"
+    _verl_run(tmp_path / "sniffed" / "grpo")
+    os.mkfifo(tmp_path / "sniffed" / "other.jsonl")
+    for folder, fifo in cases.items():
+        proc = _cli_proc("report", folder, "--out", tmp_path / "r.md")
+        assert proc.returncode == 2 and proc.stderr == f"error: {fifo}: not a regular file; expected a file to read\n"
+    proc = _cli_proc("report", tmp_path / "sniffed", "--out", tmp_path / "r.md")
+    assert proc.returncode == 0, proc.stderr  # the FIFO is skipped, the run beside it reported
+
+
+@pytest.mark.parametrize("where, content, message", [
+    ("metrics.jsonl", '{"step": 1, "accuracy": 0.5}\n{"step": 2, "accuracy": "high"}\n',
+     "metrics.jsonl: record 2 (step 2), accuracy: expected a number or null, got 'high'"),
+    ("metrics.jsonl", b'{"step": 1}\n{"step": 2, "accuracy": 0.5}\n{"step": 3, "x": "\xff"}\n',
+     "metrics.jsonl: line 3, column 19: byte 0xff is not UTF-8"),
+    ("config.json", '{"algo": "grpo", "seed": 0, "params": "lr=0.1"}',
+     "config.json: params: expected an object of settings, got 'lr=0.1'"),
+    ("config.json", '{"algo": "grpo", "seed": "zero"}', "config.json: seed: expected an integer, got 'zero'"),
+    ("config.json", '{"algo": "grpo", "seed": 0, "label": 5}', "config.json: label: expected a string, got 5"),
+    ("config.json", '{"algo": ["grpo"], "seed": 0}', "config.json: algo: expected an algorithm name, got ['grpo']"),
+    ("config.json", '{"algo": {"name": 3, "hp": {}}}', "config.json: algo.name: expected an algorithm name, got 3"),
+])
+def test_malformed_run_files_are_one_line_errors_naming_the_file_and_field(tmp_path, where, content, message):
+    run = tmp_path / "runs" / "r0"
+    _sim_run(run, "grpo", 0, [0.5])
+    (run / where).write_bytes(content if isinstance(content, bytes) else content.encode())
+    code, out = _cli("report", tmp_path, "--out", tmp_path / "r.md")
+    assert code == 2 and out == f"error: {run}/{message}"
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("trainer_state.json", {"log_history": [{"step": "one", "reward": 1.0}]},
+     "log_history[0].step: expected an integer, got 'one'"),
+    ("trainer_state.json", {"log_history": [{"step": 1, "reward": 1.0}], "global_step": "1", "max_steps": 5},
+     "global_step: expected an integer, got '1'"),
+    ("trainer_state.json", {"log_history": ["step 1"]}, "log_history[0]: expected an object, got 'step 1'"),
+    ("trainer_state.json", b'{"log_history": []}\n\xfe', "line 2, column 1: byte 0xfe is not UTF-8"),
+    ("run.json", [1, 2], "expected a JSON object, got list"),
+    ("run.json", {"run": "grpo", "steps": "ten"}, "steps: expected an integer, got 'ten'"),
+])
+def test_malformed_cluster_logs_are_one_line_errors_naming_the_file_and_field(tmp_path, name, content, message):
+    run = tmp_path / "grpo"
+    run.mkdir()
+    (run / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": 1, "reward": 1.0}]}))
+    (run / name).write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    code, out = _cli("report", tmp_path, "--out", tmp_path / "r.md")
+    assert code == 2 and out == f"error: {run / name}: {message}"
+
+
+def test_nan_literals_symlink_loops_and_empty_folders_still_hold(tmp_path):
+    _sim_run(tmp_path / "nan" / "runs" / "r0", "grpo", 0, [0.5])
+    (tmp_path / "nan" / "runs" / "r0" / "metrics.jsonl").write_text('{"step": 1, "accuracy": NaN, "clip_frac": '
+                                                                    'Infinity}\n{"step": 2, "accuracy": 1.0}\n')
+    _sim_run(tmp_path / "loop" / "runs" / "r0", "grpo", 0, [0.5])
+    (tmp_path / "loop" / "runs" / "r0" / "up").symlink_to(tmp_path / "loop", target_is_directory=True)
+    (tmp_path / "loop" / "self").symlink_to(tmp_path / "loop", target_is_directory=True)
+    (tmp_path / "empty").mkdir()
+    proc = _cli_proc("report", tmp_path / "nan", "--out", tmp_path / "nan.md")
+    assert proc.returncode == 0 and _row((tmp_path / "nan.md").read_text(), "grpo")[1:3] == ["1", "1"]
+    proc = _cli_proc("report", tmp_path / "loop", "--out", tmp_path / "loop.md")
+    assert proc.returncode == 0 and _row((tmp_path / "loop.md").read_text(), "grpo")[1:3] == ["1", "0.5"]
+    proc = _cli_proc("report", tmp_path / "empty", "--out", tmp_path / "empty.md")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: dirs: no complete runs") \
+        and proc.stderr.count("\n") == 1
+
+
+HOSTILE_DIR = "run\n```\n<script>x</script> | `tick` [a](b)"
+
+
+def _fenced(text: str) -> list[list[str]]:
+    """The lines of each code fence of ``text`` (a fence opens and closes with a line that starts with ```)."""
+    blocks, inside = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if inside is None:
+                inside = []
+            else:
+                blocks.append(inside)
+                inside = None
+        elif inside is not None:
+            inside.append(line)
+    assert inside is None, "a fence is left open"
+    return blocks
+
+
+def _bash_words(line: str) -> list[str]:
+    """The words bash reads from ``line`` (how a reader would paste the report's command)."""
+    out = subprocess.run(["bash", "-c", f"printf '%s\\0' {line}"], capture_output=True, check=True)
+    return out.stdout.decode().split("\0")[:-1]
+
+
+def test_sim_report_keeps_a_hostile_sweep_folder_inside_its_fence(tmp_path):
+    from sim.sweep import run_sweep
+    sweep = tmp_path / HOSTILE_DIR
+    run_sweep("bandit", ["grpo"], 1, 3, out=str(sweep), workers=1, progress=False)
+    text = write_report([sweep], tmp_path / "r.md", bandit=False).read_text()
+    (block,) = _fenced(text)
+    outside = text.split("```")[0] + text.split("```")[-1]  # a fence shows its text as it is: markup only outside
+    assert "<script>" not in outside and "`tick`" not in outside
+    assert len(block) == 2 and _bash_words(block[0])[-2:] == ["--out", str(sweep)]
+    assert _bash_words(block[1]) == ["cliplab", "report", str(sweep), "--out", str(tmp_path / "r.md")]
+
+
+def test_cluster_report_escapes_every_folder_name_label_and_note(tmp_path):
+    hostile = tmp_path / "logs" / "x|y<script>`z`"
+    _verl_run(hostile, name="a|b<img src=x>`c`")
+    (hostile / "verl.jsonl").write_text((hostile / "verl.jsonl").read_text() + '{"step": 3, "da')  # cut short
+    out = tmp_path / "r.md"
+    text = __import__("harness.reports.cluster", fromlist=["write_report"]).write_report([tmp_path / "logs"], out) \
+        .read_text()
+    outside = text.split("```")[0] + text.split("```")[-1]
+    assert "<script>" not in outside and "<img" not in outside and "`c`" not in outside
+    runs_row = next(ln for ln in text.splitlines() if ln.startswith("| a"))
+    assert len(re.split(r"(?<!\\)\|", runs_row)) == 10  # 8 cells between 9 unescaped pipes
+    assert runs_row.startswith(f"| {md('a|b<img src=x>`c`')} | verl | grpo |")
+    (block,) = _fenced(text)
+    assert _bash_words(block[0]) == ["cliplab", "report", str(tmp_path / "logs"), "--out", str(out)]
+    assert f"- {md(str(hostile / 'verl.jsonl'))}: cut short" in text
+
+
+def test_throughput_and_evidence_reports_escape_names(tmp_path):
+    from harness.reports.evidence import algo_table, Evidence
+    from harness.reports.throughput import write_report as throughput_report
+    bench = {"kind": "cliplab-throughput", "model": "m|<b>", "device": "d`x`", "precision": "bf16", "params": 1e6,
+             "grad_checkpointing": False, "flops_per_step": 1e12, "peak_tflops": None, "total_s": 1.0,
+             "batch": {"prompts": 1, "group": 2, "prompt_len": 3, "gen_len": 4},
+             "rows": [{"algo": "grpo|<i>", "steps": 2, "step_s": 0.5}]}
+    (tmp_path / "t.json").write_text(json.dumps(bench))
+    text = throughput_report([tmp_path / "t.json"], tmp_path / "t.md").read_text()
+    assert "<b>" not in text and "<i>" not in text and "`x`" not in text
+    assert next(ln for ln in text.splitlines() if ln.startswith("| grpo")).startswith("| grpo\\|&lt;i&gt; | 2 |")
+    from gpu.config import from_dict
+    cfg = from_dict({"algo": {"name": "grpo"}, "data": {"system": "s"}}).to_dict()
+    run = tmp_path / "ev" / "grpo|<u>" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(cfg))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "accuracy": 0.5}) + "\n")
+    header = algo_table(Evidence(tmp_path / "ev"))[0]
+    assert header == "| metric | grpo\\|&lt;u&gt; (1) |"

@@ -1,6 +1,8 @@
-"""Sweeps: resume after a killed run equals an uninterrupted sweep; summary; CLI function; report."""
+"""Sweeps: resume after a killed run equals an uninterrupted sweep; summary; CLI function; report; the lock file,
+reruns with other algorithms, grid values listed twice, a worker killed alone, Ctrl-C."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,3 +146,147 @@ def test_keep_heap_reuses_memory_for_large_temporaries():
         tables(z)
     # without it every call maps and zero-fills fresh pages for its 1.3 MB arrays: about 1,250 faults a call
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 500
+
+
+# ---- reliability, round 3: the lock, reruns with other algorithms, duplicate grid values, a dead worker ----------
+def test_a_lock_that_is_a_link_or_not_a_file_is_refused_and_left_as_it_is(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    for name, make in (("symlink", lambda p: p.symlink_to(target)), ("hardlink", lambda p: os.link(target, p)),
+                       ("fifo", os.mkfifo), ("folder", os.mkdir)):
+        out = tmp_path / name
+        out.mkdir()
+        make(out / "sweep.lock")
+        with pytest.raises(ValueError, match=rf"^out: cannot use {out}/sweep.lock as the sweep's lock \(.*\); "
+                                             "remove it$"):
+            run_sweep("bandit", ["grpo"], 1, 2, out=str(out), workers=1, progress=False)
+        assert not (out / "runs").exists()
+    assert target.read_text() == "keep me\n"
+
+
+def test_a_rerun_with_other_algorithms_keeps_the_first_ones_and_every_command(tmp_path):
+    first = run_sweep("bandit", ["grpo"], 2, 5, out=str(tmp_path), workers=1, progress=False)
+    run_sweep("bandit", ["grpo"], 2, 5, out=str(tmp_path), workers=1, progress=False)  # the same command: resumed
+    both = run_sweep("bandit", ["dcpo"], 1, 5, {"lr": [0.05]}, out=str(tmp_path), workers=1, progress=False)
+    assert list(both["algorithms"]) == ["dcpo[lr=0.05]", "grpo"]  # this command's labels first
+    assert both["algorithms"]["grpo"] == first["algorithms"]["grpo"]
+    assert both["algorithms"]["dcpo[lr=0.05]"]["seeds"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text()) == both
+    assert json.loads((tmp_path / "sweep.json").read_text())["commands"] == [
+        {"algos": ["grpo"], "seeds": 2, "grid": {}}, {"algos": ["dcpo"], "seeds": 1, "grid": {"lr": [0.05]}}]
+    text = write_report([tmp_path], tmp_path / "report.md", bandit=False).read_text()
+    cmds = text.split("```")[1].strip().splitlines()
+    assert cmds == [f"cliplab sim --env bandit --algos grpo --seeds 2 --steps 5 --out {tmp_path}",
+                    f"cliplab sim --env bandit --algos dcpo --seeds 1 --steps 5 --set lr=0.05 --out {tmp_path}",
+                    f"cliplab report {tmp_path} --out {tmp_path / 'report.md'}"]
+
+
+def test_a_sweep_json_written_before_the_history_reads_as_one_command(tmp_path):
+    run_sweep("bandit", ["grpo"], 1, 3, out=str(tmp_path), workers=1, progress=False)
+    (tmp_path / "sweep.json").write_text(json.dumps({"env": "bandit", "steps": 3, "seeds": 1, "algos": ["grpo"],
+                                                     "grid": {}}))
+    run_sweep("bandit", ["gspo"], 1, 3, out=str(tmp_path), workers=1, progress=False)
+    assert [c["algos"] for c in json.loads((tmp_path / "sweep.json").read_text())["commands"]] == [["grpo"], ["gspo"]]
+    (tmp_path / "sweep.json").write_text(json.dumps({"env": "bandit", "steps": 3, "commands": {"algos": "grpo"}}))
+    with pytest.raises(ValueError, match=r"sweep.json: commands: expected a list of"):
+        run_sweep("bandit", ["grpo"], 1, 3, out=str(tmp_path), workers=1, progress=False)
+
+
+@pytest.mark.parametrize("grid, message", [
+    ({"lr": [0.1, 0.1]}, "lr lists the value 0.1 twice; give each value once"),
+    ({"lr": [1, 1.0]}, "lr lists the value 1.0 twice; give each value once"),
+    ({"reward": ["binary", "binary"]}, "reward lists the value 'binary' twice; give each value once"),
+])
+def test_a_grid_value_listed_twice_is_an_error_before_anything_runs(tmp_path, grid, message):
+    """Before: lr=0.1,0.1 ran two tasks into one folder (a missing .part file), and a rerun counted 4 seeds for 2."""
+    with pytest.raises(ValueError, match=f"^set: {re.escape(message)}$"):
+        run_sweep("bandit", ["grpo"], 2, 2, grid, out=str(tmp_path), workers=1, progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+def test_grid_values_with_the_same_folder_name_are_an_error(monkeypatch):
+    import sim.sweep
+    monkeypatch.setattr(sim.sweep, "resolve", lambda env, algo, params: {"dynamic_sampling": False})
+    with pytest.raises(ValueError, match=r"^set: two grid points of grpo have the same folder name "
+                                         r"'grpo_reward=a_b_'; give values that differ in letters or digits$"):
+        sim.sweep.plan("bandit", ["grpo"], 1, 2, {"reward": ["a/b", "a_b"]})
+
+
+def test_cli_set_with_a_value_twice_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    res = CliRunner().invoke(app, ["sim", "--env", "bandit", "--algos", "grpo", "--seeds", "2", "--steps", "2",
+                                   "--set", "lr=0.1,0.10", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 2 and res.output == "error: set: lr lists the value 0.1 twice; give each value once\n"
+    assert not (tmp_path / "s").exists()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _running(pids: list[int]) -> list[int]:
+    """The processes among ``pids`` that still run (a zombie does not)."""
+    out = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                out.append(pid)
+        except FileNotFoundError:
+            pass
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_killed_with_sigkill_ends_the_sweep_naming_its_runs_and_a_resume_finishes(tmp_path):
+    out, whole = tmp_path / "killed", tmp_path / "whole"
+    args = ["--env", "toy_lm", "--algos", "grpo,dpo", "--seeds", "2", "--steps", "40", "--workers", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "sim", *args, "--out", str(out)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while len(_children(proc.pid)) < 2 and time.time() < deadline:
+            time.sleep(0.002)
+        workers = _children(proc.pid)
+        os.kill(workers[0], signal.SIGKILL)  # one worker, not the sweep's process
+        _, err = proc.communicate(timeout=60)  # it used to wait for the lost job forever
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2
+    (line,) = [ln for ln in err.splitlines() if "error" in ln]
+    match = re.fullmatch(r"error: workers: the worker process running (.+) was killed by SIGKILL; the sweep "
+                         r"stopped, its done runs are kept: rerun the same command to resume", line)
+    assert match, err
+    for run in match.group(1).split(","):  # the named runs did not finish
+        assert not (out / "runs" / run.strip() / "done.json").exists()
+    assert len(workers) == 2 and not _running(workers), "a worker outlived the sweep"
+    sim_command("toy_lm", "grpo,dpo", 2, 40, [], str(out), workers=2, progress=False)  # the lock was released
+    sim_command("toy_lm", "grpo,dpo", 2, 40, [], str(whole), workers=2, progress=False)
+    assert _files(out) == _files(whole) and (out / "summary.json").read_text() == (whole / "summary.json").read_text()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_the_workers_and_the_sweep_resumes_to_the_same_bytes(tmp_path):
+    out, whole = tmp_path / "stopped", tmp_path / "whole"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "sim", "--env", "toy_lm", "--algos", "grpo,dpo",
+                             "--seeds", "2", "--steps", "40", "--workers", "2", "--out", str(out)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal job
+    try:
+        deadline = time.time() + 60
+        while len(_children(proc.pid)) < 2 and time.time() < deadline:
+            time.sleep(0.002)
+        workers = _children(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0 and len(workers) == 2 and not _running(workers)
+    sim_command("toy_lm", "grpo,dpo", 2, 40, [], str(out), workers=2, progress=False)
+    sim_command("toy_lm", "grpo,dpo", 2, 40, [], str(whole), workers=2, progress=False)
+    assert _files(out) == _files(whole) and (out / "summary.json").read_text() == (whole / "summary.json").read_text()

@@ -16,11 +16,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from spec.records import read_json
+from spec.records import read_json, read_text, safe_name, write_text
 
 from harness.reports.claims import CLAIMS
 from harness.reports.published import published
-from harness.reports.rundirs import Groups, fmt, load_runs, md
+from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file, shell_line
 
 #: verl metric -> cliplab metric. ``actor/kl_loss`` is the KL to the reference under verl's kl_loss_type (k3 for
 #: low_var_kl); ``actor/cliplab_rur`` is logged by cliplab's verl losses; ``critic/score/mean`` the task score.
@@ -72,9 +72,9 @@ def warn(path, text: str) -> None:
 
 
 # ---- readers: each returns (records with cliplab names, note) ---------------------------------------------------
-def _lines(path: Path) -> tuple[list[str], bool]:
+def _lines(path: Path, errors: str = "strict") -> tuple[list[str], bool]:
     """The file's lines and whether the last one is complete (ends with a newline)."""
-    text = path.read_text(errors="replace")
+    text = read_text(path, errors)
     return text.split("\n")[:-1], text.endswith("\n") or not text
 
 
@@ -143,8 +143,8 @@ def _console_value(text: str) -> float | None:
 
 def read_verl_console(path: Path) -> tuple[list[dict], str]:
     """Lines ``step:N - key:value - ...`` as verl's console logger prints them, anywhere in a line (Ray prefixes
-    its workers' output with ``(TaskRunner pid=...)``)."""
-    lines, complete = _lines(path)
+    its workers' output with ``(TaskRunner pid=...)``; bytes that are not UTF-8 in other output are read as U+FFFD)."""
+    lines, complete = _lines(path, errors="replace")
     records = []
     for line in lines:
         m = _CONSOLE_STEP.search(line)
@@ -164,16 +164,29 @@ def read_verl_console(path: Path) -> tuple[list[dict], str]:
 
 def read_trl_state(path: Path) -> tuple[list[dict], str]:
     try:
-        state = json.loads(path.read_text())
+        state = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg}); expected TRL's trainer_state.json") from None
     if not (isinstance(state, dict) and isinstance(state.get("log_history"), list)):
         raise ValueError(f"{path}: no log_history; expected TRL's trainer_state.json")
-    records = [_mapped(int(e["step"]), e, TRL) for e in state["log_history"]
-               if isinstance(e, dict) and "step" in e and "train_runtime" not in e]
+    for field in ("global_step", "max_steps"):
+        _check_int(path, field, state.get(field))
+    records = []
+    for i, entry in enumerate(state["log_history"]):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: log_history[{i}]: expected an object, got {entry!r}")
+        if "step" in entry and "train_runtime" not in entry:
+            _check_int(path, f"log_history[{i}].step", entry["step"], required=True)
+            records.append(_mapped(entry["step"], entry, TRL))
     done, planned = state.get("global_step"), state.get("max_steps")
     note = f"cut short at step {done} of {planned}" if done and planned and done < planned else ""
     return _merge(records), note
+
+
+def _check_int(path: Path, field: str, value, required: bool = False) -> None:
+    """A ValueError naming the file and the field unless ``value`` is an integer (or, when not ``required``, absent)."""
+    if (value is not None or required) and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{path}: {field}: expected an integer, got {value!r}")
 
 
 def _merge(records: list[dict]) -> list[dict]:
@@ -231,11 +244,11 @@ def read_log(path) -> Log:
         records, framework, note = read_tensorboard([path] if isinstance(path, (str, Path)) else path)
         return Log(records, framework, note, _validation(records))
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"{path}: no such log file")
     reader = READERS.get(path.name)
     if reader is None:
-        head = path.read_text(errors="replace")[:2000].lstrip()
+        head = read_text(path, errors="replace")[:2000].lstrip()
         if head.startswith('{"step"'):
             reader = read_verl_jsonl
         elif head.startswith("{") and '"log_history"' in head:
@@ -265,9 +278,10 @@ def _log_of(folder: Path):
     """The log a run folder holds: verl's JSONL before its console, TRL's final state before its last checkpoint,
     then the TensorBoard event folders under it."""
     for name in LOG_NAMES:
-        if (folder / name).is_file():
+        if (folder / name).exists():  # a FIFO or a folder under a log's name is refused by its reader
             return folder / name
-    ckpts = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    ckpts = sorted((p for p in folder.glob("checkpoint-*/trainer_state.json") if p.parent.name[11:].isdigit()),
+                   key=lambda p: int(p.parent.name[11:]))
     if ckpts:
         return ckpts[-1]
     return tuple(_tb_folders(folder)) or None
@@ -287,7 +301,7 @@ def _named_verl_logs(root: Path, folders: list[Path]) -> list[Path]:
     """verl file-logger files at verl's default place, <project>/<experiment>.jsonl, outside the run folders."""
     out = []
     for q in sorted(root.glob("**/*.jsonl")):
-        if q.name not in ("metrics.jsonl", "verl.jsonl") and q.parent not in folders:
+        if q.name not in ("metrics.jsonl", "verl.jsonl") and q.parent not in folders and q.is_file():  # no FIFO
             with q.open(errors="replace") as f:
                 if f.read(16).replace(" ", "").startswith('{"step":'):
                     out.append(q)
@@ -356,7 +370,7 @@ def load(paths, labels=(), algos=()) -> tuple[list[dict], list[str]]:
 
 def _run_of(folder: Path, log) -> dict:
     records, framework, note, validation = read_log(log)
-    meta = read_json(folder / "run.json") if (folder / "run.json").is_file() else {}
+    meta = _run_json(folder / "run.json") if (folder / "run.json").exists() else {}
     if meta.get("steps") and records and not note and records[-1]["step"] < meta["steps"]:
         note = f"cut short at step {records[-1]['step']} of {meta['steps']}"
     is_file = isinstance(log, Path) and log.is_file() and not log.name.startswith("events.out.tfevents")
@@ -364,7 +378,7 @@ def _run_of(folder: Path, log) -> dict:
     from spec.registry import ALGORITHMS
     algo = meta.get("algorithm") or (name if name in ALGORITHMS else None)
     shown = ", ".join(map(str, log)) if isinstance(log, tuple) else str(log)
-    return {"dir": str(folder), "label": name, "algo": algo, "params": meta.get("params", {}), "seed": 0,
+    return {"dir": str(folder), "label": name, "algo": algo, "params": meta.get("params") or {}, "seed": 0,
             "records": records, "framework": framework, "log": shown, "note": note, "validation": validation,
             "recipe": meta.get("recipe"), "run": meta.get("run")}
 
@@ -410,6 +424,22 @@ def name_runs(runs: list[dict], paths, labels=(), algos=()) -> None:
             r["algo"] = algo
 
 
+#: run.json (written by configs/recipes' launchers): each field's type and what it is
+RUN_JSON = {"recipe": (str, "a recipe name"), "run": (str, "a run name"), "framework": (str, "a framework name"),
+            "algorithm": (str, "an algorithm name"), "params": (dict, "an object of settings"),
+            "steps": (int, "an integer")}
+
+
+def _run_json(path: Path) -> dict:
+    """A run folder's run.json; a ValueError naming the file and the field when one has the wrong type."""
+    meta = read_json(path)
+    for field, (kind, what) in RUN_JSON.items():
+        value = meta.get(field)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise ValueError(f"{path}: {field}: expected {what}, got {value!r}")
+    return meta
+
+
 def _unique_labels(runs: list[dict]) -> None:
     seen: dict[str, int] = {}
     for r in runs:
@@ -452,7 +482,7 @@ def claim_rows(groups: Groups) -> list[str]:
         used = [lbl for lbl in groups.labels() if groups.runs[lbl][0]["algo"] in algos]
         lacking = sorted({k for lbl in used for k in keys if not np.isfinite(groups.curve(lbl, k)).any()})
         if used and lacking:
-            rows.append(f"| {text} | absent | **absent** | the logs of {', '.join(used)} have no "
+            rows.append(f"| {text} | absent | **absent** | the logs of {md(', '.join(used))} have no "
                         f"{'; no '.join(map(logged_as, lacking))} |")
             continue
         out = fn(groups)  # one (measured, verdict, why), or one row per regime
@@ -523,25 +553,23 @@ def write_report(paths, out_md=None, labels=(), algos=()) -> Path:
     """Write the comparison report of the runs in ``paths`` (logs, cluster run folders, cliplab run folders), named
     by ``labels`` (NAME=PATH) and ``algos`` (NAME=ALGO)."""
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    first = paths[0]
+    out_md = output_file(out_md or (first if first.is_dir() else first.parent) / "report.md", inputs=paths)
     runs, notes = load(paths, labels, algos)
     groups = Groups(runs)
-    first = paths[0]
-    out_md = Path(out_md) if out_md else (first if first.is_dir() else first.parent) / "report.md"
-    out_md.parent.mkdir(parents=True, exist_ok=True)
-    png = out_md.with_name(out_md.stem + "_curves.png")
+    png = out_md.with_name(safe_name(out_md.stem) + "_curves.png")
     panels = plot_runs(groups, png)
-    options = [f"--label {x}" for x in labels] + [f"--algo {x}" for x in algos]
-    lines = ["# cliplab cluster report", "",
-             f"Produced by `cliplab report {' '.join([*map(str, paths), *options])} --out {out_md}`.",
-             "", "## Runs", "",
-             "| label | framework | algorithm | params | steps | log | validation | note |",
+    options = [x for entry in labels for x in ("--label", entry)] + [x for entry in algos for x in ("--algo", entry)]
+    lines = ["# cliplab cluster report", "", "Produced by:", "", "```",
+             shell_line("cliplab", "report", *paths, *options, "--out", out_md), "```", "",
+             "## Runs", "", "| label | framework | algorithm | params | steps | log | validation | note |",
              "|---|---|---|---|---|---|---|---|"]
     for label in groups.labels():
         r = groups.runs[label][0]
-        lines.append(f"| {label} | {r['framework']} | {r['algo'] or 'unknown (--algo)'} | "
-                     f"{', '.join(f'{k}={v}' for k, v in r['params'].items()) or '-'} | {len(r['records'])} | "
-                     f"{r.get('log', r['dir'])} | {', '.join(r.get('validation') or []) or '-'} | "
-                     f"{r.get('note') or '-'} |")
+        cells = (label, r["framework"], r["algo"] or "unknown (--algo)",
+                 ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-", len(r["records"]),
+                 r.get("log", r["dir"]), ", ".join(r.get("validation") or []) or "-", r.get("note") or "-")
+        lines.append("| " + " | ".join(md(c) for c in cells) + " |")
     lines += ["", "## Comparison", "",
               "Measured from each framework's own metric names mapped onto cliplab's (verl: "
               + ", ".join(f"`{k}` -> {v}" for k, v in VERL.items()) + ", `val-core/<data>/acc/mean@N` -> accuracy, "
@@ -556,15 +584,15 @@ def write_report(paths, out_md=None, labels=(), algos=()) -> Path:
         r = groups.runs[label][0]
         cells = [_cell(_value(groups, label, k, p), k) for k, p in COLUMNS]
         pub = published(r.get("recipe"), r.get("run"))
-        lines.append(f"| {label} | " + " | ".join(cells) + " | "
-                     + ("; ".join(f"{k} {_cell(v, k)} ({src})" for k, (v, src) in pub.items()) or "-") + " |")
+        lines.append(f"| {md(label)} | " + " | ".join(cells) + " | "
+                     + md("; ".join(f"{k} {_cell(v, k)} ({src})" for k, (v, src) in pub.items()) or "-") + " |")
     lines += ["", "## Claims", "", "| claim | measured | verdict | why |", "|---|---|---|---|", *claim_rows(groups)]
     if notes:
-        lines += ["", "## Cut short", "", *[f"- {n}; reported up to its last complete step" for n in notes]]
+        lines += ["", "## Cut short", "", *[f"- {md(n)}; reported up to its last complete step" for n in notes]]
     if panels:
         lines += ["", "## Curves", "", "Training metrics as a 3-step moving average; validation points as markers.",
                   "", f"![curves]({png.name})", ""]
     else:
         lines += ["", "## Curves", "", f"No run logs any of {', '.join(PANELS)}: nothing to draw.", ""]
-    out_md.write_text("\n".join(lines) + "\n")
+    write_text(out_md, "\n".join(lines) + "\n")
     return out_md

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.metrics import summarise_run
-from spec.records import read_json, read_jsonl
+from spec.records import read_json, read_jsonl, read_text
 
 from harness.reports.rundirs import ALIASES, fmt, md
 from harness.reports.stats import Comparison, holm, paired_test, t_interval
@@ -33,6 +33,13 @@ TABLE = (("accuracy_first", "accuracy, first 30% of steps"), ("accuracy", "accur
          ("cov_logp_adv", "Cov(log pi, A)"), ("gap_mean_abs", "rollout/trainer |log-prob gap|"),
          ("step_time_s", "seconds per step"))
 PAIRED = ("accuracy", "entropy_final", "clip_frac", "rur", "len_wrong", "ratio_dev_median", "gen_per_trained")
+INT, NAME = ((int,), "an integer"), ((str,), "a name")
+#: The fields of a run's config.json that the evidence section reads: their types, and what they are.
+CONFIG_FIELDS = {"model.name": NAME, "model.train_top_layers": ((int, type(None)), "an integer or null"),
+                 "rollout.engine": NAME, "rollout.prompts_per_step": INT, "rollout.group_size": INT,
+                 "rollout.max_new_tokens": INT, "data.n": INT, "data.digits": INT,
+                 "train.lr": ((int, float), "a number"), "train.epochs": INT, "train.minibatch_size": INT,
+                 "run.seed": INT, "run.steps": INT}
 
 
 def _mean_over(records, key, part=slice(None)) -> float:
@@ -69,7 +76,17 @@ def load_run(folder: Path) -> dict:
                for rec in read_jsonl(folder / "metrics.jsonl")]
     if not records:
         raise ValueError(f"{folder / 'metrics.jsonl'}: no metrics")
-    return {"cfg": read_json(folder / "config.json"), "records": records}
+    return {"cfg": _checked(read_json(folder / "config.json"), folder / "config.json"), "records": records}
+
+
+def _checked(cfg: dict, path: Path) -> dict:
+    """``cfg`` when every field of CONFIG_FIELDS has its type; a ValueError naming the file and the field."""
+    for name, (kinds, what) in CONFIG_FIELDS.items():
+        section, key = name.split(".")
+        value = cfg[section].get(key) if isinstance(cfg.get(section), dict) else None
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise ValueError(f"{path}: {name}: expected {what}, got {value!r}")
+    return cfg
 
 
 class Evidence:
@@ -119,7 +136,8 @@ def algo_table(ev: Evidence) -> list[str]:
     """Per algorithm, mean ± 95% CI over seeds of each TABLE metric (one row per metric, one column per algorithm)."""
     algos = [a for a in ORDER if a in ev.s] + sorted(set(ev.s) - set(ORDER))
     seeds = {a: len(ev.s[a]) for a in algos}
-    lines = ["| metric | " + " | ".join(f"{a} ({seeds[a]})" for a in algos) + " |", "|---" * (len(algos) + 1) + "|"]
+    lines = ["| metric | " + " | ".join(f"{md(a)} ({seeds[a]})" for a in algos) + " |",
+             "|---" * (len(algos) + 1) + "|"]
     for key, what in TABLE:
         lines.append(f"| {md(what)} | " + " | ".join(ev.cell(a, key) for a in algos) + " |")
     return lines
@@ -135,9 +153,9 @@ def paired_lines(ev: Evidence, base: str = "grpo") -> list[str]:
              for a in [a for a in ORDER if a in ev.s and a != base] + sorted(set(ev.s) - set(ORDER)) for key in PAIRED]
     tests = [(a, key, c) for a, key, c in tests if c.kind != "too few"]
     adjusted = holm([c.p if c.kind in ("paired", "welch") else np.nan for _, _, c in tests])
-    sig = [f"- {a} - {base}, {key}: {fmt(c.diff)} ± {fmt(c.half)} (n = {c.n_a} seeds, Holm-adjusted p {p:.2g})"
+    sig = [f"- {md(a)} - {base}, {key}: {fmt(c.diff)} ± {fmt(c.half)} (n = {c.n_a} seeds, Holm-adjusted p {p:.2g})"
            for (a, key, c), p in zip(tests, adjusted) if p < 0.05]
-    structural = [f"{a} {key} ({fmt(c.diff)})" for a, key, c in tests if c.kind == "structural"]
+    structural = [f"{md(a)} {key} ({fmt(c.diff)})" for a, key, c in tests if c.kind == "structural"]
     tested = sum(np.isfinite(adjusted))
     return (sig or ["- none"]) + [
         "", f"Holm's correction runs over the {tested} paired t tests of this section; "
@@ -169,7 +187,7 @@ def _sim_rows(report_md: Path) -> dict:
     rows, env = {}, None
     if not report_md.exists():
         return rows
-    for line in report_md.read_text().splitlines():
+    for line in read_text(report_md).splitlines():
         head = re.match(r"^### (\w+)", line)
         if head:
             env = head.group(1)
@@ -393,7 +411,7 @@ def section(evidence_dir, sim_dir) -> list[str]:
     follows the setting (what the numbers cannot show, the budget)."""
     ev = Evidence(evidence_dir)
     notes_path = Path(evidence_dir) / "NOTES.md"
-    notes = [notes_path.read_text().strip(), ""] if notes_path.exists() else []
+    notes = [read_text(notes_path).strip(), ""] if notes_path.exists() else []
     c = ev.cfg()
     n_runs = sum(len(by) for by in ev.runs.values())
     steps = {len(r["records"]) for by in ev.runs.values() for r in by.values()}
@@ -401,8 +419,8 @@ def section(evidence_dir, sim_dir) -> list[str]:
     return [
         f"{n_runs} runs: {len(ev.runs)} settings (the algorithms, and variants named after them) x seeds "
         f"{sorted({s for by in ev.runs.values() for s in by})}, "
-        f"{'/'.join(map(str, sorted(steps)))} steps each. Setting: {m['name']} (top {m['train_top_layers']} blocks "
-        f"trained), engine {r['engine']}, {r['prompts_per_step']} prompts x G = {r['group_size']}, "
+        f"{'/'.join(map(str, sorted(steps)))} steps each. Setting: {md(m['name'])} (top {m['train_top_layers']} blocks "
+        f"trained), engine {md(r['engine'])}, {r['prompts_per_step']} prompts x G = {r['group_size']}, "
         f"{r['max_new_tokens']}-token budget, a pool of {d['n']} problems ({d['digits']}-digit addition; a seed "
         f"draws its own pool and samples), lr {t['lr']}, {t['epochs']} epoch(s) in minibatches of "
         f"{t['minibatch_size']} sequences ({r['prompts_per_step'] * r['group_size'] // max(t['minibatch_size'], 1)}"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spec.records import read_json
+from spec.records import read_json, read_text, safe_name, write_text
 
 from harness.reports.sim import plot_curves
 from harness.reports.rundirs import Groups, check_dirs, fmt, load_runs, md, output_file
@@ -94,10 +94,10 @@ def run_lines(dirs, png: Path, notes: str = "", level: str = "##") -> list[str]:
 
 def write_report(dirs, out_md, title: str = "cliplab real-model report", notes: str = "") -> Path:
     """Write ``out_md`` and a PNG of the curves beside it for the runs under ``dirs``; returns the markdown path."""
-    check_dirs([dirs] if isinstance(dirs, (str, Path)) else dirs)
-    out_md = output_file(out_md)
-    lines = run_lines(dirs, out_md.with_name(out_md.stem + "_curves.png"), notes)
-    out_md.write_text("\n".join([f"# {title}", ""] + lines) + "\n")
+    dirs = check_dirs([dirs] if isinstance(dirs, (str, Path)) else dirs)
+    out_md = output_file(out_md, inputs=dirs)
+    lines = run_lines(dirs, out_md.with_name(safe_name(out_md.stem) + "_curves.png"), notes)
+    write_text(out_md, "\n".join([f"# {md(title)}", ""] + lines) + "\n")
     return out_md
 
 
@@ -113,13 +113,14 @@ def write_readme(readme="reports/real/README.md", evidence="reports/real/evidenc
     ``runs``/NOTES.md); the text after the KEEP marker of the existing README is kept."""
     from harness.reports.evidence import section
     readme = output_file(readme, "readme")
-    tail = readme.read_text().split(KEEP, 1)[1] if readme.exists() and KEEP in readme.read_text() else "\n"
+    old = read_text(readme) if readme.exists() else ""
+    tail = old.split(KEEP, 1)[1] if KEEP in old else "\n"
     ev_runs = [r for r in load_runs([evidence])]
     groups = Groups([{**r, "label": r["algo"]} for r in ev_runs])
     png = readme.with_name("evidence_curves.png")
     plot_curves(groups, groups.labels(), png, panels=EVIDENCE_PANELS, smooth=1)
     notes_path = Path(runs) / "NOTES.md"
-    notes = notes_path.read_text().strip() if notes_path.exists() else ""
+    notes = read_text(notes_path).strip() if notes_path.exists() else ""
     lines = ["# Real-model evidence: SmolLM2-135M-Instruct on synthetic addition", "",
              "Regenerate this file from the committed run folders (reports/real/evidence, reports/real/runs) and the "
              "simulator's summaries (reports/sim): `python -m harness.reports.real`. The evidence runs themselves: "
@@ -127,8 +128,8 @@ def write_readme(readme="reports/real/README.md", evidence="reports/real/evidenc
              "## Evidence runs: several updates per rollout batch, every algorithm over seeds", "",
              *section(evidence, sim), "", f"Curves (mean over seeds, min-max band): ![evidence]({png.name})", "",
              "## Earlier runs: one update per batch, one seed (reports/real/runs)", "",
-             *run_lines([runs], readme.with_name(readme.stem + "_curves.png"), notes, level="###"), KEEP]
-    readme.write_text("\n".join(lines) + tail)
+             *run_lines([runs], readme.with_name(safe_name(readme.stem) + "_curves.png"), notes, level="###"), KEEP]
+    write_text(readme, "\n".join(lines) + tail)
     return readme
 
 

@@ -1,9 +1,14 @@
 """Run folders as the report reads them: the simulator's sweeps and the real-model harness's runs, grouped by label.
 
 Reads ``DIR/runs/<run>/``, ``DIR/<run>/`` or a run folder itself, each with ``config.json`` and ``metrics.jsonl``.
+Also what every report writer shares: the output file's checks and the escaping of user-controlled text (folder
+names, labels, settings) for markdown tables, headings and code fences.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import shlex
 import warnings
 from pathlib import Path
 
@@ -25,12 +30,34 @@ def _run_folders(root: Path) -> list[Path]:
     return found
 
 
-def _identity(cfg: dict) -> tuple[str, dict, object]:
-    """(algo, grid params, seed) of a simulator config or a real-model config (algo = {name, hp})."""
-    algo = cfg.get("algo")
+def _identity(cfg: dict, path: Path) -> tuple[str, dict, object]:
+    """(algo, grid params, seed) of a simulator config or a real-model config (algo = {name, hp}); a ValueError
+    naming the file and the field when one has the wrong type."""
+    algo, params = cfg.get("algo"), cfg.get("params")
     if isinstance(algo, dict):
-        return algo.get("name"), dict(algo.get("hp") or {}), cfg.get("seed")
-    return algo, dict(cfg.get("params") or {}), cfg.get("seed")
+        algo, params = algo.get("name"), algo.get("hp")
+        field = "algo.name"
+    else:
+        field = "algo"
+    expected = {field: (algo, (str,), "an algorithm name"), "params": (params, (dict,), "an object of settings"),
+                "seed": (cfg.get("seed"), (int,), "an integer"), "label": (cfg.get("label"), (str,), "a string"),
+                "env": (cfg.get("env"), (str,), "an environment name"),
+                "settings": (cfg.get("settings"), (dict,), "an object of settings")}
+    for name, (value, types, what) in expected.items():
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise ValueError(f"{path}: {name}: expected {what}, got {value!r}")
+    return algo, dict(params or {}), cfg.get("seed")
+
+
+def _numbers(records: list[dict], path: Path) -> list[dict]:
+    """``records`` whose values are all numbers or null; a ValueError naming the file, the record and the field
+    otherwise (a report would read a string as no value, or fail)."""
+    for i, rec in enumerate(records):
+        for key, value in rec.items():
+            if value is not None and not isinstance(value, (int, float)):
+                raise ValueError(f"{path}: record {i + 1} (step {rec.get('step', '?')}), {key}: expected a number "
+                                 f"or null, got {value!r}")
+    return records
 
 
 def check_dirs(dirs) -> list[Path]:
@@ -42,35 +69,48 @@ def check_dirs(dirs) -> list[Path]:
     return dirs
 
 
-def output_file(path, name: str = "out") -> Path:
-    """A markdown file to write (its folder created): a ValueError naming ``name`` when it is a folder or its
-    folder cannot be made or written."""
+def output_file(path, name: str = "out", inputs=()) -> Path:
+    """A markdown file to write (its folder created): a ValueError naming ``name`` when it is a folder, does not end
+    in .md (so that no run file, log or plot is overwritten), is one of the ``inputs`` given to read, or its folder
+    cannot be made or written."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{name}: {path} is a folder; expected a markdown file path")
+    if path.suffix.lower() not in (".md", ".markdown"):
+        raise ValueError(f"{name}: {path} is not a .md file; expected a markdown file path (a report never replaces "
+                         f"another file)")
+    if any(path.resolve() == Path(p).resolve() for p in inputs):
+        raise ValueError(f"{name}: {path} is one of the files to report on; expected a new markdown file path")
     writable_folder(path.parent, name)
     return path
 
 
 def load_runs(dirs) -> list[dict]:
     """Every run with config.json and metrics.jsonl found under ``dirs``. A run with no metrics yet is left out
-    with a warning; so is a half-written last metrics line (see ``spec.records.read_jsonl``)."""
-    runs = []
+    with a warning; so is a half-written last metrics line (see ``spec.records.read_jsonl``), and a run folder
+    that holds the same run as one read before (a copy or a symbolic link: the same config and metrics)."""
+    runs, seen = [], {}
     for root in check_dirs(dirs):
         for folder in _run_folders(root):
             cfg_path = folder / "config.json"
             if not cfg_path.exists():
                 continue
             cfg = read_json(cfg_path)
-            algo, params, seed = _identity(cfg)
+            algo, params, seed = _identity(cfg, cfg_path)
             if algo is None:
                 continue
-            records = [{**{ALIASES[k]: v for k, v in rec.items() if k in ALIASES}, **rec}
-                       for rec in read_jsonl(folder / "metrics.jsonl")]
-            if not records:
+            raw = _numbers(read_jsonl(folder / "metrics.jsonl"), folder / "metrics.jsonl")
+            if not raw:
                 warnings.warn(f"{folder / 'metrics.jsonl'}: no metrics; this run is left out of the report",
                               stacklevel=2)
                 continue
+            identity = hashlib.sha256(json.dumps([cfg, raw], sort_keys=True).encode()).hexdigest()
+            if identity in seen:
+                warnings.warn(f"{folder}: the same run as {seen[identity]} (same config.json and metrics.jsonl); "
+                              "counted once", stacklevel=2)
+                continue
+            seen[identity] = folder
+            records = [{**{ALIASES[k]: v for k, v in rec.items() if k in ALIASES}, **rec} for rec in raw]
             label = cfg.get("label") or (algo + ("[" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + "]"
                                                  if params else ""))
             runs.append({"dir": str(root), "label": label, "algo": algo, "params": params, "seed": seed,
@@ -149,6 +189,27 @@ def md(text) -> str:
     for ch in "\\`|*[]":
         out = out.replace(ch, "\\" + ch)
     return " ".join(out.splitlines())
+
+
+def shell_line(*words) -> str:
+    """A shell command of ``words`` on one line, each quoted as a POSIX shell reads it back (a word with a line
+    break or another unprintable character as bash's ``$'...'``), so that it stays one line inside a code fence."""
+    return " ".join(_shell_word(str(w)) for w in words)
+
+
+def _shell_word(word: str) -> str:
+    """shlex's quoting, or bash's ``$'...'`` for a word with an unprintable character."""
+    if word.isprintable():
+        return shlex.quote(word)
+    return "$'" + "".join(_shell_char(c) for c in word) + "'"
+
+
+def _shell_char(c: str) -> str:
+    if c in "\\'":
+        return "\\" + c
+    if c.isprintable():
+        return c
+    return f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
 
 
 def fmt(m, se=None, pct=False):

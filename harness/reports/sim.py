@@ -14,10 +14,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from harness.reports.claims import CLAIMS, bandit_entropy_check, claim_bandit  # noqa: E402
-from spec.records import read_json, safe_name  # noqa: E402
+from spec.records import read_json, safe_name, write_text  # noqa: E402
 
-from harness.reports.rundirs import Groups, check_dirs, fmt, load_runs, md, mean_se, output_file  # noqa: E402
+from harness.reports.claims import CLAIMS, bandit_entropy_check, claim_bandit  # noqa: E402
+from harness.reports.rundirs import (Groups, check_dirs, fmt, load_runs, md, mean_se, output_file,  # noqa: E402
+                                     shell_line)
 
 PANELS = ("accuracy_exact", "pass@64", "entropy", "entropy_decision", "entropy_correct", "clip_frac", "clip_up_frac",
           "rur", "kl_ref", "resp_len", "len_wrong_exact", "gen_per_trained")
@@ -118,10 +119,10 @@ def setup_lines(groups: Groups) -> list[str]:
     if not sims:
         return []
     lines = ["## Setup", ""]
-    for env in sorted({r["env"] for r in sims.values()}):
+    for env in sorted({r["env"] for r in sims.values()}, key=str):
         first = next(r for r in sims.values() if r["env"] == env)["settings"]
-        lines += [ENV_TEXT.get(env, env), "", ENV_SCOPE.get(env, ""), "",
-                  f"{env} settings unless a label says otherwise: " + ", ".join(md(f"{k}={first[k]}")
+        lines += [ENV_TEXT.get(env, md(env)), "", ENV_SCOPE.get(env, ""), "",
+                  f"{md(env)} settings unless a label says otherwise: " + ", ".join(md(f"{k}={first[k]}")
                                                                                 for k in SETUP_KEYS if k in first)
                   + ".", ""]
     lines += [
@@ -133,21 +134,28 @@ def setup_lines(groups: Groups) -> list[str]:
         if lbl in sims and sims[lbl]["algo"] not in seen:
             seen.add(sims[lbl]["algo"])
             st = sims[lbl]["settings"]
-            scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(st.get("reward"), ())) or "independent of the answer"
+            reward = st.get("reward")
+            scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(reward if isinstance(reward, str) else None, ())) \
+                or "independent of the answer"
             cells = (sims[lbl]["algo"], f"{st.get('reward')} ({scheme})", st.get("adv", "-") or "-",
                      st.get("dynamic_sampling"), st.get("overlong"))
             lines.append("| " + " | ".join(md(c) for c in cells) + " |")
     return lines + [""]
 
 
-def _command_of(d: Path) -> str | None:
+def commands_of(d: Path) -> list[str]:
+    """The ``cliplab sim`` commands that wrote into the sweep folder ``d`` (its sweep.json's history), oldest first,
+    one line each."""
+    from sim.sweep import commands
     sweep = d / "sweep.json"
     if not sweep.exists():
-        return None
+        return []
     s = read_json(sweep)
-    sets = "".join(f" --set {k}={','.join(str(v) for v in vals)}" for k, vals in s.get("grid", {}).items())
-    return (f"cliplab sim --env {s['env']} --algos {','.join(s['algos'])} --seeds {s['seeds']} "
-            f"--steps {s['steps']}{sets} --out {d}")
+    return [shell_line("cliplab", "sim", "--env", s.get("env"), "--algos", ",".join(c["algos"]), "--seeds",
+                       c.get("seeds"), "--steps", s.get("steps"),
+                       *(w for k, vals in c["grid"].items() for w in ("--set", f"{k}={','.join(map(str, vals))}")),
+                       "--out", d)
+            for c in commands(sweep)]
 
 
 def claim_lines(runs: list[dict]) -> list[str]:
@@ -161,7 +169,7 @@ def claim_lines(runs: list[dict]) -> list[str]:
         by_env.setdefault(r.get("env"), []).append(r)
     for env, env_runs in by_env.items():
         if len(by_env) > 1 or env:
-            lines += [f"### {env or 'real model runs'}", ""]
+            lines += [f"### {md(env) if env else 'real model runs'}", ""]
         lines += ["| claim | regime | measured | verdict | why |", "|---|---|---|---|---|"]
         groups = Groups(env_runs)
         for text, fn in CLAIMS:
@@ -180,16 +188,15 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
     runs = load_runs(dirs)
     if not runs:
         raise ValueError(f"dirs: no complete runs (config.json + metrics.jsonl) under {', '.join(map(str, dirs))}")
-    out_md = output_file(out_md if out_md is not None else dirs[0] / "report.md")
+    out_md = output_file(out_md if out_md is not None else dirs[0] / "report.md", inputs=dirs)
     if len({r["env"] for r in runs}) > 1:  # the same label in two environments: name the environment
         for r in runs:
             r["label"] = f"{r['env']}: {r['label']}"
     groups = Groups(runs)
     lines = ["# cliplab simulator report", ""]
-    cmds = [" ".join(c.splitlines()) for c in (_command_of(d) for d in dirs) if c]  # one line each in the fence
+    cmds = [c for d in dirs for c in commands_of(d)]
     if cmds:
-        lines += ["Produced by:", "", "```", *cmds, f"cliplab report {' '.join(map(str, dirs))} --out {out_md}", "```",
-                  ""]
+        lines += ["Produced by:", "", "```", *cmds, shell_line("cliplab", "report", *dirs, "--out", out_md), "```", ""]
     lines += setup_lines(groups)
     lines += claim_lines(runs)
     if bandit:
@@ -221,5 +228,5 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
         env = groups.runs[labels[0]][0].get("env")
         title = md(f"{env}: {d.name}" if env else d.name)
         lines += [f"### {title}", "", f"![{title}]({png.name})", ""]
-    out_md.write_text("\n".join(lines) + "\n")
+    write_text(out_md, "\n".join(lines) + "\n")
     return out_md

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.reports.rundirs import fmt
+from spec.records import read_text, write_text
+
+from harness.reports.rundirs import fmt, md, output_file
 
 KIND = "cliplab-throughput"  # the "kind" field gpu/bench_h200.py writes
 COLUMNS = (("algo", "algorithm"), ("steps", "timed steps"), ("step_s", "step s"),
@@ -15,8 +17,8 @@ COLUMNS = (("algo", "algorithm"), ("steps", "timed steps"), ("step_s", "step s")
 
 def _load(path: Path):
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        data = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not a readable JSON file ({e})") from None
     return data if isinstance(data, dict) and data.get("kind") == KIND else None
 
@@ -36,14 +38,14 @@ def _cell(key, v):
         return "n/a"
     if key == "mfu":
         return fmt(v, pct=True)
-    return str(v) if isinstance(v, (str, int)) else fmt(v)
+    return md(v) if isinstance(v, (str, int)) else fmt(v)
 
 
 def render(data: dict, source: str) -> list[str]:
     """Markdown lines for one result."""
     b = data["batch"]
-    lines = [f"## {data['model']} on {data['device']} ({source})", "",
-             f"{data['precision']}; gradient checkpointing {data['grad_checkpointing']}; {b['prompts']} prompts x "
+    lines = [f"## {md(data['model'])} on {md(data['device'])} ({md(source)})", "",
+             f"{md(data['precision'])}; gradient checkpointing {data['grad_checkpointing']}; {b['prompts']} prompts x "
              f"G={b['group']}, prompt {b['prompt_len']} + up to {b['gen_len']} generated tokens; "
              f"{data['params'] / 1e6:.1f}M parameters; {fmt(data['flops_per_step'] / 1e12)} model TFLOP per step; "
              f"MFU against {fmt(data['peak_tflops']) if data['peak_tflops'] else 'no'} peak TFLOP/s; "
@@ -58,7 +60,7 @@ def write_report(paths, out_md=None) -> Path:
     paths = [Path(p) for p in paths]
     if not paths:
         raise ValueError("dirs: no throughput JSON files")
-    out_md = Path(out_md) if out_md else paths[0].with_name("throughput.md")
+    out_md = output_file(out_md or paths[0].with_name("throughput.md"), inputs=paths)
     lines = ["# cliplab training-step throughput", "",
              "Model FLOPs (6 per weight per token, plus causal attention; recomputation not counted) per second of "
              "the timed steps; MFU = model FLOP/s over the device's peak.", ""]
@@ -66,7 +68,9 @@ def write_report(paths, out_md=None) -> Path:
         data = _load(p)
         if data is None:
             raise ValueError(f"{p}: expected a JSON object with kind {KIND!r}")
-        lines += render(data, p.name)
-    out_md.parent.mkdir(parents=True, exist_ok=True)
-    out_md.write_text("\n".join(lines))
+        try:
+            lines += render(data, p.name)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{p}: not a result of gpu/bench_h200.py (at {exc!r})") from None
+    write_text(out_md, "\n".join(lines))
     return out_md
