@@ -186,6 +186,19 @@ def save(run_dir: Path, step: int, modules: dict, optimisers: dict, state: dict,
     return final
 
 
+def tidy(run_dir: Path) -> None:
+    """Delete what a killed run can leave in its folder: temporary files and folders (``*.tmp``: incomplete or
+    superseded), and ``checkpoint.old`` once ``checkpoint`` is complete."""
+    run_dir = Path(run_dir)
+    for p in run_dir.glob("*.tmp"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    if find(run_dir) == run_dir / CKPT:
+        shutil.rmtree(run_dir / f"{CKPT}.old", ignore_errors=True)
+
+
 def find(run_dir: Path) -> Path | None:
     """The latest complete checkpoint folder (a crash between the two renames leaves it as '.old')."""
     for name in (CKPT, f"{CKPT}.old"):
@@ -343,13 +356,13 @@ def start_over(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     earlier = _earlier_run(run_dir)
     trash = run_dir / TRASH
-    shutil.rmtree(trash, ignore_errors=True)
-    trash.mkdir()
-    for name in (f"{CKPT}.old", CKPT, f"{CKPT}.tmp"):
-        if (run_dir / name).exists():
+    superseded = [name for name in (f"{CKPT}.old", CKPT) if (run_dir / name).exists()]
+    if superseded:
+        trash.mkdir()
+        for name in superseded:
             os.replace(run_dir / name, trash / name)
             _fsync(run_dir)
-    shutil.rmtree(trash)
+        shutil.rmtree(trash)
     if earlier:
         record(run_dir, earlier)
     with _writing(run_dir / "metrics.jsonl"):

@@ -99,6 +99,7 @@ class Trainer:
         longest = max(self.stream.problems, key=lambda p: len(p.question))  # a prompt too long fails now, not later
         prompt_ids(self.tok, longest, c.data.system, self.prompt_budget)
         # everything is loaded and checked: only now does the folder change
+        ckpt.tidy(self.out)
         if found:
             self._restore(found)
         else:
