@@ -138,6 +138,22 @@ def run_killed(raw: dict, event: int, torn: bool) -> bool:
     return True
 
 
+def durable_commits(events, folder: str) -> None:
+    """Each checkpoint is on disk before it is renamed into place (its four files and its folder fsynced), and
+    each rename is on disk (the run folder fsynced) before the next step."""
+    tmp, files = os.path.join(folder, "checkpoint.tmp"), ("policy.safetensors", "optim.pt", "state.json", "config.json")
+    commits = [i for i, (call, path, _) in enumerate(events) if call == "replace" and path == tmp]
+    assert len(commits) == 3
+    current, old = os.path.join(folder, "checkpoint"), os.path.join(folder, "checkpoint.old")
+    for n, i in enumerate(commits):
+        start = max(j for j, (call, path, _) in enumerate(events[:i]) if call == "mkdir" and path == tmp)
+        synced = [path for call, path, _ in events[start:i] if call == "fsync"]
+        assert synced[:5] == [os.path.join(tmp, f) for f in files] + [tmp], synced
+        if n:  # the previous checkpoint is set aside (on disk) first, and deleted only once the new one is
+            assert [e[:2] for e in events[i - 2:i]] == [("replace", current), ("fsync", folder)]
+        assert [e[:2] for e in events[i + 1:i + 3]] == [("fsync", folder), ("rmtree", old)]
+
+
 def test_a_kill_or_a_torn_write_at_each_file_system_event_resumes_to_the_same_bytes(tmp_path, tiny_path):
     """Every rename, fsync, mkdir and delete of a 3-step run (a checkpoint each step) is a kill point; at each
     fsync of a file, also a torn write (its last bytes lost). The rerun of the same config resumes, and the run
@@ -146,6 +162,7 @@ def test_a_kill_or_a_torn_write_at_each_file_system_event_resumes_to_the_same_by
     events = census(small(ref))
     expected = outcome(ref)
     assert 40 <= len(events) and sum(torn for *_, torn in events) >= 15, events
+    durable_commits(events, str(ref.resolve()))
     trials = [(k, False) for k in range(1, len(events) + 1)] + [(k, True) for k, e in enumerate(events, 1) if e[2]]
     failures = []
     for k, torn in trials:
@@ -195,7 +212,8 @@ def test_starting_over_supersedes_the_old_checkpoint_and_is_recorded(tmp_path, t
 def test_one_live_run_owns_its_folder(tmp_path, tiny_path):
     raw = small(tmp_path / "run", steps=1)
     first = Trainer(from_dict(raw))
-    message = rf"run.out_dir: {re.escape(str(tmp_path / 'run'))} is in use by another training run \(pid {os.getpid()}\)"
+    folder = re.escape(str(tmp_path / "run"))
+    message = rf"run.out_dir: {folder} is in use by another training run \(pid {os.getpid()}\)"
     with pytest.raises(ValueError, match=f"^{message}"):
         Trainer(from_dict(raw))
     config = tmp_path / "c.yaml"
@@ -206,6 +224,29 @@ def test_one_live_run_owns_its_folder(tmp_path, tiny_path):
     first.fit()
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
     Trainer(from_dict(raw)).fit()  # free once the first has ended; nothing left to train
+    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
+
+
+def test_a_run_in_another_process_owns_its_folder_until_it_is_killed(tmp_path, tiny_path):
+    raw = small(tmp_path / "run", steps=1)
+    ready, go = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child holds the folder, then waits to be killed
+        try:
+            owner = Trainer(from_dict(raw))
+            os.write(go, b"x")
+            signal.pause()
+            owner.close()
+        finally:
+            os._exit(1)
+    try:
+        assert os.read(ready, 1) == b"x"
+        with pytest.raises(ValueError, match=rf"^run.out_dir: .* is in use by another training run \(pid {pid}\)"):
+            Trainer(from_dict(raw))
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    Trainer(from_dict(raw)).fit()  # the kernel dropped the killed run's lock
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
 
 
@@ -244,6 +285,10 @@ def test_the_config_guard_reads_the_checkpoint_not_the_runs_config_json(tmp_path
         Trainer(from_dict(dapo))
     stored = run / "checkpoint" / "config.json"
     good = stored.read_text()
+    (run / "config.json").write_text('{"train": {"lr": "fast"')  # the run's own copy is not what is compared
+    tr = Trainer(from_dict(small(run, steps=1)))
+    tr.close()
+    assert json.loads((run / "config.json").read_text())["train"]["lr"] == 1e-3
     stored.write_text(good.replace('"lr": 0.001', '"lr": "fast"'))
     with pytest.raises(ValueError, match=r"^run.out_dir: .*\(train.lr: 'fast' -> 0.001\)"):
         Trainer(from_dict(small(run, steps=2)))
@@ -349,10 +394,38 @@ def test_an_over_long_prompt_is_refused_before_the_run_changes_anything(tmp_path
                    None, 3)
 
 
-SIGNATURES = "def one(text):\n    return 1.0\n\n\ndef keyword(text, *, gold):\n    return 1.0\n\n\n" \
-             "def three(text, gold, extra):\n    return 1.0\n\n\ndef extra(text, gold, scale=1.0):\n    return 1.0\n\n\n" \
-             "def star(*args):\n    return 1.0\n\n\ndef nan(text, gold):\n    return float('nan')\n\n\n" \
-             "def word(text, gold):\n    return 'good'\n\n\ndef boom(text, gold):\n    raise KeyError('gold')\n"
+SIGNATURES = """
+def one(text):
+    return 1.0
+
+
+def keyword(text, *, gold):
+    return 1.0
+
+
+def three(text, gold, extra):
+    return 1.0
+
+
+def extra(text, gold, scale=1.0):
+    return 1.0
+
+
+def star(*args):
+    return 1.0
+
+
+def nan(text, gold):
+    return float('nan')
+
+
+def word(text, gold):
+    return 'good'
+
+
+def boom(text, gold):
+    raise KeyError('gold')
+"""
 
 
 def test_reward_callables_of_the_wrong_signature_or_value_are_named(tmp_path):
