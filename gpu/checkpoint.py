@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import io
 import json
 import os
 import pickle
@@ -34,7 +33,6 @@ TRASH = "discarded.tmp"  # a superseded checkpoint, renamed here in one step, th
 #: Fields a resume may change freely: they do not change what is trained or how (out_dir: a moved or copied run).
 FREE_FIELDS = ("run.out_dir", "run.steps", "run.save_every", "run.progress", "run.resume", "run.threads",
                "model.cache_dir", "rollout.vllm_kv_cache_mb")
-COUNT = Rule(int, ge=0)
 
 
 # -- the lock and durable writes ------------------------------------------------------------------------------
@@ -114,11 +112,11 @@ def _writing(path: Path):
         raise ValueError(f"{exc.filename or path}: cannot write it ({exc.strerror or exc})") from None
 
 
-def append_metrics(run_dir: Path, record: dict) -> None:
+def append_metrics(run_dir: Path, metrics: dict) -> None:
     """Append one step's record to ``run_dir/metrics.jsonl``, on disk before the step's checkpoint is."""
     path = Path(run_dir) / "metrics.jsonl"
     with _writing(path), open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(metrics) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -215,7 +213,7 @@ def read_state(ckpt: Path) -> dict:
     for name, rule in (("step", Rule(int, ge=1)), ("stream", Rule(dict)), ("sas", Rule(dict)), ("rng", Rule(dict))):
         rule.check(f"{path}: {name}", state.get(name))
     for name in ("seed", "epoch", "pos"):
-        COUNT.check(f"{path}: stream.{name}", state["stream"].get(name))
+        Rule(int, ge=0).check(f"{path}: stream.{name}", state["stream"].get(name))
     return state
 
 
