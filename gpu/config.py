@@ -73,6 +73,8 @@ class DataCfg:
     path: Optional[str] = setting(None, Rule(str, optional=True))
     limit: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
     system: Optional[str] = setting(None, Rule(str, optional=True))
+    # the most tokens a prompt may have (None: the model's context less rollout.max_new_tokens)
+    max_prompt_tokens: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
 
 
 @dataclass

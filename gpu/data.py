@@ -132,6 +132,16 @@ def encode_prompt(tokenizer, question: str, system: str | None = None) -> list[i
     return tokenizer(question + "\n").input_ids
 
 
+def prompt_ids(tokenizer, problem: Problem, system: str | None, max_tokens: int) -> list[int]:
+    """The problem's prompt tokens (:func:`encode_prompt`), refused when there are more than ``max_tokens``
+    (before any sampling or forward pass allocates for them)."""
+    ids = encode_prompt(tokenizer, problem.question, system)
+    if len(ids) > max_tokens:
+        raise ValueError(f"data.max_prompt_tokens: problem {problem.id!r} is {len(ids)} tokens long as a prompt; "
+                         f"expected at most {max_tokens} (remove it from the data, or shorten data.system)")
+    return ids
+
+
 class PromptStream:
     """Shuffled epochs over the problems; ``state_dict`` holds the position so resume continues exactly."""
 
@@ -160,6 +170,10 @@ class PromptStream:
     def state_dict(self) -> dict:
         return {"seed": self.seed, "epoch": self.epoch, "pos": self.pos}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, where="state") -> None:
+        """Continue from ``state_dict()``; a position past the problems is refused, naming ``where``."""
+        if not 0 <= state["pos"] <= len(self.problems):
+            raise ValueError(f"{where}: stream.pos: expected 0 to {len(self.problems)} (the problems), got "
+                             f"{state['pos']}")
         self.seed, self.epoch, self.pos = state["seed"], state["epoch"], state["pos"]
         self._order = self._shuffle()

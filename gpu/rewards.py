@@ -4,8 +4,10 @@ executed."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
+import numbers
 import os
 import re
 import select
@@ -230,7 +232,8 @@ REWARDS: dict[str, Reward] = {"accuracy": accuracy_reward, "dapo": dapo_reward, 
 
 
 def get_reward(name: str) -> Reward:
-    """A built-in reward by name, or any callable given as 'package.module:function'."""
+    """A built-in reward by name, or any callable given as 'package.module:function' that can be called as
+    ``f(completion text, gold answer)``."""
     if name in REWARDS:
         return REWARDS[name]
     if ":" in name:
@@ -241,8 +244,28 @@ def get_reward(name: str) -> Reward:
             raise ValueError(f"reward: cannot import {name!r}: {e}") from None
         if not callable(func):
             raise ValueError(f"reward: {name!r} is not callable")
+        try:
+            signature = inspect.signature(func)
+        except (TypeError, ValueError):  # a builtin without one: checked by its first call
+            return func
+        try:
+            signature.bind("text", "gold")
+        except TypeError:
+            raise ValueError(f"reward: {name!r} takes {signature}; expected a function of two arguments "
+                             "(completion text, gold answer) returning a number") from None
         return func
     raise ValueError(f"reward: expected one of {', '.join(REWARDS)} or 'module:function', got {name!r}")
+
+
+def _user_reward(name: str, fn: Reward, text: str, gold: str) -> float:
+    """``fn(text, gold)`` as a finite float; a raise or another value is a ValueError naming ``algo.reward``."""
+    try:
+        value = fn(text, gold)
+    except Exception as exc:  # noqa: BLE001 (user code: whatever it raises is reported in one line)
+        raise ValueError(f"algo.reward: {name!r} raised {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"algo.reward: {name!r} returned {value!r} for a completion; expected a finite number")
+    return float(value)
 
 
 def score(texts, golds, reward: str = "accuracy", verifier: Verifier = VERIFIER):
@@ -254,7 +277,7 @@ def score(texts, golds, reward: str = "accuracy", verifier: Verifier = VERIFIER)
         rewards = [_outcome_reward(reward, p, c) for p, c in zip(preds, ok)]
     else:
         fn = get_reward(reward)
-        rewards = [float(fn(t, g)) for t, g in zip(texts, golds)]
+        rewards = [_user_reward(reward, fn, t, g) for t, g in zip(texts, golds)]
     return torch.tensor(rewards, dtype=torch.float32), torch.tensor(ok, dtype=torch.float32)
 
 

@@ -131,7 +131,7 @@ class VLLMEngine:
                        distributed_executor_backend="uni", enforce_eager=True, max_model_len=max_model_len,
                        logprobs_mode="processed_logprobs", enable_prefix_caching=False)
         torch.set_num_threads(threads)  # vLLM lowers the process's torch threads for serving; training needs them
-        self.path = str(path)
+        self.path, self.max_model_len = str(path), max_model_len  # the trainer bounds prompts by max_model_len
 
     def generate(self, prompts, n, max_new_tokens, temperature=1.0, seed=None) -> Rollouts:
         """Sample ``n`` completions per prompt with the log-prob vLLM sampled each token with."""

@@ -3,10 +3,11 @@ checkpoints and exact resume."""
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import random
 import resource
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,10 @@ from .aggregation import agg_units
 from .batch import build_batch, completion_values, last_token_rewards, token_logprobs
 from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS
-from spec.records import writable_folder, write_text
+from spec.records import writable_folder
 
 from .config import Config
-from .data import PromptStream, encode_prompt, load_problems
+from .data import PromptStream, load_problems, prompt_ids
 from .loggers import StepLoggers
 from .models import ValueModel, load_policy, load_reference, load_tokenizer, resolve_model
 from .rewards import VERIFIER, overlong_filter_mask, score
@@ -42,11 +43,22 @@ def _mean(xs):
 
 class Trainer:
     """One training run; ``engine`` may be passed in to share a running vLLM engine between runs (tests).
-    Resuming under a changed config is refused unless ``allow_config_change`` (then it is recorded)."""
+    The run owns ``run.out_dir`` (a lock) until :meth:`fit` ends or :meth:`close`. Resuming under a changed config
+    is refused unless ``allow_config_change`` (then it is recorded); starting over (``run.resume: false``, or no
+    checkpoint) supersedes an earlier run's checkpoint before anything else is written, and records that run."""
 
     def __init__(self, cfg: Config, engine=None, allow_config_change: bool = False):
-        self.cfg, c = cfg, cfg
-        self.out = writable_folder(c.run.out_dir, "run.out_dir")
+        self.cfg = cfg
+        self.out = writable_folder(cfg.run.out_dir, "run.out_dir")
+        self._unlock = weakref.finalize(self, os.close, ckpt.own(self.out))
+        try:
+            self._start(engine, allow_config_change)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _start(self, engine, allow_config_change: bool) -> None:
+        c = self.cfg
         found = ckpt.find(self.out) if c.run.resume else None
         change = ckpt.resume_config_change(found, c.to_dict(), allow_config_change) if found else None
         if c.run.threads:
@@ -75,25 +87,32 @@ class Trainer:
         self.sas = gpu.SmoothAdvantage()
         self.verifier = VERIFIER  # one long-lived answer checker per process
         self.step = 0
-        if found:
-            self._restore(found)
-        else:
-            (self.out / "metrics.jsonl").write_text("")
-        resolved = {"reward": c.reward, "advantage": c.advantage,
-                    "loss": (resolve_hparams(c.algo.name, self.hp) if c.algo.name != "dpo"
-                             else {"beta": c.algo.dpo_beta})}
-        if change:
-            ckpt.record_config_change(self.out, change)
-        write_text(self.out / "config.json", json.dumps({**c.to_dict(), "resolved": resolved}, indent=2))
         self.autocast = (torch.autocast(self.dev.type, dtype=getattr(torch, c.model.dtype))
                          if c.model.dtype != "float32" else contextlib.nullcontext())
-        if engine is None:
+        shared = engine is not None
+        if not shared:
             engine = make_engine(c.rollout.engine, self.model, self.tok, self.path,
                                  **({"kv_cache_bytes": c.rollout.vllm_kv_cache_mb << 20, "seed": c.run.seed,
                                      "dtype": "float32"} if c.rollout.engine == "vllm" else {}))
-        else:
-            engine.update(self.model)
         self.engine = engine
+        self.prompt_budget = prompt_budget(c, getattr(engine, "max_model_len", None)
+                                           or getattr(self.model.config, "max_position_embeddings", None))
+        longest = max(self.stream.problems, key=lambda p: len(p.question))  # a prompt too long fails now, not later
+        prompt_ids(self.tok, longest, c.data.system, self.prompt_budget)
+        # everything is loaded and checked: only now does the folder change
+        ckpt.tidy(self.out)
+        if found:
+            self._restore(found)
+        else:
+            ckpt.start_over(self.out)
+        if shared or found:
+            engine.update(self.model)
+        if change:
+            ckpt.record(self.out, change)
+        resolved = {"reward": c.reward, "advantage": c.advantage,
+                    "loss": (resolve_hparams(c.algo.name, self.hp) if c.algo.name != "dpo"
+                             else {"beta": c.algo.dpo_beta})}
+        ckpt.write_config(self.out, {**c.to_dict(), "resolved": resolved})
         self.loggers = StepLoggers(c, self.out, self.step)
 
     # -- checkpoints ------------------------------------------------------------------------------------------
@@ -106,14 +125,23 @@ class Trainer:
     def save(self):
         """Checkpoint everything resume needs."""
         ckpt.save(self.out, self.step, self._modules(), self._optims(),
-                  {"stream": self.stream.state_dict(), "sas": self.sas.state_dict()})
+                  {"stream": self.stream.state_dict(), "sas": self.sas.state_dict()}, self.cfg.to_dict())
 
     def _restore(self, found):
         state = ckpt.load(found, self._modules(), self._optims())
         self.step = state["step"]
-        self.stream.load_state_dict(state["stream"])
-        self.sas.load_state_dict(state["sas"])
+        self.stream.load_state_dict(state["stream"], found / "state.json")
+        try:
+            self.sas.load_state_dict(state["sas"])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise ValueError(f"{found / 'state.json'}: sas: expected {{'history': {{prompt id: [visits, mean, "
+                             f"variance]}}}} ({type(exc).__name__}: {exc})") from None
         ckpt.trim_metrics(self.out / "metrics.jsonl", self.step)
+
+    def close(self) -> None:
+        """Release the run folder (and close the TensorBoard and W&B loggers)."""
+        self.loggers.close()
+        self._unlock()
 
     # -- rollout and reward -----------------------------------------------------------------------------------
     def _score(self, ro: Rollouts, probs):
@@ -137,7 +165,7 @@ class Trainer:
         for rnd in range(rounds):
             need = P - len(probs_kept)
             probs = self.stream.next(need if c.algo.dynamic_sampling else P)
-            prompts = [encode_prompt(self.tok, p.question, c.data.system) for p in probs]
+            prompts = [prompt_ids(self.tok, p, c.data.system, self.prompt_budget) for p in probs]
             ro = self.engine.generate(prompts, G, c.rollout.max_new_tokens, c.rollout.temperature,
                                       seed=c.run.seed * 1_000_003 + self.step * 101 + rnd)
             r, ok = self._score(ro, probs)
@@ -233,8 +261,7 @@ class Trainer:
                   "gen_tokens_per_s": gen_tokens / max(t_roll, 1e-9),
                   "tokens_per_s": m.get("tokens", 0) / max(dt, 1e-9),
                   "peak_mem_mb": _peak_mem_mb(self.dev)})
-        with (self.out / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(m) + "\n")
+        ckpt.append_metrics(self.out, m)
         self.loggers.log(m)
         if self.step % c.run.save_every == 0 or self.step == c.run.steps:
             self.save()
@@ -373,12 +400,14 @@ class Trainer:
         """Train until ``run.steps``; returns the run folder."""
         from tqdm import tqdm
         bar = tqdm(total=self.cfg.run.steps, initial=self.step, disable=not self.cfg.run.progress, desc="train")
-        while self.step < self.cfg.run.steps:
-            m = self.train_step()
-            bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.2f}", s=f"{m['step_time_s']:.1f}")
-        bar.close()
-        self.loggers.close()
+        try:
+            while self.step < self.cfg.run.steps:
+                m = self.train_step()
+                bar.update(1)
+                bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.2f}", s=f"{m['step_time_s']:.1f}")
+        finally:
+            bar.close()
+            self.close()
         return self.out
 
 
@@ -388,6 +417,25 @@ def gpu_beta(cfg: Config) -> float:
         return 0.0
     from spec.registry import ALGORITHMS
     return float(cfg.loss_hparams().get("beta", ALGORITHMS[cfg.algo.name].defaults["beta"]))
+
+
+def prompt_budget(cfg: Config, context: int | None) -> int:
+    """The most tokens a prompt may have: ``data.max_prompt_tokens``, at most the engine's context (the model's
+    positions, or vLLM's max_model_len) less ``rollout.max_new_tokens``, which is the default."""
+    limit = cfg.data.max_prompt_tokens
+    if context is None:
+        if limit is None:
+            raise ValueError("data.max_prompt_tokens: the model does not state its context length "
+                             "(max_position_embeddings); set a limit")
+        return limit
+    room = context - cfg.rollout.max_new_tokens
+    if room < 1:
+        raise ValueError(f"rollout.max_new_tokens: expected less than the context of {context} tokens, got "
+                         f"{cfg.rollout.max_new_tokens}")
+    if limit is not None and limit > room:
+        raise ValueError(f"data.max_prompt_tokens: expected at most {room} (a context of {context} tokens less "
+                         f"rollout.max_new_tokens), got {limit}")
+    return room if limit is None else limit
 
 
 def _scatter(outs, like):

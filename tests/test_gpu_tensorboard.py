@@ -43,6 +43,7 @@ def test_a_resumed_run_replaces_the_steps_a_killed_attempt_logged_after_its_chec
     for _ in range(3):  # checkpoint at step 2, then step 3 logged, then killed
         killed.train_step()
     killed.loggers.tb.flush()
+    killed._unlock()  # the kernel drops a killed process's lock on its run folder
     out = Trainer(from_dict(raw)).fit()  # resumes at step 2: steps 3 and 4 again
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     acc = EventAccumulator(str(out / "tb"))
