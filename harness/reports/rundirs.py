@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from spec.records import read_json, read_jsonl, writable_folder
 
@@ -119,8 +120,9 @@ def load_runs(dirs) -> list[dict]:
 
 
 class Groups:
-    """Runs grouped by label, with per-seed arrays [seeds, steps] of each metric (NaN where missing); the seeds of
-    a label are compared over the steps they all have (with a warning when their lengths differ)."""
+    """Runs grouped by label, each label's metrics a table (pandas) with a row per (seed, step) over the steps its
+    seeds all have (with a warning when their lengths differ); ``curve`` gives one metric as [seeds, steps] (NaN where
+    missing)."""
 
     def __init__(self, runs: list[dict]):
         self.runs: dict[str, list[dict]] = {}
@@ -131,6 +133,7 @@ class Groups:
             if lengths[0] != lengths[-1]:
                 warnings.warn(f"{label}: its seeds have {lengths[0]} to {lengths[-1]} steps; they are compared over "
                               f"the first {lengths[0]}", stacklevel=2)
+        self._tables: dict[str, pd.DataFrame] = {}
 
     def labels(self):
         """Labels in registry order of their algorithm, then by name."""
@@ -138,10 +141,20 @@ class Groups:
         order = {a: i for i, a in enumerate(ALGORITHMS)}
         return sorted(self.runs, key=lambda lbl: (order.get(self.runs[lbl][0]["algo"], len(order)), lbl))
 
+    def table(self, label: str) -> pd.DataFrame:
+        """The metrics of ``label``'s runs, indexed by (seed: the run's place in the label, step: 0, 1, ...)."""
+        if label not in self._tables:
+            rs = self.runs[label]
+            steps = min(len(r["records"]) for r in rs)
+            self._tables[label] = pd.concat([pd.DataFrame.from_records(r["records"][:steps]) for r in rs],
+                                            keys=range(len(rs)), names=["seed", "step"])
+        return self._tables[label]
+
     def curve(self, label: str, key: str) -> np.ndarray:
-        rows = [[np.nan if rec.get(key) is None else rec[key] for rec in r["records"]] for r in self.runs[label]]
-        steps = min(len(x) for x in rows)
-        return np.array([x[:steps] for x in rows], dtype=float)
+        t = self.table(label)
+        if key not in t:
+            return np.full((len(self.runs[label]), len(t) // len(self.runs[label])), np.nan)
+        return t[key].astype(float).unstack("step").to_numpy()
 
     def per_seed(self, label: str, key: str, part: str = "all") -> np.ndarray:
         """Per-seed mean of ``key`` over all steps, the first or the last 10% of steps, or its last value."""
