@@ -8,8 +8,6 @@ and only then is the previous one deleted. After a kill or a power loss the fold
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import pickle
@@ -23,7 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
-from spec.records import read_json, read_jsonl, write_text
+from spec.records import open_lock, read_json, read_jsonl, take_lock, write_text
 from spec.schema import Rule
 
 CKPT = "checkpoint"
@@ -41,21 +39,12 @@ def own(run_dir: Path) -> int:
     symbolic link), which holds the owner's pid; returns its descriptor (closing it releases the folder). The
     kernel drops the lock when its process ends, so a killed run leaves no stale lock. A folder another run holds
     is refused, naming it."""
-    path = Path(run_dir) / LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        why = "it is a symbolic link; expected a plain file" if exc.errno == errno.ELOOP else exc.strerror
-        raise ValueError(f"run.out_dir: cannot open the lock file {path} ({why})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    fd = open_lock(Path(run_dir) / LOCK, "run.out_dir", "the run's lock")
+    owner = take_lock(fd)
+    if owner is not None:
         os.close(fd)
         raise ValueError(f"run.out_dir: {run_dir} is in use by another training run (pid {owner or '?'}); wait for "
-                         "it to finish, or use another run.out_dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                         "it to finish, or use another run.out_dir")
     return fd
 
 

@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
-import fcntl
 import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import shutil
 import signal
-import stat
 import sys
 import time
 from pathlib import Path
@@ -39,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from spec.records import read_json, safe_name, writable_folder, write_json
+from spec.records import open_lock, read_json, safe_name, take_lock, writable_folder, write_json
 
 from .config import check_env, grid_points, resolve
 from .loop import run_stack
@@ -58,41 +55,19 @@ def owned(out, wait: float = 10.0):
     owner is refused at once, naming its pid; the leftovers of a dead one (dying with it) are waited for up to
     ``wait`` seconds."""
     out = writable_folder(out, "out")
-    fd = _open_lock(out / LOCK)
+    fd = open_lock(out / LOCK, "out", "the sweep's lock")
     try:
         deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
-                live = owner.isdigit() and _alive(int(owner))
-                if live or time.monotonic() > deadline:
-                    raise ValueError(f"out: {out} is in use by the sweep with pid {owner or '?'}"
-                                     + ("" if live else " (ended; its worker processes are still running)")
-                                     + "; wait for it to finish, or use another --out") from None
-                time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        while (owner := take_lock(fd)) is not None:
+            live = owner.isdigit() and _alive(int(owner))
+            if live or time.monotonic() > deadline:
+                raise ValueError(f"out: {out} is in use by the sweep with pid {owner or '?'}"
+                                 + ("" if live else " (ended; its worker processes are still running)")
+                                 + "; wait for it to finish, or use another --out")
+            time.sleep(0.05)
         yield out
     finally:
         os.close(fd)
-
-
-def _open_lock(path: Path) -> int:
-    """The lock file opened for reading and writing (created if missing); a ValueError naming it when it is a
-    symbolic link, a hard link to another name, or not a regular file (a FIFO, a folder): the lock truncates it."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as exc:
-        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
-        raise ValueError(f"out: cannot use {path} as the sweep's lock ({why}); remove it") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        raise ValueError(f"out: cannot use {path} as the sweep's lock (it is not a regular file of its own); remove it")
-    return fd
 
 
 def _alive(pid: int) -> bool:

@@ -3,6 +3,8 @@ atomic writes, and reads whose failures are a ``ValueError`` naming the file. A 
 half-written last line in a JSONL file; readers drop it with a warning instead of failing."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import stat
@@ -102,3 +104,33 @@ def writable_folder(path, name: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"{name}: the folder {path} is not writable")
     return path
+
+
+def open_lock(path, arg: str, what: str) -> int:
+    """``path`` opened as a lock file (created if missing, never through a symbolic link): its descriptor. Taking the
+    lock rewrites the file, so a link, a hard link to another name or anything but a regular file (a FIFO, a folder)
+    is a ValueError naming ``arg`` and ``what`` the lock is."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise ValueError(f"{arg}: cannot use {path} as {what} ({why}); remove it") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise ValueError(f"{arg}: cannot use {path} as {what} (it is not a regular file of its own); remove it")
+    return fd
+
+
+def take_lock(fd: int) -> str | None:
+    """An exclusive ``flock`` on the lock file ``fd`` without waiting: None once taken (this process's pid is then
+    the file's text), else the pid text of the process that holds it. The kernel drops the lock when the last
+    process holding the descriptor ends, so a killed owner leaves no stale lock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return None
