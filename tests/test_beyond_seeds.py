@@ -228,7 +228,9 @@ EXTRA = {"clip_cov": {"clip_cov_ratio": 0.3, "clip_cov_lb": -3.0, "clip_cov_ub":
 
 
 def _agree(name, b, **hp):
-    kw = dict(group_size=2, ref_logp=b["ref_logp"], rollout_logp=b["rollout_logp"], **hp)
+    kw = dict(group_size=2, ref_logp=b["ref_logp"], **hp)
+    if hp.get("rollout_correction"):
+        kw["rollout_logp"] = b["rollout_logp"]
     args = [b[k] for k in ("logp", "old_logp", "adv", "mask")]
     e_loss, e_grad, _ = run("spec", name, *args, **kw)
     s_loss, s_grad, s_stats = run("sim", name, *args, **kw)
