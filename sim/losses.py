@@ -173,6 +173,7 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     check_token_shapes(shapes, group_size, hp["agg"])
     if cov_select is not None:
         check_cov_select(name, alg, bool((cov_select > mask).any()))
+    adv = np.where(mask > 0, adv, 0.0)  # a huge advantage on padding would overflow against a sequence's ratio
     loss, grad, stats = policy_terms(alg, hp, logp, old_logp, adv, mask, group_size, ref_logp, rollout_logp,
                                      cov_select)
     return float(loss[0]), grad, {k: (int if k == "tokens" else float)(v[0]) for k, v in stats.items()}
