@@ -139,6 +139,8 @@ def _logprob_times(n, hidden, vocab, rounds, threads) -> dict:
     import torch
     if threads:
         torch.set_num_threads(threads)
+    for kind in ("plain", "chunked"):
+        _logprob_step(kind, *logprob_inputs(8, 8, 64))  # page in the code of both passes first
     x, w, y = logprob_inputs(n, hidden, vocab)
     out = {k: {"wall": [], "cpu": []} for k in ("plain", "chunked")}
     for i in range(rounds):
