@@ -14,16 +14,40 @@ from .aggregation import agg_weights
 from .checks import as_mask, as_tensor
 
 
-def _kl_value(logp, ref_logp, kind, log_ratio=None):
+class _UnbiasedK3(torch.autograd.Function):
+    """k3_unbiased = r * k3 with r = exp(logp - old_logp), k3 = e^d - d - 1, d = ref_logp - logp (DeepSeek-V3.2
+    2512.02556), with its derivatives in closed form: d/dlogp = -r * d (autograd's r * k3 + r * (1 - e^d) subtracts
+    two terms of size r * e^d and loses the difference), d/dref = r * (e^d - 1), d/dold = -r * k3."""
+
+    @staticmethod
+    def forward(ctx, logp, ref_logp, old_logp):
+        d = ref_logp - logp
+        r = torch.exp(logp - old_logp)
+        em1 = torch.expm1(d)
+        value = r * (em1 - d)
+        ctx.save_for_backward(d, r, em1, value)
+        return value
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        d, r, em1, value = ctx.saved_tensors
+        need_logp, need_ref, need_old = ctx.needs_input_grad
+        return (-r * d * grad if need_logp else None, r * em1 * grad if need_ref else None,
+                -value * grad if need_old else None)
+
+
+def _kl_value(logp, ref_logp, kind, old_logp=None):
     """k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1 with d = ref - logp (Schulman's estimators); k3_unbiased = r * k3
-    (DeepSeek-V3.2), differentiable through r as well."""
+    (DeepSeek-V3.2), differentiable through r as well, by ``_UnbiasedK3``."""
+    if kind == "k3_unbiased":
+        return _UnbiasedK3.apply(logp, ref_logp, old_logp)
     d = ref_logp - logp
     if kind == "k1":
         return -d
     if kind == "k2":
         return 0.5 * d * d
-    k3 = torch.expm1(d) - d  # (e^d - 1) - d without losing e^d - 1 to rounding near d = 0
-    return torch.exp(log_ratio) * k3 if kind == "k3_unbiased" else k3
+    return torch.expm1(d) - d  # (e^d - 1) - d without losing e^d - 1 to rounding near d = 0
 
 
 def kl(logp, ref_logp, kind="k3", old_logp=None):
@@ -32,12 +56,10 @@ def kl(logp, ref_logp, kind="k3", old_logp=None):
     logp = as_tensor("logp", logp)
     ref_logp = as_tensor("ref_logp", ref_logp, like=logp)
     check_same_shape("ref_logp", ref_logp.shape, "logp", logp.shape)
-    log_ratio = None
     if old_logp is not None:
         old_logp = as_tensor("old_logp", old_logp, like=logp).detach()
         check_same_shape("old_logp", old_logp.shape, "logp", logp.shape)
-        log_ratio = logp - old_logp
-    return _kl_value(logp, ref_logp, kind, log_ratio)
+    return _kl_value(logp, ref_logp, kind, old_logp)
 
 
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
@@ -168,8 +190,8 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         if alg.clip == "soft":
             loss_tok = _sapo_loss(r, adv, hp["tau_pos"], hp["tau_neg"])
         elif alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * logp, the gradient never vanishes
-            lo = 1 - hp["eps_low"]
-            hi = 1 + hp["eps_high"] if hp["cap_mode"] == "relative" else hp["eps_high"]
+            # [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or TRL's clamp(r, max=eps_high): [0, eps_high]
+            lo, hi = (1 - hp["eps_low"], 1 + hp["eps_high"]) if hp["cap_mode"] == "relative" else (0.0, hp["eps_high"])
             rd = r.detach()
             loss_tok = -torch.clamp(rd, lo, hi) * adv * logp
             stats["trunc_frac"] = float((((rd < lo) | (rd > hi)).to(mask.dtype) * mask).sum() / n)
@@ -187,7 +209,8 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
                 lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
             loss_tok, clipped = _clip_terms(r, adv, lo, hi, hp["dual_clip"], hp["delta"])
             if alg.select == "clip_cov":  # Clip-Cov: the selected tokens keep their value, lose their gradient
-                chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select)
+                ppo_clipped = r * adv > torch.clamp(r, lo, hi) * adv  # not those capped by delta or the dual clip
+                chosen = _cov_selection(alg, hp, logp, adv, mask, ppo_clipped, cov_select)
                 loss_tok = torch.where(chosen, loss_tok.detach(), loss_tok)
                 clipped = clipped | chosen
         ratio = r.detach()
@@ -199,21 +222,25 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         stats["cov_frac"] = float((chosen.to(mask.dtype) * mask).sum() / n)
     loss = (weights * rc_weights * loss_tok).sum()
     if hp["beta"] > 0:
-        kl_tok = torch.where(on, _kl_value(logp, ref_logp, hp["kl"], log_ratio), torch.zeros_like(logp))
+        # padding is zeroed before any exp, so that e^d never overflows there: autograd's 0 * inf would be NaN
+        zero = torch.zeros_like(logp)
+        lp_on, ref_on, old_on = (torch.where(on, x, zero) for x in (logp, ref_logp, old_logp))
+        kl_tok = _kl_value(lp_on, ref_on, hp["kl"], old_on)
         loss = loss + hp["beta"] * (weights * kl_tok).sum()
         stats["kl_mean"] = float(kl_tok.detach().sum() / n)
     return loss, stats
 
 
-def _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select):
+def _cov_selection(alg, hp, logp, adv, mask, ppo_clipped, cov_select):
     """The tokens Clip-Cov detaches or KL-Cov penalises: ``cov_select`` when given, else by Cov(log pi, A)
-    (computed in float64 by spec.selection, so that every layer selects the same tokens)."""
+    (computed in float64 by spec.selection, so that every layer selects the same tokens); Clip-Cov's candidates
+    leave out the ``ppo_clipped`` tokens."""
     if cov_select is not None:
         return cov_select > 0
     as_np = lambda x: x.detach().to("cpu", torch.float64).numpy()  # noqa: E731
     cov = token_cov(as_np(logp), as_np(adv), as_np(mask))
     if alg.select == "clip_cov":
-        chosen = clip_cov_select(cov, as_np(mask), clipped.cpu().numpy(), hp["clip_cov_lb"], hp["clip_cov_ub"],
+        chosen = clip_cov_select(cov, as_np(mask), ppo_clipped.cpu().numpy(), hp["clip_cov_lb"], hp["clip_cov_ub"],
                                  hp["clip_cov_ratio"], hp["cov_seed"])
     else:
         chosen = kl_cov_select(cov, as_np(mask), hp["kl_cov_ratio"])

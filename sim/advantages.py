@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from spec.contract import (check_advantage_kind, check_group_size, check_overlong, check_prompt_ids,
-                           check_reinforce_args, check_same_shape, check_unit_interval)
+                           check_reinforce_args, check_same_shape, check_sas_state, check_unit_interval)
 from spec.registry import PARTS
 
 from spec.arrays import as_float, as_mask
@@ -70,7 +70,7 @@ class SmoothAdvantage:
         return {"history": {k: list(v) for k, v in self.history.items()}}
 
     def load_state_dict(self, state):
-        self.history = {k: (int(v[0]), float(v[1]), float(v[2])) for k, v in state["history"].items()}
+        self.history = check_sas_state(state)
 
 
 def gae(rewards, values, mask, gamma=PARTS["gae"]["gamma"], lam=PARTS["gae"]["lam"]):

@@ -13,10 +13,9 @@ from .aggregation import agg_weights, block_count, block_sum
 from spec.arrays import as_float, as_mask
 
 
-def _kl_terms(logp, ref_logp, kind, log_ratio=None):
-    """k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1 with d = ref - logp, k3_unbiased = r * k3 (DeepSeek-V3.2);
-    returns (value, d value / d logp)."""
-    d = ref_logp - logp
+def _kl_terms(d, kind, log_ratio=None):
+    """k1 = -d, k2 = d^2/2, k3 = exp(d) - d - 1 with d = ref - logp, k3_unbiased = r * k3 with r = exp(log_ratio)
+    (DeepSeek-V3.2); returns (value, d value / d logp)."""
     if kind == "k1":
         return -d, np.ones_like(d)
     if kind == "k2":
@@ -39,7 +38,7 @@ def kl(logp, ref_logp, kind="k3", old_logp=None):
         old_logp = as_float("old_logp", old_logp)
         check_same_shape("old_logp", old_logp.shape, "logp", logp.shape)
         log_ratio = logp - old_logp
-    return _kl_terms(logp, ref_logp, kind, log_ratio)[0]
+    return _kl_terms(ref_logp - logp, kind, log_ratio)[0]
 
 
 def dcpo_bounds(q, eps_low=0.16, eps_high=0.2, r_max=10.0):
@@ -100,9 +99,11 @@ def _row_mean(x, mask, lens):
 
 
 def _cispo_bounds(hp):
-    """CISPO's weight interval: [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or [1 - eps_low, eps_high]."""
-    hi = 1 + hp["eps_high"] if hp["cap_mode"] == "relative" else hp["eps_high"]
-    return 1 - hp["eps_low"], hi
+    """CISPO's weight interval: [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or [0, eps_high] with
+    cap_mode='absolute' (TRL's clamp(r, max=epsilon_high): no lower bound)."""
+    if hp["cap_mode"] == "absolute":
+        return 0.0, hp["eps_high"]
+    return 1 - hp["eps_low"], 1 + hp["eps_high"]
 
 
 def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n, blocks=1):
@@ -172,6 +173,7 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     check_token_shapes(shapes, group_size, hp["agg"])
     if cov_select is not None:
         check_cov_select(name, alg, bool((cov_select > mask).any()))
+    adv = np.where(mask > 0, adv, 0.0)  # a huge advantage on padding would overflow against a sequence's ratio
     loss, grad, stats = policy_terms(alg, hp, logp, old_logp, adv, mask, group_size, ref_logp, rollout_logp,
                                      cov_select)
     return float(loss[0]), grad, {k: (int if k == "tokens" else float)(v[0]) for k, v in stats.items()}
@@ -230,7 +232,9 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
                 lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
             loss_tok, dtok, clipped = _clip_terms(ratio, adv, lo, hi, hp["dual_clip"], hp["delta"])
             if alg.select == "clip_cov":  # Clip-Cov: the selected tokens keep their value, lose their gradient
-                chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select, blocks)
+                # not the tokens capped by delta or the dual clip
+                ppo_clipped = ratio * adv > np.minimum(np.maximum(ratio, lo), hi) * adv
+                chosen = _cov_selection(alg, hp, logp, adv, mask, ppo_clipped, cov_select, blocks)
                 dtok = np.where(chosen, 0.0, dtok)
                 clipped = clipped | chosen
         grad = policy_weights * dtok
@@ -243,8 +247,8 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
     loss_tok *= policy_weights
     loss = block_sum(loss_tok, blocks)
     if hp["beta"] > 0:
-        kl_tok, dkl = _kl_terms(logp, ref_logp, hp["kl"], log_ratio)
-        kl_tok = np.where(on, kl_tok, 0.0)
+        # d is 0 on padding (so k1..k3_unbiased are), before any exp: padding never overflows
+        kl_tok, dkl = _kl_terms(np.where(on, ref_logp - logp, 0.0), hp["kl"], log_ratio)
         beta_weights = weights * hp["beta"]
         loss += block_sum(beta_weights * kl_tok, blocks)
         dkl = np.where(on, dkl, 0.0)
@@ -254,9 +258,10 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
     return loss, grad, stats
 
 
-def _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select, blocks=1):
+def _cov_selection(alg, hp, logp, adv, mask, ppo_clipped, cov_select, blocks=1):
     """The tokens Clip-Cov detaches or KL-Cov penalises: ``cov_select`` when given, else by Cov(log pi, A), within
-    each block (Clip-Cov's random choice with that block's ``cov_seed``)."""
+    each block (Clip-Cov's random choice with that block's ``cov_seed``, its candidates leaving out the
+    ``ppo_clipped`` tokens)."""
     if cov_select is not None:
         return cov_select > 0
     seeds = hp["cov_seed"] if isinstance(hp["cov_seed"], (list, tuple)) else [hp["cov_seed"]] * blocks
@@ -265,7 +270,7 @@ def _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select, blocks=1):
         b = slice(i * rows, (i + 1) * rows)
         cov = token_cov(logp[b], adv[b], mask[b])
         if alg.select == "clip_cov":
-            parts.append(clip_cov_select(cov, mask[b], clipped[b], hp["clip_cov_lb"], hp["clip_cov_ub"],
+            parts.append(clip_cov_select(cov, mask[b], ppo_clipped[b], hp["clip_cov_lb"], hp["clip_cov_ub"],
                                          hp["clip_cov_ratio"], seed))
         else:
             parts.append(kl_cov_select(cov, mask[b], hp["kl_cov_ratio"]))

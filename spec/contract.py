@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import reprlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -50,7 +52,7 @@ def _check_beyond_seeds(name, alg, hp) -> None:
     if hp["cap_mode"] not in CAP_MODES:
         raise ValueError(f"cap_mode: expected one of {', '.join(CAP_MODES)}, got {hp['cap_mode']!r}")
     if alg.clip == "truncated":
-        if hp["eps_low"] > 1:
+        if hp["cap_mode"] == "relative" and hp["eps_low"] > 1:
             raise ValueError(f"eps_low: CISPO's lower weight bound 1 - eps_low must be >= 0, got eps_low="
                              f"{hp['eps_low']!r}")
         if hp["cap_mode"] == "absolute" and hp["eps_high"] < 1:
@@ -74,7 +76,7 @@ def _check_beyond_seeds(name, alg, hp) -> None:
     if hp["kl_cov_coef"] < 0:
         raise ValueError(f"kl_cov_coef: expected a number >= 0, got {hp['kl_cov_coef']!r}")
     seed = hp["cov_seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not _is_integer(seed) or seed < 0:
         raise ValueError(f"cov_seed: expected an integer >= 0, got {seed!r}")
     rc = hp["rollout_correction"]
     if rc is not None and rc not in ROLLOUT_CORRECTIONS:
@@ -87,10 +89,13 @@ def _check_beyond_seeds(name, alg, hp) -> None:
 
 
 def check_rollout_logp(hp: dict, rollout_logp) -> None:
-    """A rollout correction needs the engine's log-probs."""
+    """A rollout correction needs the engine's log-probs, and the engine's log-probs are used only by one."""
     if hp["rollout_correction"] is not None and rollout_logp is None:
         raise ValueError(f"rollout_logp: rollout_correction={hp['rollout_correction']!r} needs rollout_logp (the "
                          "sampling engine's log-probs)")
+    if hp["rollout_correction"] is None and rollout_logp is not None:
+        raise ValueError(f"rollout_logp: used only by a rollout correction; pass rollout_correction (one of "
+                         f"{', '.join(ROLLOUT_CORRECTIONS)}) or leave rollout_logp out")
 
 
 def check_cov_select(name: str, alg, selected_off_mask: bool) -> None:
@@ -192,6 +197,22 @@ def check_prompt_ids(ids: list, groups: int) -> None:
         raise ValueError("prompt_ids: each prompt may appear once per call")
 
 
+def check_sas_state(state) -> dict:
+    """The history of a ``SmoothAdvantage.state_dict()``, checked: {prompt id: (visits >= 1, mean, variance >= 0)}."""
+    history = state.get("history") if isinstance(state, Mapping) else None
+    if not isinstance(history, Mapping):
+        raise ValueError(f"state: expected a mapping {{'history': {{prompt id: [visits, mean, variance]}}}}, got "
+                         f"{reprlib.repr(state)}")
+    out = {}
+    for pid, entry in history.items():
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and _is_integer(entry[0]) and entry[0] >= 1
+                and all(_is_number(x) and math.isfinite(x) for x in entry[1:]) and entry[2] >= 0):
+            raise ValueError(f"state: history[{pid!r}] must be [visits >= 1, mean, variance >= 0] with finite "
+                             f"numbers, got {reprlib.repr(entry)}")
+        out[pid] = (int(entry[0]), float(entry[1]), float(entry[2]))
+    return out
+
+
 def check_unit_interval(name: str, value) -> None:
     """Discounts (gamma, lambda) lie in [0, 1]."""
     if not _is_number(value) or not 0 <= value <= 1:
@@ -227,7 +248,7 @@ def check_group_size(group_size, batch: int, *, needed: bool, why: str = "") -> 
         if needed:
             raise ValueError(f"group_size: {why} needs group_size (G responses per prompt), got None")
         return
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    if not _is_integer(group_size) or group_size < 1:
         raise ValueError(f"group_size: expected a positive integer, got {group_size!r}")
     if batch % group_size:
         raise ValueError(f"group_size: {group_size} does not divide the batch of {batch} rows")
@@ -261,6 +282,11 @@ def mask_error(name: str = "mask") -> ValueError:
 def _is_number(value) -> bool:
     """A real number that is not a bool (numpy scalars included)."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_integer(value) -> bool:
+    """An integer that is not a bool (numpy integers included)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _finite_number(name, value):

@@ -93,8 +93,8 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
 
 
 def _cov_selection(alg, hp, lp_num, m, old, adv_, live, select):
-    """The Clip-Cov / KL-Cov selection (spec.selection, in float64); Clip-Cov's already-clipped tokens decided
-    exactly."""
+    """The Clip-Cov / KL-Cov selection (spec.selection, in float64); the tokens PPO-clip clips (A r > A clip(r),
+    whatever delta and the dual clip do), which Clip-Cov leaves out, decided exactly."""
     cov = token_cov(lp_num, adv_.astype(float), m)
     if alg.select == "kl_cov":
         return kl_cov_select(cov, m, hp["kl_cov_ratio"])
@@ -103,8 +103,7 @@ def _cov_selection(alg, hp, lp_num, m, old, adv_, live, select):
     clipped = np.zeros(m.shape, dtype=bool)
     for i, t in zip(*np.nonzero(m)):
         r = sp.exp(live[i][t] - old[i, t])
-        unclipped = ob.capped_ratio(r, ehp["delta"], select) * adv_[i, t]
-        clipped[i, t] = not select.holds(unclipped <= ob.clip(r, lo, hi, select) * adv_[i, t])
+        clipped[i, t] = not select.holds(r * adv_[i, t] <= ob.clip(r, lo, hi, select) * adv_[i, t])
     return clip_cov_select(cov, m, clipped, hp["clip_cov_lb"], hp["clip_cov_ub"], hp["clip_cov_ratio"],
                            hp["cov_seed"])
 

@@ -95,10 +95,11 @@ def capped_ratio(r, delta, select=piecewise):
 
 
 def cispo_bounds(hp):
-    """CISPO's weight interval: [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or [1 - eps_low, eps_high] with
-    cap_mode='absolute'."""
-    hi = 1 + hp["eps_high"] if hp["cap_mode"] == "relative" else hp["eps_high"]
-    return 1 - hp["eps_low"], hi
+    """CISPO's weight interval: [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or [0, eps_high] with
+    cap_mode='absolute' (TRL's clamp(r, max=epsilon_high): no lower bound, eps_low unused)."""
+    if hp["cap_mode"] == "absolute":
+        return 0, hp["eps_high"]
+    return 1 - hp["eps_low"], 1 + hp["eps_high"]
 
 
 def gmpo_clipped_log_ratio(x, sign, eps_low, eps_high, select=piecewise):

@@ -19,7 +19,8 @@ GROUP_AGG_MODES = frozenset({"group_token_mean", "group_seq_sum_token_mean"})
 KL_KINDS = ("k1", "k2", "k3", "k3_unbiased")
 #: Rollout corrections for a rollout/trainer mismatch, an option of every policy loss (None = off).
 ROLLOUT_CORRECTIONS = ("tis", "mis", "seq_mis")
-#: CISPO's cap on the importance weight: ``1 + eps_high`` (paper, verl, SkyRL) or ``eps_high`` itself (TRL, Liger).
+#: CISPO's cap on the importance weight: ``1 + eps_high`` (paper, verl, SkyRL) or ``eps_high`` itself with no lower
+#: bound (TRL, Liger, Unsloth).
 CAP_MODES = ("relative", "absolute")
 
 #: The hyper-parameters each kind of clip reads (Algorithm.clip), each token selection (Algorithm.select), and each
@@ -46,7 +47,8 @@ HPARAMS: Mapping[str, str] = MappingProxyType({
     "r_max": "DCPO cap on the ratio bound (and its dual clip)",
     "dual_clip": "dual-clip constant c: for A < 0, loss <= -c*A (None = off; DCPO: follows r_max)",
     "delta": "two-sided clip of fixed-clip losses (INTELLECT-2): r capped at delta > 1 + eps_high (None = off)",
-    "cap_mode": "CISPO's weight cap: 'relative' (1 + eps_high) or 'absolute' (eps_high itself)",
+    "cap_mode": "CISPO's weight interval: 'relative' [1 - eps_low, 1 + eps_high] or 'absolute' [0, eps_high] "
+                "(TRL's: no lower bound, eps_low unused)",
     "clip_cov_ratio": "Clip-Cov: share of the batch's tokens whose gradient is detached",
     "clip_cov_lb": "Clip-Cov: lower bound of the covariance window for candidates",
     "clip_cov_ub": "Clip-Cov: upper bound of the covariance window for candidates",

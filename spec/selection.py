@@ -24,8 +24,10 @@ def selection_count(ratio: float, tokens: int) -> int:
 
 
 def clip_cov_select(cov, mask, clipped, lb: float, ub: float, ratio: float, seed: int) -> np.ndarray:
-    """Clip-Cov: among unmasked, not already clipped tokens with lb < cov < ub, ``selection_count`` chosen at
-    random (numpy's PCG64 seeded with ``seed``, over the candidates in row-major order)."""
+    """Clip-Cov: among unmasked tokens that PPO-clip does not clip (``clipped``: A r > A clip(r); the authors'
+    code leaves out only these, not tokens capped by delta or the dual clip) with lb < cov < ub,
+    ``selection_count`` chosen at random (numpy's PCG64 seeded with ``seed``, over the candidates in row-major
+    order)."""
     candidates = np.flatnonzero((mask > 0) & ~clipped & (cov > lb) & (cov < ub))
     k = min(selection_count(ratio, int((mask > 0).sum())), len(candidates))
     chosen = candidates[np.random.default_rng(seed).permutation(len(candidates))[:k]]

@@ -1,4 +1,6 @@
 """Bad input gets a clear ValueError naming the argument, in every layer; a fully masked batch is a defined zero."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -6,6 +8,7 @@ import torch
 import gpu
 import sim
 import spec
+from spec.registry import KL_KINDS, ROLLOUT_CORRECTIONS
 
 LAYERS = {"spec": (spec, np.asarray), "sim": (sim, np.asarray), "gpu": (gpu, lambda x: torch.tensor(x))}
 
@@ -190,3 +193,92 @@ def test_fully_masked_batch_zero_gradient_in_torch(name):
                                   max_len=3)
     loss.backward()
     assert float(loss.detach()) == 0.0 and torch.all(logp.grad == 0) and not torch.isnan(logp.grad).any()
+
+
+# ---- padding: whatever a padded position holds, it changes nothing ---------------------------------------------------
+
+PAD_OPTIONS = [*({"beta": 0.1, "kl": kind} for kind in KL_KINDS),
+               *({"rollout_correction": kind} for kind in ROLLOUT_CORRECTIONS)]
+PAD_MASK = np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0]], dtype=float)
+
+
+def _padded(pad: float) -> dict:
+    """The batch with ``pad`` written into the padding of logp, rollout_logp and adv and ``-pad`` into that of
+    old_logp and ref_logp: gaps of 2 * |pad| there, e^(2e4) in the KL and the ratios if anything exponentiated them."""
+    b = batch()
+    b["ref_logp"], b["rollout_logp"] = b["logp"] - 0.1, b["old_logp"] + 0.2
+    off = PAD_MASK == 0
+    for key, sign in (("logp", 1), ("old_logp", -1), ("ref_logp", -1), ("rollout_logp", 1), ("adv", 1)):
+        b[key] = np.where(off, sign * pad, b[key])
+    return {**b, "mask": PAD_MASK}
+
+
+def _loss_and_grad(layer, name, b, hp):
+    """(loss, gradient) as float64 arrays: sim, or gpu in the dtype ``layer`` names ("gpu-float32", ...)."""
+    kw = dict(group_size=2, ref_logp=b["ref_logp"], max_len=3, **hp)
+    if "rollout_correction" in hp:
+        kw["rollout_logp"] = b["rollout_logp"]
+    args = [b[k] for k in ("logp", "old_logp", "adv", "mask")]
+    if layer == "sim":
+        loss, grad, _ = sim.policy_loss(name, *args, **kw)
+        return np.float64(loss), grad
+    dtype = getattr(torch, layer.split("-")[1])
+    logp = torch.tensor(args[0], dtype=dtype, requires_grad=True)
+    conv = lambda x: torch.tensor(x, dtype=dtype)  # noqa: E731
+    kw = {k: conv(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+    loss, _ = gpu.policy_loss(name, logp, *map(conv, args[1:]), **kw)
+    loss.backward()
+    return loss.detach().double().numpy(), logp.grad.double().numpy()
+
+
+@pytest.mark.parametrize("pad", [1e4, -1e4])
+@pytest.mark.parametrize("option", range(len(PAD_OPTIONS)))
+@pytest.mark.parametrize("name", spec.POLICY_ALGORITHMS)
+@pytest.mark.parametrize("where", ["sim", "gpu-float32", "gpu-bfloat16"])
+def test_padding_values_change_nothing(where, name, option, pad):
+    # padding of +-1e4 (e^(2e4) overflows every float): the loss and the gradient are those of zero padding, all
+    # finite, and the padding's gradient is exactly 0 (an overflow inside torch.where used to give 0 * inf = NaN)
+    hp = PAD_OPTIONS[option]
+    loss, grad = _loss_and_grad(where, name, _padded(pad), hp)
+    want_loss, want_grad = _loss_and_grad(where, name, _padded(0.0), hp)
+    assert np.isfinite(loss) and np.isfinite(grad).all()
+    assert np.all(grad[PAD_MASK == 0] == 0.0)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-6, atol=0)
+
+
+def test_issue_example_kl_padding_has_no_nan_gradient():
+    # logp = [[-1, -801]], ref = [[-1.1, -1]], mask = [[1, 0]], beta 0.1: only token 0 counts; its k3 gradient is
+    # beta * (1 - e^d) with d = ref - logp = -0.1, and r = 1, so k3_unbiased's -r d is beta * 0.1
+    for kind, want in (("k3", 0.1 * (1 - math.exp(-0.1))), ("k3_unbiased", 0.1 * 0.1)):
+        logp = torch.tensor([[-1.0, -801.0]], requires_grad=True)
+        loss, _ = gpu.policy_loss("grpo", logp, logp.detach(), torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]),
+                                  ref_logp=torch.tensor([[-1.1, -1.0]]), beta=0.1, kl=kind)
+        loss.backward()
+        assert logp.grad[0, 0].item() == pytest.approx(want, rel=1e-5) and logp.grad[0, 1].item() == 0.0
+
+
+# ---- numpy integers and saved states ----------------------------------------------------------------------------
+
+def test_group_size_may_be_a_numpy_integer(layer):
+    mod, conv = LAYERS[layer]
+    rewards = conv(np.array([1.0, 0.0, 1.0, 1.0]))
+    for fn in (mod.group_advantages, mod.dynamic_sampling_filter):
+        np.testing.assert_array_equal(np.asarray(fn(rewards, np.int64(2))), np.asarray(fn(rewards, 2)))
+    assert float(call(layer, name="dapo", group_size=np.int64(2))[0]) == float(call(layer, name="dapo",
+                                                                                    group_size=2)[0])
+
+
+@pytest.mark.parametrize("state, message", [
+    (None, "state: expected a mapping"), ({}, "state: expected a mapping"), ({"history": [1]}, "state: expected"),
+    ({"history": {"p": [1, 0.5]}}, r"state: history\['p'\] must be \[visits >= 1, mean, variance >= 0\]"),
+    ({"history": {"p": [0, 0.5, 0.25]}}, r"state: history\['p'\]"),
+    ({"history": {"p": [1, float("nan"), 0.25]}}, r"state: history\['p'\]"),
+    ({"history": {"p": [1, 0.5, -0.25]}}, r"state: history\['p'\]"),
+    ({"history": {"p": ["1", 0.5, 0.25]}}, r"state: history\['p'\]")])
+@pytest.mark.parametrize("mod", [sim, gpu])
+def test_malformed_sas_state(mod, state, message):
+    sas = mod.SmoothAdvantage()
+    with pytest.raises(ValueError, match=message):
+        sas.load_state_dict(state)
+    assert sas.history == {}

@@ -65,6 +65,20 @@ def test_cispo_truncates_the_weight_not_the_gradient(layer, cap_mode, weight):
         assert stats["trunc_frac"] == 1.0 and stats["clip_frac"] == 0.0
 
 
+@pytest.mark.parametrize("cap_mode, weight, truncated", [("relative", 0.5, 1.0), ("absolute", math.exp(-2.0), 0.0)])
+def test_cispo_absolute_cap_has_no_lower_bound(layer, cap_mode, weight, truncated):
+    # r = e^-2 = 0.135, eps_low 0.5, eps_high 4, A = 1: the paper's weight is clip(r, 0.5, 5) = 0.5; TRL's
+    # clamp(r, max=4) leaves r = 0.135 itself
+    old = -1.0
+    lp = old - 2.0
+    loss, grad, stats = run(layer, "cispo", arr([lp]), arr([old]), arr([1.0]), arr([1.0]), cap_mode=cap_mode,
+                            eps_low=0.5, eps_high=4.0)
+    assert loss == pytest.approx(-weight * lp, rel=1e-12)
+    assert grad[0, 0] == pytest.approx(-weight, rel=1e-12)
+    if stats is not None:
+        assert stats["trunc_frac"] == truncated
+
+
 def test_gmpo_geometric_mean_of_log_clipped_ratios(layer):
     # row 0, A = 1, log-ratios 0.1 and 1.0: clipped to 0.1 and 0.4 (eps 0.4), loss -exp(0.25), token 1 gets no grad
     # row 1, A = -1, log-ratios -1.0 and 0.2: max(x, clip(x)) gives -0.4 and 0.2, loss exp(-0.1), token 0 none
@@ -117,6 +131,23 @@ def test_clip_cov_seeded_choice_is_within_the_window(layer):
     for seed in (0, 1, 7):
         _, grad, _ = run(layer, "clip_cov", logp, logp, adv, np.ones((1, 4)), cov_seed=seed)
         np.testing.assert_allclose(grad, [[-1.0, 1.0, 0.0, -1.0]], rtol=1e-12)
+
+
+@pytest.mark.parametrize("cap, capped_loss", [({"delta": 2.0}, 2.0), ({"dual_clip": 3.0}, 3.0)])
+def test_clip_cov_candidates_exclude_only_ppo_clipped_tokens(layer, cap, capped_loss):
+    # token 0: A = -1, r = e^2 = 7.39; PPO-clip keeps the unclipped branch (rA < 1.2 A), the cap makes the loss
+    # -2 A = 2 (delta 2) or -3 A = 3 (dual clip 3) with no gradient. token 1: A = 1, r = 1, loss -1, gradient -1/2.
+    # Both covs are -0.5, inside the window; the share 0.5 chooses one token. The authors' code leaves out only
+    # PPO-clipped tokens, so token 0 is a candidate too, and with a seed whose permutation puts it first it is the
+    # one chosen: token 1 keeps its gradient (were capped tokens left out, token 1 would be chosen and lose it).
+    seed = next(s for s in range(10) if np.random.default_rng(s).permutation(2)[0] == 0)
+    logp, old, adv = arr([-1.0, -2.0]), arr([-3.0, -2.0]), arr([-1.0, 1.0])
+    loss, grad, stats = run(layer, "clip_cov", logp, old, adv, np.ones((1, 2)), clip_cov_ratio=0.5,
+                            clip_cov_lb=-100.0, clip_cov_ub=100.0, cov_seed=seed, **cap)
+    assert loss == pytest.approx((capped_loss - 1.0) / 2, rel=1e-12)
+    np.testing.assert_allclose(grad, [[0.0, -0.5]], rtol=1e-12, atol=0)
+    if stats is not None:
+        assert stats["cov_frac"] == 0.5 and stats["clip_frac"] == 0.5
 
 
 def test_seeded_clip_cov_selects_the_same_tokens_in_every_layer():
@@ -176,6 +207,33 @@ def test_k3_unbiased_by_hand(layer):
     assert grad[0, 0] == pytest.approx(0.1 * math.exp(0.2) * 0.5, rel=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gap", [10.0, 20.0, 50.0])
+@pytest.mark.parametrize("log_ratio", [0.0, 0.5])
+def test_k3_unbiased_gradient_in_low_precision(dtype, gap, log_ratio):
+    # GPG with A = 0, beta 1: the gradient is the KL term's alone, d/dlogp (r k3) = -r d with d = ref - logp = gap.
+    # On-policy (r = 1) every number is exact in both dtypes: -gap (formed as r k3 + r (1 - e^d), two terms of size
+    # e^gap, it came out -32 for gap 20 in float32 and 0 in bfloat16).
+    lp = torch.tensor([[-1.0 - gap]], dtype=dtype, requires_grad=True)
+    old, ref = torch.tensor([[-1.0 - gap - log_ratio]], dtype=dtype), torch.tensor([[-1.0]], dtype=dtype)
+    loss, _ = gpu.policy_loss("gpg", lp, old, torch.zeros(1, 1, dtype=dtype), torch.ones(1, 1, dtype=dtype),
+                              ref_logp=ref, beta=1.0, kl="k3_unbiased")
+    loss.backward()
+    r = math.exp(log_ratio)
+    rel = {torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype]
+    assert float(lp.grad[0, 0]) == pytest.approx(-r * gap, rel=rel if log_ratio else 0.0)
+    assert float(loss.detach()) == pytest.approx(r * (math.exp(gap) - gap - 1.0), rel=rel)
+
+
+def test_k3_unbiased_derivatives_match_finite_differences():
+    # gpu.kl's k3_unbiased has closed-form derivatives in logp (-r d) and ref_logp (r (e^d - 1)): torch's
+    # gradcheck compares them with central differences, in float64
+    rng = np.random.default_rng(0)
+    lp, ref = (torch.tensor(rng.normal(-2.0, 1.0, (3, 4)), requires_grad=True) for _ in range(2))
+    old = torch.tensor(rng.normal(-2.0, 1.0, (3, 4)))
+    assert torch.autograd.gradcheck(lambda a, b: gpu.kl(a, b, "k3_unbiased", old_logp=old), (lp, ref))
+
+
 def test_rloo_and_gpg_advantages_by_hand(layer):
     mod, conv = module(layer)
     rloo = _float(np.asarray(mod.group_advantages(conv([1.0, 0.0, 0.0, 1.0]), 4, kind="rloo")))
@@ -228,7 +286,9 @@ EXTRA = {"clip_cov": {"clip_cov_ratio": 0.3, "clip_cov_lb": -3.0, "clip_cov_ub":
 
 
 def _agree(name, b, **hp):
-    kw = dict(group_size=2, ref_logp=b["ref_logp"], rollout_logp=b["rollout_logp"], **hp)
+    kw = dict(group_size=2, ref_logp=b["ref_logp"], **hp)
+    if hp.get("rollout_correction"):
+        kw["rollout_logp"] = b["rollout_logp"]
     args = [b[k] for k in ("logp", "old_logp", "adv", "mask")]
     e_loss, e_grad, _ = run("spec", name, *args, **kw)
     s_loss, s_grad, s_stats = run("sim", name, *args, **kw)
@@ -294,6 +354,8 @@ def test_bad_hyper_parameters(layer, name, hp, message):
 def test_bad_rollout_logp(layer):
     with pytest.raises(ValueError, match="rollout_logp: rollout_correction='tis' needs rollout_logp"):
         _call(layer, "grpo", rollout_correction="tis")
+    with pytest.raises(ValueError, match="rollout_logp: used only by a rollout correction"):
+        _call(layer, "grpo", rollout_logp=np.zeros((4, 3)))
     with pytest.raises(ValueError, match=r"rollout_logp: expected shape \(4, 3\)"):
         _call(layer, "grpo", rollout_correction="tis", rollout_logp=np.zeros((4, 2)))
     bad = np.zeros((4, 3))

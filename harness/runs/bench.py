@@ -135,19 +135,22 @@ def _logprob_peak(kind, n, hidden, vocab) -> float:
 
 
 def _logprob_times(n, hidden, vocab, rounds, threads) -> dict:
-    """Seconds per step of plain and chunked, alternating in this one process (plain first, then chunked, each
-    round), each step timed by the wall clock and by this process's CPU time."""
+    """Seconds per step of plain and chunked, alternating in this one process, the order swapped every round (plain
+    first in even rounds, chunked first in odd ones, so that neither always runs right after the other), each
+    step timed by the wall clock and by this process's CPU time."""
     import torch
     if threads:
         torch.set_num_threads(threads)
+    for kind in ("plain", "chunked"):
+        _logprob_step(kind, *logprob_inputs(8, 8, 64))  # page in the code of both passes first
     x, w, y = logprob_inputs(n, hidden, vocab)
     out = {k: {"wall": [], "cpu": []} for k in ("plain", "chunked")}
-    for _ in range(rounds):
-        for kind, rec in out.items():
+    for i in range(rounds):
+        for kind in ("plain", "chunked") if i % 2 == 0 else ("chunked", "plain"):
             w0, c0 = time.perf_counter(), time.process_time()
             _logprob_step(kind, x, w, y)
-            rec["cpu"].append(time.process_time() - c0)
-            rec["wall"].append(time.perf_counter() - w0)
+            out[kind]["cpu"].append(time.process_time() - c0)
+            out[kind]["wall"].append(time.perf_counter() - w0)
     return out
 
 
@@ -166,7 +169,7 @@ def _in_fresh_process(call: str):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def logprob_compare(n: int = 2048, vocab: int = 151936, hidden: int = 896, rounds: int = 5,
+def logprob_compare(n: int = 2048, vocab: int = 151936, hidden: int = 896, rounds: int = 6,
                     threads: int | None = 1) -> dict:
     """Plain full-logits log-prob + entropy against gpu.logprobs' chunked function, forward and backward: extra peak
     memory of each in its own fresh process, and time of both alternating in one process; their ratios, and the

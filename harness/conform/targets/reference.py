@@ -63,7 +63,7 @@ def policy_value(name: str, hp: dict, batch, rows_counted: bool = False):
     for a rollout correction). A variant, not a reference convention: ``rows_counted`` also counts fully masked
     rows in the mean over sequences (fully masked groups in the mean over groups, for a group mode)."""
     logp = t64(batch.logp, grad=True)
-    rollout = batch.extra.get("rollout_logp") if hasattr(batch, "extra") else None
+    rollout = batch.extra.get("rollout_logp") if hasattr(batch, "extra") and hp.get("rollout_correction") else None
     loss, _ = gpu.policy_loss(name, logp, t64(batch.old_logp), t64(batch.adv), t64(batch.mask),
                               group_size=batch.group_size, ref_logp=t64(batch.ref_logp),
                               rollout_logp=None if rollout is None else t64(rollout), **_hp(name, hp, batch))
@@ -85,7 +85,9 @@ def policy(name: str, **hp) -> Convention:
 def exact_policy(name: str, **hp):
     """The exact (sympy) reference loss of a minimal input."""
     return lambda b: float(spec.policy_loss(name, b.logp, b.old_logp, b.adv, b.mask, group_size=b.group_size,
-                                            ref_logp=b.ref_logp, rollout_logp=b.extra.get("rollout_logp"),
+                                            ref_logp=b.ref_logp,
+                                            rollout_logp=b.extra.get("rollout_logp") if hp.get("rollout_correction")
+                                            else None,
                                             **_hp(name, hp, b))[0])
 
 
