@@ -4,9 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spec.contract import (check_cov_select, check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args,
-                           check_kl_kind, check_q, check_reference, check_rollout_logp, check_same_shape,
-                           check_token_shapes, check_value_args, resolve_hparams)
+from spec.contract import (check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q,
+                           check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import PARTS, get_algorithm
 
@@ -155,21 +154,10 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     if adv.dim() == 1 and logp.dim() == 2 and len(adv) == len(logp):  # a sequence advantage per row
         adv = adv[:, None].expand_as(logp)
     mask = as_mask(mask, logp)
-    shapes = {"logp": logp.shape, "old_logp": old_logp.shape, "adv": adv.shape, "mask": mask.shape}
-    check_reference(name, hp["beta"], ref_logp)
-    if hp["beta"] > 0:
-        ref_logp = as_tensor("ref_logp", ref_logp, like=logp).detach()
-        shapes["ref_logp"] = ref_logp.shape
-    check_rollout_logp(hp, rollout_logp)
-    if rollout_logp is not None:
-        rollout_logp = as_tensor("rollout_logp", rollout_logp, like=logp).detach()
-        shapes["rollout_logp"] = rollout_logp.shape
-    if cov_select is not None:
-        cov_select = as_mask(cov_select, logp, "cov_select")
-        shapes["cov_select"] = cov_select.shape
-    check_token_shapes(shapes, group_size, hp["agg"])
-    if cov_select is not None:
-        check_cov_select(name, alg, bool((cov_select > mask).any()))
+    ref_logp, rollout_logp, cov_select = policy_options(
+        name, alg, hp, {"logp": logp.shape, "old_logp": old_logp.shape, "adv": adv.shape, "mask": mask.shape}, mask,
+        group_size, ref_logp, rollout_logp, cov_select, lambda arg, x: as_tensor(arg, x, like=logp).detach(),
+        lambda arg, x: as_mask(x, logp, arg))
     on = mask > 0
     log_ratio = torch.where(on, logp - old_logp, torch.zeros_like(logp))
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"])

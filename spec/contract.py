@@ -88,6 +88,25 @@ def _check_beyond_seeds(name, alg, hp) -> None:
         raise ValueError(f"mis_low: expected 0 <= mis_low <= mis_high ({hp['mis_high']!r}), got {hp['mis_low']!r}")
 
 
+def policy_options(name: str, alg, hp: dict, shapes: dict, mask, group_size, ref_logp, rollout_logp, cov_select,
+                   to_float, to_mask) -> tuple:
+    """``policy_loss``'s optional arguments, the same in every layer: ``ref_logp`` (needed and read only when beta >
+    0), ``rollout_logp`` (only with a rollout correction) and ``cov_select`` (Clip-Cov's or KL-Cov's selection),
+    converted by the layer's ``to_float(name, x)`` and ``to_mask(name, x)`` and checked with the required arguments'
+    ``shapes`` and the group size. Returns them converted (None where absent or unread)."""
+    check_reference(name, hp["beta"], ref_logp)
+    check_rollout_logp(hp, rollout_logp)
+    ref_logp = to_float("ref_logp", ref_logp) if hp["beta"] > 0 else None
+    rollout_logp = None if rollout_logp is None else to_float("rollout_logp", rollout_logp)
+    cov_select = None if cov_select is None else to_mask("cov_select", cov_select)
+    given = {"ref_logp": ref_logp, "rollout_logp": rollout_logp, "cov_select": cov_select}
+    check_token_shapes({**shapes, **{k: tuple(v.shape) for k, v in given.items() if v is not None}}, group_size,
+                       hp["agg"])
+    if cov_select is not None:
+        check_cov_select(name, alg, bool((cov_select > mask).any()))
+    return ref_logp, rollout_logp, cov_select
+
+
 def check_rollout_logp(hp: dict, rollout_logp) -> None:
     """A rollout correction needs the engine's log-probs, and the engine's log-probs are used only by one."""
     if hp["rollout_correction"] is not None and rollout_logp is None:

@@ -5,10 +5,10 @@ import numpy as np
 import sympy as sp
 
 from .arrays import as_float, as_mask
-from .contract import (check_advantage_kind, check_cov_select, check_dcpo_bounds_args, check_dcpo_old_logp,
-                       check_dpo_args, check_group_size, check_kl_kind, check_overlong, check_prompt_ids, check_q,
-                       check_reference, check_reinforce_args, check_rollout_logp, check_same_shape,
-                       check_token_shapes, check_unit_interval, check_value_args, resolve_hparams)
+from .contract import (check_advantage_kind, check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args,
+                       check_group_size, check_kl_kind, check_overlong, check_prompt_ids, check_q,
+                       check_reinforce_args, check_same_shape, check_token_shapes, check_unit_interval,
+                       check_value_args, policy_options, resolve_hparams)
 from . import objectives as ob
 from .registry import PARTS, get_algorithm
 from .selection import clip_cov_select, kl_cov_select, token_cov
@@ -52,21 +52,9 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     if adv_.ndim == 1 and lp_num.ndim == 2 and len(adv_) == len(lp_num):  # a sequence advantage per row
         adv_ = np.repeat(adv_[:, None], lp_num.shape[1], axis=1)
     m = as_mask(mask)
-    shapes = {"logp": lp_num.shape, "old_logp": old.shape, "adv": adv_.shape, "mask": m.shape}
-    check_reference(name, hp["beta"], ref_logp)
-    if hp["beta"] > 0:
-        ref = _exact("ref_logp", ref_logp)
-        shapes["ref_logp"] = ref.shape
-    check_rollout_logp(hp, rollout_logp)
-    if rollout_logp is not None:
-        rollout = _exact("rollout_logp", rollout_logp)
-        shapes["rollout_logp"] = rollout.shape
-    if cov_select is not None:
-        cov_select = as_mask(cov_select, "cov_select")
-        shapes["cov_select"] = cov_select.shape
-    check_token_shapes(shapes, group_size, hp["agg"])
-    if cov_select is not None:
-        check_cov_select(name, alg, bool((cov_select > m).any()))
+    ref, rollout, cov_select = policy_options(
+        name, alg, hp, {"logp": lp_num.shape, "old_logp": old.shape, "adv": adv_.shape, "mask": m.shape}, m,
+        group_size, ref_logp, rollout_logp, cov_select, _exact, lambda arg, x: as_mask(x, arg))
     mask = m.astype(int).tolist()
     n_rows, n_cols = lp_num.shape
     if alg.clip == "dynamic":
@@ -83,8 +71,7 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         chosen = cov_select if cov_select is not None else _cov_selection(alg, hp, lp_num, m, old, adv_, live,
                                                                            select)
         chosen = (np.asarray(chosen) > 0).astype(int).tolist()
-    objective = ob.policy_objective(alg, ehp, live, frozen, old, adv_, mask, ref if hp["beta"] > 0 else None,
-                                    group_size, select, rollout if rollout_logp is not None else None, chosen)
+    objective = ob.policy_objective(alg, ehp, live, frozen, old, adv_, mask, ref, group_size, select, rollout, chosen)
     grad = np.empty((n_rows, n_cols), dtype=object)
     for i in range(n_rows):
         for t in range(n_cols):
