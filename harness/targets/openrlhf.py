@@ -82,6 +82,10 @@ class Target(RemoteTarget):
             self._policy("gspo", "policy_loss_type='gspo', clip 3e-4/4e-4",
                          {"policy_loss_type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}, {},
                          {"agg": ref.TOKEN_AGG}, seq_adv=True, names=["gspo", "gspo_token"]),
+            self._policy("gspo_token", "policy_loss_type='gspo', clip 3e-4/4e-4, per-token advantages",
+                         {"policy_loss_type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}, {},
+                         {"agg": ref.TOKEN_AGG}, seq_adv=False, names=["gspo", "gspo_token"],
+                         note="With an advantage per token, GSPO-token (Eq. 13) is the paper's form."),
         ]
 
     def rollout_checks(self) -> list[Check]:

@@ -206,8 +206,8 @@ class Target:
         for name, kind in KL_NAMES.items():
             conv = None if kind is None else ref.kl(kind)
             out.append(Check("kl", "kl_penalty", f"kl_penalty={name!r}", self.kl_run(name), conv,
-                             [c for c in cands if conv is None or c.label != conv.label], kl_batch,
-                             reads="logp, ref_logp, mask"))
+                             [c for c in cands if conv is None or c.label != conv.label],
+                             families=("typical", "far_ref"), reads="logp, ref_logp, mask"))
         return out
 
     def advantage_checks(self) -> list[Check]:
@@ -232,15 +232,4 @@ class Target:
                              note="The reference clips the value at d = 0.2; verl's critic default is 0.5.",
                              reads="logp as values, old_logp as old values, ref_logp as returns, mask"))
         return out
-
-
-def kl_batch(seed, family):
-    """Policy and reference log-probs; the extreme family moves the reference by up to +-30 nats."""
-    b = batch_of(seed, "typical")
-    if family == "extreme":
-        rng = np.random.default_rng(seed)
-        jump = rng.choice([-30.0, -12.0, 12.0, 30.0], size=b.logp.shape) * (rng.random(b.logp.shape) < 0.4)
-        b.ref_logp = b.ref_logp + jump
-    return b
-
 
