@@ -84,6 +84,11 @@ def _shrink(batch: Batch, keeps: Callable[[Batch], bool], budget: int = 300) -> 
         calls[0] += 1
         return b.mask.sum() > 0 and calls[0] <= limit and keeps(b)
 
+    for r in range(len(batch.mask)):  # most findings show on one response: try each alone first
+        single = batch.take(rows=[r], group_size=1)
+        if len(batch.mask) > 1 and still(single):
+            batch = single
+            break
     changed = True
     while changed and calls[0] < budget:
         changed = False
@@ -228,7 +233,8 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict) -
     if not full:
         hints = [f"value matches {', '.join(_label(c) for c in value_only)}"] if value_only else []
         hints += [f"gradient matches {', '.join(_label(c) for c in grad_only)}"] if grad_only else []
-        name = "matches none of the reference's conventions" + "".join(f"; {h}" for h in hints)
+        name = ("at exact ties on its bounds (where the reference's unclipped branch wins), " if family == "ties"
+                else "") + "matches none of the reference's conventions" + "".join(f"; {h}" for h in hints)
         return findings + [_finding(check, family, seeds, name, cases, check.reference)]
     best = full[0]
     if best.base is None:

@@ -84,5 +84,5 @@ def test_dpo_is_eq7_on_sequence_sums(areal):
 def test_the_engine_finds_the_token_averaged_gspo(areal):  # the fixture skips when the environment is not built
     from harness.targets.areal import Target
     row = engine_row(Target, lambda c: c.algorithm == "gspo", seeds=3)
-    assert row["status"] == "differs" and "gspo[agg=token_mean]" in row["matches"]
-    assert row["minimal"]["tokens"] >= 2  # one token per batch cannot tell the two means apart
+    assert row["kind"] == "differs" and "gspo[agg=token_mean]" in row["matches"]
+    assert row["findings"][0]["minimal_input"]["tokens"] >= 2  # one token per batch cannot tell the two means apart

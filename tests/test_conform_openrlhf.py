@@ -170,7 +170,7 @@ def test_engine_finds_the_token_mean_of_clip_higher(worker):
     from harness.targets.openrlhf import Target
     check = next(c for c in Target(worker).checks() if c.algorithm == "dapo")
     rows = run_check(check, seeds=3)
-    assert all(r["status"] == "differs" and "dapo[agg=token_mean]" in r["matches"] for r in rows)
+    assert all(r["kind"] == "differs" and "dapo[agg=token_mean]" in r["matches"] for r in rows)
 
 
 def test_missing_environment_names_its_make_target(tmp_path, monkeypatch):

@@ -121,5 +121,5 @@ def test_gae_bootstraps_from_padded_values_and_whitens(skyrl):
 def test_the_engine_finds_the_empty_rows_counted(skyrl):  # the fixture skips when the environment is not built
     from harness.targets.skyrl import Target
     row = engine_row(Target, lambda c: c.knob == "loss_reduction=sequence_mean", seeds=4)
-    assert row["status"] == "differs"
+    assert row["kind"] == "differs"
     assert any("with empty rows counted" in m for m in row["matches"])

@@ -110,9 +110,10 @@ def test_the_engine_reports_the_empty_row_convention():
     target = Target()
     check = next(c for c in target.checks() if c.knob.startswith("loss_type='sapo'"))
     row = run_check(check, seeds=2)[0]
-    assert row["status"] == "differs"
+    assert row["kind"] == "differs"
     assert any("empty rows counted" in m for m in row["matches"])
-    assert 0 in [sum(r) for r in row["minimal"]["input"]["mask"]]  # the minimal input has an empty completion
+    minimal = next(f for f in row["findings"] if "empty rows counted" in f["name"])["minimal_input"]
+    assert 0 in [sum(r) for r in minimal["input"]["mask"]]  # the minimal input has an empty completion
 
 
 # RLOOTrainer (the trl_rloo target)

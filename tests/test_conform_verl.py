@@ -120,9 +120,8 @@ def test_the_engine_reports_these_conventions():
     for check in checks:
         want = next(v for (a, k), v in wanted.items() if check.algorithm == a and check.knob.startswith(k))
         row = run_check(check, seeds=4)[0]
-        assert row["status"] == ("agrees" if want is None else "differs")
-        if want:
-            assert want in row["matches"]
+        assert [f["name"] for f in row["findings"] if "batch without tokens" not in f["name"]] == \
+            ([] if want is None else [f"matches {want}"])
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
