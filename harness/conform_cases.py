@@ -25,13 +25,16 @@ FAMILY_TEXT = {
     "typical": "mixed lengths, empty and length-1 rows, several groups, log-ratios N(0, <= 1)",
     "extreme": "30% of the tokens at log-ratios +-20, +-25, +-50 or +-100 (past every clamp the frameworks apply), "
                "mixed within rows, and small sampling probabilities",
-    "far_ref": "typical batches with the reference log-probs 5, 12, 25 or 30 nats above or below the policy's on "
-               "40% of the tokens (checks that read ref_logp)",
-    "ties": "typical batches with half the tokens exactly at a bound of the reference (r = 1 - eps_low or 1 + "
-            "eps_high, the dual clip c, the two-sided clip delta, CISPO's cap, GMPO's log-space bounds, the "
-            "rollout weight at the TIS cap or the MIS bounds), equal in float64",
+    "far_ref": "typical batches (a third as many) with the reference log-probs 5, 12, 25 or 30 nats above or below "
+               "the policy's on 40% of the tokens (checks that read ref_logp)",
+    "ties": "typical batches (a third as many) with half the tokens exactly at a bound of the reference (r = 1 - "
+            "eps_low or 1 + eps_high, the dual clip c, the two-sided clip delta, CISPO's cap, GMPO's log-space "
+            "bounds, the rollout weight at the TIS cap or the MIS bounds), equal in float64",
     "lone": "prompts with a single response",
 }
+#: Families built on the typical batches hold a bound or an offset on many tokens of every batch: a third of the
+#: seeds covers them.
+SEED_SHARE = {"far_ref": 3, "ties": 3}
 #: |log-ratio| values of the extreme family: the clamps at 20 (verl, OpenRLHF, SkyRL) and 10 on log s, and past them.
 EXTREME_LOG_RATIOS = (20.0, 25.0, 50.0, 100.0)
 #: Offsets (nats) of the reference log-probs in the far_ref family: k3 = e^d - d - 1 is 142 at d = 5.
