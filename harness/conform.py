@@ -130,10 +130,12 @@ def _unset(mask, i, t):
 def run_check(check: Check, seeds: int = 30) -> list[dict]:
     """One record per case family (see ``_run_family``): ``seeds`` batches each, a share of them for the families
     of SEED_SHARE."""
-    return [_run_family(check, family, max(1, seeds // SEED_SHARE.get(family, 1))) for family in check.families]
+    shown: dict = {}  # finding -> minimal input: a finding seen on an earlier family is not shrunk again
+    return [_run_family(check, family, max(1, seeds // SEED_SHARE.get(family, 1)), shown)
+            for family in check.families]
 
 
-def _run_family(check: Check, family: str, seeds: int) -> dict:
+def _run_family(check: Check, family: str, seeds: int, shown: dict | None = None) -> dict:
     """The record of one check on one case family: what was called (algorithm, call, knob, family, reference,
     note, reads), ``cases`` compared, ``loss_diff`` and ``grad_diff`` (largest scaled differences from the
     reference), the conventions it ``matches`` (and ``value_matches``, ``grad_matches``), ``target_errors``,
@@ -156,26 +158,28 @@ def _run_family(check: Check, family: str, seeds: int) -> dict:
             continue
         runs.append((batch, used, value, grad))
     row["cases"], row["target_errors"] = len(runs), sorted(raised)
-    findings = [_raise_finding(check, family, seeds, message, batches) for message, batches in raised.items()]
+    shown = {} if shown is None else shown
+    findings = [_raise_finding(check, family, seeds, message, batches, shown) for message, batches in raised.items()]
     if empty is not None and check.reference is not None:
         findings += _empty_finding(check, family, *empty)
     if runs and check.reference is None:
         row.update(_match_labels(_matches(check, _Cases(runs))))
     elif runs:
-        findings += _differences(check, family, seeds, runs, row)
+        findings += _differences(check, family, seeds, runs, row, shown)
     row["findings"] = findings
     row["kind"] = ("raises" if raised else "differs" if findings else
                    "no reference" if check.reference is None else "agrees")
     return row
 
 
-def _raise_finding(check: Check, family: str, seeds: int, message: str, batches: list) -> dict:
+def _raise_finding(check: Check, family: str, seeds: int, message: str, batches: list, shown: dict) -> dict:
     """A raise: how often, and the smallest batch on which the target still raises the same error."""
-    small = _shrink(batches[0], lambda b: _raises(check, b) == message)
+    if message not in shown:
+        small = _shrink(batches[0], lambda b: _raises(check, b) == message)
+        shown[message] = {"rows": int(len(small.mask)), "tokens": int(small.mask.sum()), "input": small.to_json(),
+                          "error": message}
     return {"name": f"raises {message} on {len(batches)} of {seeds} cases", "max_err": None,
-            "cases": len(batches), "of": seeds, "family": family,
-            "minimal_input": {"rows": int(len(small.mask)), "tokens": int(small.mask.sum()), "input": small.to_json(),
-                              "error": message}}
+            "cases": len(batches), "of": seeds, "family": family, "minimal_input": shown[message]}
 
 
 def _empty_finding(check: Check, family: str, used: Batch, value) -> list:
@@ -213,7 +217,7 @@ class _Cases:
         return max(max(self.diff(conv, k)) for k in range(len(self.runs)))
 
 
-def _differences(check: Check, family: str, seeds: int, runs: list, row: dict) -> list:
+def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, shown: dict) -> list:
     """Findings against the reference: non-finite results apart, then what the rest matches instead, split into
     one finding per change (a clamp apart from the convention it clamps)."""
     cases, findings = _Cases(runs), []
@@ -221,11 +225,14 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict) -
     row["loss_diff"], row["grad_diff"] = max(d[0] for d in diffs), max(d[1] for d in diffs)
     bad_finite = [r for r in runs if not _finite(r[2], r[3])]
     if bad_finite:
-        what = "NaN" if any(np.isnan(np.asarray(v, dtype=float)).any() for _, _, v, _ in bad_finite) else "inf"
-        small = _shrink(bad_finite[0][0], lambda b: _non_finite(check, b))
+        nan = any(np.isnan(np.asarray(x, dtype=float)).any() for _, _, v, g in bad_finite for x in (v, g)
+                  if x is not None)
+        what = "NaN" if nan else "inf"
+        if what not in shown:
+            shown[what] = _describe(check, _shrink(bad_finite[0][0], lambda b: _non_finite(check, b)))
         findings.append({"name": f"returns {what} (the reference is finite) on {len(bad_finite)} of {seeds} cases",
                          "max_err": float("inf"), "cases": len(bad_finite), "of": seeds, "family": family,
-                         "minimal_input": _describe(check, small)})
+                         "minimal_input": shown[what]})
         cases = _Cases([r for r in runs if _finite(r[2], r[3])])
     if not cases.runs or cases.worst(check.reference) <= check.tolerance:
         return findings
@@ -237,19 +244,19 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict) -
         name = ("at exact ties on its bounds (where the reference's unclipped branch wins), " if family == "ties"
                 else "") + "matches none of the reference's conventions" + "".join(f"; {h}" for h in hints)
         near = (value_only + grad_only + [check.reference])[0]  # the minimal input shows what even it misses
-        return findings + [_finding(check, family, seeds, name, cases, near)]
+        return findings + [_finding(check, family, seeds, name, cases, near, shown)]
     best = full[0]
     if best.base is None:
-        return findings + [_finding(check, family, seeds, f"matches {_label(best)}", cases, check.reference)]
-    findings.append(_finding(check, family, seeds, best.part, cases, best.base))
+        return findings + [_finding(check, family, seeds, f"matches {_label(best)}", cases, check.reference, shown)]
+    findings.append(_finding(check, family, seeds, best.part, cases, best.base, shown))
     if best.base.label != check.reference.label:
-        base = _finding(check, family, seeds, f"matches {_label(best.base)}", cases, check.reference,
+        base = _finding(check, family, seeds, f"matches {_label(best.base)}", cases, check.reference, shown,
                         agree=best.base)
         findings += [base] if base else []
     return findings
 
 
-def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, against: Convention,
+def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, against: Convention, shown: dict,
              agree: Convention | None = None) -> dict | None:
     """A finding: the cases on which the target differs from ``against`` (and agrees with ``agree``), the largest
     difference, and the smallest input that shows it; None when no case shows it alone."""
@@ -260,10 +267,11 @@ def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, ag
             errs.append((err, k))
     if not errs:
         return None
-    worst = max(errs)[1]
-    small = shrink(check, cases.runs[worst][0], against, agree=agree)
+    if name not in shown:
+        small = shrink(check, cases.runs[max(errs)[1]][0], against, agree=agree)
+        shown[name] = _describe(check, small, against)
     return {"name": name, "max_err": max(errs)[0], "cases": len(errs), "of": seeds, "family": family,
-            "minimal_input": _describe(check, small, against)}
+            "minimal_input": shown[name]}
 
 
 def _describe(check: Check, batch: Batch, against: Convention | None = None) -> dict:

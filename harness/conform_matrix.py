@@ -6,13 +6,16 @@ writes."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from spec.records import write_text
 
 from .conform import KIND_RANK, conform, diff_anchor, verdict, write_report
-from .conform_step import findings_page, step_command, step_targets
+from .conform_step import conform_step, findings_page, step_targets, write_step_report
 from .targets import BUILTIN
 
 #: The cell's symbol per verdict kind, and for a convention the framework does not compute.
@@ -123,28 +126,37 @@ def write_matrix(folder: str | Path, step: str | None = None) -> Path:
     return folder / "README.md"
 
 
-def conform_all(out: str | Path, seeds: int | None = None) -> Path:
+def conform_all(out: str | Path, seeds: int | None = None, workers: int | None = None) -> Path:
     """Every built-in target whose environment is here (the others are named, with the make target that builds
     them) at loss level, the trainers of ``--level step``, each report written to ``out``, then the matrix
-    ``out/README.md`` with the step-level findings."""
-    for name in BUILTIN:
-        start = time.perf_counter()
-        try:
-            report = conform(name, seeds=seeds or 30)
-        except ValueError as exc:
-            print(f"{name}: skipped ({exc})")
-            continue
-        write_report(report, out)
-        print(f"{name}: " + ", ".join(f"{s} {sum(r['kind'] == s for r in report['rows'])}" for s in KIND_RANK)
-              + f" ({time.perf_counter() - start:.0f} s)")
-    for name in step_targets():
-        start = time.perf_counter()
-        try:
-            step_command(name, out=out, seeds=seeds or 5)
-        except ValueError as exc:
-            print(f"{name} --level step: skipped ({exc})")
-            continue
-        print(f"{name} --level step: {time.perf_counter() - start:.0f} s")
+    ``out/README.md`` with the step-level findings. The targets run in ``workers`` processes (default: one per
+    CPU, at most 2); this process alone writes the reports, as each arrives."""
+    jobs = [("loss", name) for name in BUILTIN] + [("step", name) for name in step_targets()]
+    workers = workers or max(1, min(2, os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {pool.submit(_run_target, level, name, seeds): (level, name) for level, name in jobs}
+        for done in as_completed(running):
+            level, name = running[done]
+            label = name if level == "loss" else f"{name} --level step"
+            try:
+                report, seconds = done.result()
+            except ValueError as exc:
+                print(f"{label}: skipped ({exc})")
+                continue
+            if level == "loss":
+                write_report(report, out)
+                print(f"{label}: " + ", ".join(f"{k} {sum(r['kind'] == k for r in report['rows'])}"
+                                               for k in KIND_RANK) + f" ({seconds:.0f} s)")
+            else:
+                write_step_report(report, out)
+                print(f"{label}: {seconds:.0f} s")
     step = Path(out) / "step"
     return write_matrix(out, findings_page(step).replace("# Step-level", "## Step-level", 1)
                         if step.is_dir() else None)
+
+
+def _run_target(level: str, name: str, seeds: int | None) -> tuple[dict, float]:
+    """One target's report (loss level, or ``--level step``) and the seconds it took, in a worker process."""
+    start = time.perf_counter()
+    report = conform(name, seeds=seeds or 30) if level == "loss" else conform_step(name, seeds=seeds or 5)
+    return report, time.perf_counter() - start
