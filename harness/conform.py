@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -50,6 +50,14 @@ def _non_finite(check: Check, batch: Batch) -> bool:
     except Exception:  # noqa: BLE001 (the target is outside code and may raise anything)
         return False
     return not _finite(value, grad)
+
+
+def _non_finite_text(runs: list) -> str:
+    """``NaN`` or ``inf``, in the value, the gradient or both, over the cases (batch, used, value, grad)."""
+    bad = lambda x: x is not None and not np.isfinite(np.asarray(x, dtype=float)).all()  # noqa: E731
+    nan = any(np.isnan(np.asarray(x, dtype=float)).any() for _, _, v, g in runs for x in (v, g) if x is not None)
+    where = [w for w, k in (("value", 2), ("gradient", 3)) if any(bad(r[k]) for r in runs)]
+    return f"{'NaN' if nan else 'inf'} in the {' and the '.join(where)}"
 
 
 def _finite(value, grad) -> bool:
@@ -130,12 +138,21 @@ def _unset(mask, i, t):
 def run_check(check: Check, seeds: int = 30) -> list[dict]:
     """One record per case family (see ``_run_family``): ``seeds`` batches each, a share of them for the families
     of SEED_SHARE."""
-    shown: dict = {}  # finding -> minimal input: a finding seen on an earlier family is not shrunk again
-    return [_run_family(check, family, max(1, seeds // SEED_SHARE.get(family, 1)), shown)
+    seen = _Seen()
+    return [_run_family(check, family, max(1, seeds // SEED_SHARE.get(family, 1)), seen)
             for family in check.families]
 
 
-def _run_family(check: Check, family: str, seeds: int, shown: dict | None = None) -> dict:
+@dataclass
+class _Seen:
+    """What a check's earlier families found: the minimal input of each finding (not shrunk again) and the
+    conventions matched (preferred again where they still match)."""
+
+    minimal: dict = field(default_factory=dict)
+    matched: list = field(default_factory=list)
+
+
+def _run_family(check: Check, family: str, seeds: int, seen: _Seen | None = None) -> dict:
     """The record of one check on one case family: what was called (algorithm, call, knob, family, reference,
     note, reads), ``cases`` compared, ``loss_diff`` and ``grad_diff`` (largest scaled differences from the
     reference), the conventions it ``matches`` (and ``value_matches``, ``grad_matches``), ``target_errors``,
@@ -158,28 +175,28 @@ def _run_family(check: Check, family: str, seeds: int, shown: dict | None = None
             continue
         runs.append((batch, used, value, grad))
     row["cases"], row["target_errors"] = len(runs), sorted(raised)
-    shown = {} if shown is None else shown
-    findings = [_raise_finding(check, family, seeds, message, batches, shown) for message, batches in raised.items()]
+    seen = seen or _Seen()
+    findings = [_raise_finding(check, family, seeds, message, batches, seen) for message, batches in raised.items()]
     if empty is not None and check.reference is not None:
         findings += _empty_finding(check, family, *empty)
     if runs and check.reference is None:
         row.update(_match_labels(_matches(check, _Cases(runs))))
     elif runs:
-        findings += _differences(check, family, seeds, runs, row, shown)
+        findings += _differences(check, family, seeds, runs, row, seen)
     row["findings"] = findings
     row["kind"] = ("raises" if raised else "differs" if findings else
                    "no reference" if check.reference is None else "agrees")
     return row
 
 
-def _raise_finding(check: Check, family: str, seeds: int, message: str, batches: list, shown: dict) -> dict:
+def _raise_finding(check: Check, family: str, seeds: int, message: str, batches: list, seen: _Seen) -> dict:
     """A raise: how often, and the smallest batch on which the target still raises the same error."""
-    if message not in shown:
+    if message not in seen.minimal:
         small = _shrink(batches[0], lambda b: _raises(check, b) == message)
-        shown[message] = {"rows": int(len(small.mask)), "tokens": int(small.mask.sum()), "input": small.to_json(),
-                          "error": message}
+        seen.minimal[message] = {"rows": int(len(small.mask)), "tokens": int(small.mask.sum()),
+                                 "input": small.to_json(), "error": message}
     return {"name": f"raises {message} on {len(batches)} of {seeds} cases", "max_err": None,
-            "cases": len(batches), "of": seeds, "family": family, "minimal_input": shown[message]}
+            "cases": len(batches), "of": seeds, "family": family, "minimal_input": seen.minimal[message]}
 
 
 def _empty_finding(check: Check, family: str, used: Batch, value) -> list:
@@ -217,7 +234,7 @@ class _Cases:
         return max(max(self.diff(conv, k)) for k in range(len(self.runs)))
 
 
-def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, shown: dict) -> list:
+def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, seen: _Seen) -> list:
     """Findings against the reference: non-finite results apart, then what the rest matches instead, split into
     one finding per change (a clamp apart from the convention it clamps)."""
     cases, findings = _Cases(runs), []
@@ -225,14 +242,12 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, s
     row["loss_diff"], row["grad_diff"] = max(d[0] for d in diffs), max(d[1] for d in diffs)
     bad_finite = [r for r in runs if not _finite(r[2], r[3])]
     if bad_finite:
-        nan = any(np.isnan(np.asarray(x, dtype=float)).any() for _, _, v, g in bad_finite for x in (v, g)
-                  if x is not None)
-        what = "NaN" if nan else "inf"
-        if what not in shown:
-            shown[what] = _describe(check, _shrink(bad_finite[0][0], lambda b: _non_finite(check, b)))
-        findings.append({"name": f"returns {what} (the reference is finite) on {len(bad_finite)} of {seeds} cases",
-                         "max_err": float("inf"), "cases": len(bad_finite), "of": seeds, "family": family,
-                         "minimal_input": shown[what]})
+        what = _non_finite_text(bad_finite)
+        if what not in seen.minimal:
+            seen.minimal[what] = _describe(check, _shrink(bad_finite[0][0], lambda b: _non_finite(check, b)))
+        findings.append({"name": f"returns {what} where the reference is finite, on {len(bad_finite)} of {seeds} "
+                                 "cases", "max_err": float("inf"), "cases": len(bad_finite), "of": seeds,
+                         "family": family, "minimal_input": seen.minimal[what]})
         cases = _Cases([r for r in runs if _finite(r[2], r[3])])
     if not cases.runs or cases.worst(check.reference) <= check.tolerance:
         return findings
@@ -244,19 +259,20 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, s
         name = ("at exact ties on its bounds (where the reference's unclipped branch wins), " if family == "ties"
                 else "") + "matches none of the reference's conventions" + "".join(f"; {h}" for h in hints)
         near = (value_only + grad_only + [check.reference])[0]  # the minimal input shows what even it misses
-        return findings + [_finding(check, family, seeds, name, cases, near, shown)]
-    best = full[0]
+        return findings + [_finding(check, family, seeds, name, cases, near, seen)]
+    best = min(full, key=lambda c: c.label not in seen.matched)  # as on an earlier family, if it still matches
+    seen.matched.append(best.label)
     if best.base is None:
-        return findings + [_finding(check, family, seeds, f"matches {_label(best)}", cases, check.reference, shown)]
-    findings.append(_finding(check, family, seeds, best.part, cases, best.base, shown))
+        return findings + [_finding(check, family, seeds, f"matches {_label(best)}", cases, check.reference, seen)]
+    findings.append(_finding(check, family, seeds, best.part, cases, best.base, seen))
     if best.base.label != check.reference.label:
-        base = _finding(check, family, seeds, f"matches {_label(best.base)}", cases, check.reference, shown,
+        base = _finding(check, family, seeds, f"matches {_label(best.base)}", cases, check.reference, seen,
                         agree=best.base)
         findings += [base] if base else []
     return findings
 
 
-def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, against: Convention, shown: dict,
+def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, against: Convention, seen: _Seen,
              agree: Convention | None = None) -> dict | None:
     """A finding: the cases on which the target differs from ``against`` (and agrees with ``agree``), the largest
     difference, and the smallest input that shows it; None when no case shows it alone."""
@@ -267,11 +283,11 @@ def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, ag
             errs.append((err, k))
     if not errs:
         return None
-    if name not in shown:
+    if name not in seen.minimal:
         small = shrink(check, cases.runs[max(errs)[1]][0], against, agree=agree)
-        shown[name] = _describe(check, small, against)
+        seen.minimal[name] = _describe(check, small, against)
     return {"name": name, "max_err": max(errs)[0], "cases": len(errs), "of": seeds, "family": family,
-            "minimal_input": shown[name]}
+            "minimal_input": seen.minimal[name]}
 
 
 def _describe(check: Check, batch: Batch, against: Convention | None = None) -> dict:
@@ -353,12 +369,15 @@ def conform(target: str, seeds: int = 30, only: Callable[[Check], bool] | None =
     from .targets import load_target
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: one thread is an order of magnitude faster on shared cores
+    tgt = None
     try:
         tgt = load_target(target, adapter)
         checks = [c for c in tgt.checks() if only is None or only(c)]
         rows = [row for check in checks for row in run_check(check, seeds)]
     finally:
         torch.set_num_threads(threads)
+        if hasattr(tgt, "close"):  # a target's worker process ends with its report
+            tgt.close()
     return {"target": tgt.name, "versions": tgt.versions, "tolerance": getattr(tgt, "tolerance", TOLERANCE),
             "seeds": seeds,
             "how": tgt.how, "rows": rows}
@@ -428,15 +447,19 @@ def markdown(report: dict) -> str:
                      f"{fmt(r.get('loss_diff'))} | {fmt(r.get('grad_diff'))} | {text.replace('|', '/')} |")
     if index:
         lines += ["", "## Findings and their minimal inputs", ""]
-    index = 0
+    index, first = 0, {}
     for r in report["rows"]:
         for f in r["findings"]:
+            counted = f["name"].endswith(" cases") or f["max_err"] is None
+            size = "" if f["max_err"] is None else f"largest difference {float(f['max_err']):.3g}"
+            size += "" if counted else f", on {f['cases']} of {f['of']} cases"
+            shown = first.setdefault(json.dumps(strict_json(f["minimal_input"]), sort_keys=True), index)
             lines += [f'<a id="{diff_anchor(index)}"></a>', "",
                       f"### {index}. {r['algorithm']}: `{r['call']}`, {r['knob']} ({r['family']})", "",
-                      f"{r['kind'].capitalize()}: {f['name']}" + ("" if f["max_err"] is None else
-                                                                  f" (largest difference {f['max_err']:.3g}")
-                      + ("" if f["max_err"] is None else f", on {f['cases']} of {f['of']} cases)") + ".",
-                      *([r["note"]] if r["note"] else []), "", *finding_lines(f["minimal_input"], r["reads"]), ""]
+                      f"{r['kind'].capitalize()}: {f['name']}" + (f" ({size})" if size else "") + ".",
+                      *([r["note"]] if r["note"] else []), "",
+                      *(finding_lines(f["minimal_input"], r["reads"]) if shown == index else
+                        [f"Minimal input: the one of [finding {shown}](#{diff_anchor(shown)})."]), ""]
             index += 1
     return "\n".join(lines) + "\n"
 

@@ -96,7 +96,7 @@ def matrix_markdown(reports: list[dict], step: str | None = None) -> str:
              "| reference (algorithm[mode]) | " + " | ".join(head) + " |",
              "|---|" + "---|" * len(columns), *table, "", "## Findings", ""]
     for n, (target, f) in enumerate(notes, 1):
-        err = "" if f["max_err"] is None else f"; largest difference {f['max_err']:.3g}"
+        err = "" if f["max_err"] is None else f"; largest difference {float(f['max_err']):.3g}"
         link = f" ([minimal input]({f['link']}))" if f["link"] else ""
         text = f"**{target}** `{f['call']}`, {f['knob']}: {f['name']} ({', '.join(f['families'])}{err}){link}"
         lines.append(f'{n}. <a id="note-{n}"></a>' + text.replace("|", "\\|"))

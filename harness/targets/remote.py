@@ -108,6 +108,10 @@ class RemoteTarget:
         self.worker = worker or Worker(self.name, timeout_s=self.timeout_s)
         self.versions = self.worker.versions()
 
+    def close(self):
+        """Stop the worker process (a later call starts it again)."""
+        self.worker.close()
+
 def loss_and_grad(name: str, out, shape) -> tuple[float, np.ndarray | None]:
     """A worker's ``{"loss", "grad"}`` as (float, array of ``shape``), or a TargetError saying what was wrong. A NaN
     is a value the framework returned: it passes (the engine names it)."""
