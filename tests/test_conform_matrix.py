@@ -48,7 +48,8 @@ def test_a_cell_lists_every_distinct_finding_with_the_worst_symbol():
     # the same finding on two families of one check is one footnote; each links to its place on the target's page
     assert footnotes[1] == ("**a** `f`, default: matches dapo[agg=token_mean] (typical, extreme; largest difference "
                             "0.5) ([minimal input](a.md#diff-0))")
-    assert footnotes[2].startswith("**a** `f`, default: clamps the log-ratio at +-20 (extreme; largest difference 3e+08)")
+    assert footnotes[2].startswith("**a** `f`, default: clamps the log-ratio at +-20 (extreme; largest difference "
+                                   "3e+08)")
     assert footnotes[2].endswith("(a.md#diff-2))")
     assert footnotes[3].startswith("**a** `f`, eps_high=0.28: raises ZeroDivisionError on 7 of 30 cases (extreme)")
     assert len(footnotes) == 3 and "| a 1.0 | b 1.0 |" in text
@@ -58,7 +59,7 @@ def test_other_modes_only_when_the_algorithm_is_checked_elsewhere():
     a = report("a", [row("grpo[agg=token_mean]", "agrees")])
     b = report("b", [row("grpo", "agrees")])
     rows = table(matrix_markdown([a, b]))
-    assert rows["grpo"][0] == SYMBOL["other modes only"] and rows["grpo[agg=token_mean]"][1] == SYMBOL["other modes only"]
+    assert rows["grpo"][0] == rows["grpo[agg=token_mean]"][1] == SYMBOL["other modes only"]
 
 
 def test_write_matrix_reads_reports_and_notes(tmp_path):
