@@ -1,6 +1,7 @@
 """``cliplab conform TARGET``: drive an outside implementation and the reference with the same batches, and say
-for each algorithm, mode and knob whether they agree, by how much they differ, on which minimal input, and which
-named convention of the reference the target matches instead."""
+for each algorithm, mode, knob and case family whether they agree, differ or the target raises, with every
+distinct finding: the named convention the target matches instead, a clamp found on top of it, a NaN or an
+exception, each with its largest difference and a minimal input."""
 from __future__ import annotations
 
 import json
@@ -240,7 +241,7 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, s
     cases, findings = _Cases(runs), []
     diffs = [cases.diff(check.reference, k) for k in range(len(runs))]
     row["loss_diff"], row["grad_diff"] = max(d[0] for d in diffs), max(d[1] for d in diffs)
-    bad_finite = [r for r in runs if not _finite(r[2], r[3])]
+    bad_finite = [r for r, d in zip(runs, diffs) if not _finite(r[2], r[3]) and max(d) == float("inf")]
     if bad_finite:
         what = _non_finite_text(bad_finite)
         if what not in seen.minimal:
@@ -248,7 +249,7 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, s
         findings.append({"name": f"returns {what} where the reference is finite, on {len(bad_finite)} of {seeds} "
                                  "cases", "max_err": float("inf"), "cases": len(bad_finite), "of": seeds,
                          "family": family, "minimal_input": seen.minimal[what]})
-        cases = _Cases([r for r in runs if _finite(r[2], r[3])])
+        cases = _Cases([r for r in runs if not any(r is b for b in bad_finite)])
     if not cases.runs or cases.worst(check.reference) <= check.tolerance:
         return findings
     full, value_only, grad_only = _matches(check, cases)

@@ -44,8 +44,9 @@ class Target(RemoteTarget):
            "tokens, as the DPO trainer sums them. Gradients d loss / d log_probs by autograd, float64, in "
            "a virtualenv of its own (openrlhf imported without its package `__init__`, which needs "
            "flash_attn). On a batch without tokens the loss is 0 / 0 = NaN (batch_num_tokens = 0), "
-           "listed as the target's error. Not checked: the binary_kl and tv gates of the rollout "
-           "correction (the reference has none).")
+           "a finding of its own. Not checked: the binary_kl and tv gates of the rollout "
+           "correction (the reference has none). Its clamp, named in the findings: log r to [-20, 20] in "
+           "the ppo loss (`models/loss.py:187`).")
 
     # ---- callers ---------------------------------------------------------------------------------------------
     def _call(self, op, kw, b, **arrays):

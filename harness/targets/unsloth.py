@@ -22,7 +22,9 @@ BETA = 0.04  # DeepSeekMath's KL weight
 GSPO = {"eps_low": 3e-4, "eps_high": 4e-4}
 CISPO_NOTE = ("CISPO's epsilon_high is an absolute cap in TRL, Liger and Unsloth (the weight is at most "
               "epsilon_high) and a relative one (1 + eps) in MiniMax-M1's Eq. 5, verl and SkyRL.")
-FAMILIES_NOTE = "loss_type luspo and vespo have no reference convention and are not checked."
+FAMILIES_NOTE = ("loss_type luspo and vespo have no reference convention and are not checked. Its clamps, named in "
+                 "the findings: ref - new to [-20, 20] and the KL term to [-10, 10] (`rl_replacements.py:1138, "
+                 "1144`).")
 #: What Unsloth's GRPO trainer forwards with beta > 0 (rl_replacements.py: ``kwargs["use_bias_correction_kl"] =
 #: getattr(trainer.args, "use_bias_correction_kl", False)``): TRL's GRPOConfig default, True.
 TRAINER_KL = {"use_bias_correction_kl": True}

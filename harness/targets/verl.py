@@ -35,7 +35,9 @@ class Target:
         self.versions = {"verl": verl.__version__, "torch": torch.__version__.split("+")[0]}
         self.how = ("Policy losses are called through `get_policy_loss_fn(loss_mode)` with an `ActorConfig` as "
                     "verl's actor passes it (one data-parallel rank, empty `global_batch_info`); the gradient is "
-                    "d loss / d log_prob by autograd, float64.")
+                    "d loss / d log_prob by autograd, float64. Its clamps, named in the findings: log r to [-20, 20] "
+                    "(`core_algos.py:1338` in vanilla), log s at 10 (`:1590` in gspo), ref - logp to [-20, 20] and "
+                    "k3 to [-10, 10] (`:2242-2245` in kl_penalty).")
 
     # ---- callers ---------------------------------------------------------------------------------------------
     def policy_run(self, loss_mode, agg_mode, rollout_is=None, policy_loss=None, **cfg):
