@@ -28,8 +28,9 @@ FAMILY_TEXT = {
     "far_ref": "typical batches (a third as many) with the reference log-probs 5, 12, 25 or 30 nats above or below "
                "the policy's on 40% of the tokens (checks that read ref_logp)",
     "ties": "typical batches (a third as many) with half the tokens exactly at a bound of the reference (r = 1 - "
-            "eps_low or 1 + eps_high, the dual clip c, the two-sided clip delta, CISPO's cap, GMPO's log-space "
-            "bounds, the rollout weight at the TIS cap or the MIS bounds), equal in float64",
+            "eps_low or 1 + eps_high, DCPO's bounds at the token's q, the dual clip c, the two-sided clip delta, "
+            "CISPO's cap, GMPO's log-space bounds, the rollout weight at the TIS cap or the MIS bounds), equal in "
+            "float64",
     "lone": "prompts with a single response",
 }
 #: Families built on the typical batches hold a bound or an offset on many tokens of every batch: a third of the
@@ -117,13 +118,22 @@ def lay_log_ratio(logp, log_ratio) -> np.ndarray:
 
 def at_ties(b: Batch, ties: dict, seed: int) -> Batch:
     """``b`` with about half of its unmasked tokens moved exactly onto a bound in ``ties`` (see Convention): the
-    old log-probs for "ratio" and "log_ratio", the rollout log-probs for "rollout" (when the batch has them)."""
+    old log-probs for "ratio" and "log_ratio", the rollout log-probs for "rollout" (when the batch has them), the
+    policy's log-probs for "dcpo" (whose bounds depend on the old probability q)."""
     rng = np.random.default_rng(80_000 + seed)
     out = replace(b, extra=dict(b.extra))
     for quantity, values in ties.items():
         if quantity == "rollout" and "rollout_logp" not in b.extra:
             continue
         pick = (rng.random(b.mask.shape) < 0.5) & (b.mask > 0)
+        if quantity == "dcpo":
+            import torch
+
+            import gpu
+            bounds = [t.numpy() for t in gpu.dcpo_bounds(torch.from_numpy(np.exp(out.old_logp)), *values)]
+            value = np.where(rng.random(b.mask.shape) < 0.5, *bounds)
+            out.logp = np.where(pick, -exact_offset(-out.old_logp, value), out.logp)  # exp(logp - old) == bound
+            continue
         value = rng.choice(np.asarray(values, dtype=float), b.mask.shape)
         if quantity == "rollout":
             rollout = exact_offset(out.old_logp, value)
@@ -140,7 +150,8 @@ class Convention:
     variant that the reference does not name (shown as a hint of what the target computes).
 
     ``ties``: the values at which the convention switches branch, by quantity ("ratio" exp(logp - old_logp),
-    "log_ratio" logp - old_logp, "rollout" exp(old_logp - rollout_logp)), for the ties family; ``far_ref``: whether
+    "log_ratio" logp - old_logp, "rollout" exp(old_logp - rollout_logp); "dcpo": (eps_low, eps_high, r_max) of
+    DCPO's bounds of the ratio, which depend on each token's q), for the ties family; ``far_ref``: whether
     it reads ref_logp (for the far_ref family); ``policy``: (algorithm, hp, rows_counted) of a policy-loss
     convention, which the clamp variants rebuild; ``base`` and ``part``: a variant is ``base`` with one change,
     ``part``, named in words (e.g. "clamps the log-ratio at +-20")."""

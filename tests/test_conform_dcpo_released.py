@@ -21,7 +21,7 @@ MODULE = textwrap.dedent('''
     def _token_loss(logp, old_logp, adv, eps_low, eps_high, c):
         r = torch.exp(logp - old_logp)
         lo, hi = _bounds(torch.exp(old_logp), eps_low, eps_high, max(c, 10.0))
-        loss = -torch.min(r * adv, torch.max(torch.min(r, hi), lo) * adv)
+        loss = -torch.min(r * adv, torch.clamp(r, lo, hi) * adv)  # clamp keeps r's gradient at an exact tie
         return torch.where(adv < 0, torch.min(loss, -c * adv), loss)  # dual clip for A < 0
 
     def released(log_prob, old_log_prob, advantages, response_mask):

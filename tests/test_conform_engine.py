@@ -245,3 +245,15 @@ def test_far_ref_and_ties_families_go_where_they_mean_something():
     b = far_ref(batch_of(4, "typical"), 4)
     moved = np.abs(b.ref_logp - batch_of(4, "typical").ref_logp)
     assert set(np.round(moved[moved > 0], 6)) <= {5.0, 12.0, 25.0, 30.0} and (moved > 0).any()
+
+
+def test_dcpo_ties_sit_exactly_on_the_bounds_of_each_tokens_q():
+    import gpu
+    ties = ref.policy_ties("dcpo", {})
+    assert ties == {"dcpo": (0.16, 0.2, 10.0)}
+    b = at_ties(batch_of(5, "typical"), ties, 5)
+    lo, hi = gpu.dcpo_bounds(torch.from_numpy(np.exp(b.old_logp)), *ties["dcpo"])
+    ratio = torch.exp(torch.from_numpy(b.logp - b.old_logp))
+    on = torch.from_numpy(b.mask > 0)
+    at_bound = ((ratio == lo) | (ratio == hi)) & on
+    assert int(at_bound.sum()) >= int(on.sum()) // 4

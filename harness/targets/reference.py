@@ -119,9 +119,9 @@ def _beta(name, hp):
 
 def policy_ties(name: str, hp: dict) -> dict:
     """Where the loss of ``name`` with ``hp`` switches branch (see Convention.ties): the clip range 1 - eps_low,
-    1 + eps_high (PPO Eq. 7), the dual clip c (1912.09729 Eq. 5), the two-sided clip delta, CISPO's cap (MiniMax-M1
-    Eq. 5, or eps_high itself with cap_mode absolute), GMPO's log-space clip, and the rollout weight's TIS cap or
-    MIS bounds. DCPO's bounds depend on each token's q and SAPO's gate is smooth: none."""
+    1 + eps_high (PPO Eq. 7), DCPO's bounds at each token's q (Eq. 21-27), the dual clip c (1912.09729 Eq. 5), the
+    two-sided clip delta, CISPO's cap (MiniMax-M1 Eq. 5, or eps_high itself with cap_mode absolute), GMPO's
+    log-space clip, and the rollout weight's TIS cap or MIS bounds. SAPO's gate is smooth: none."""
     alg, h = get_algorithm(name), _resolved(name, hp)
     ratio, out = [], {}
     if alg.clip == "fixed":
@@ -130,6 +130,8 @@ def policy_ties(name: str, hp: dict) -> dict:
         ratio = list(spec.objectives.cispo_bounds(h))
     elif alg.clip == "log":
         out["log_ratio"] = (-h["eps_low"], h["eps_high"])
+    elif alg.clip == "dynamic":
+        out["dcpo"] = (h["eps_low"], h["eps_high"], h["r_max"])
     ratio = tuple(v for v in ratio if v is not None and v > 0)
     if ratio:
         out["ratio"] = ratio
