@@ -54,7 +54,7 @@ verify: $(STAMP)
 reports: $(STAMP) targets
 	PYTHON=$(abspath $(PY)) reports/sim/regenerate.sh
 	$(PY) -m harness.reports.real
-	$(PY) -m harness.cli conform all --out reports/conformance
+	$(PY) -m harness.cli conform all --out reports/conformance || test $$? = 1  # 1: the frameworks differ, as the pages say
 
 # Re-resolve pyproject.toml's pins in a scratch environment and write requirements.lock from it.
 lock:

@@ -167,7 +167,8 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
 
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
     and the named convention the target matches instead. Exits 1 when a check differs (and matches no accepted
-    convention) or raises, 0 when all agree, 2 on a usage error."""
+    convention) or raises (for `all`: in any framework; at --level step: a check that does not agree at every
+    split), 0 when all agree, 2 on a usage error."""
     from harness.conform.engine import conform_command
     from harness.conform.matrix import conform_all
     from spec.records import writable_folder
@@ -181,13 +182,16 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
         if out is None or adapter is not None or json_out:
             _user_errors(_refuse, "target: `all` writes every report (both levels) and the matrix to --out DIR; it "
                                   "takes no --adapter or --json")
-        console.print(f"matrix: {_user_errors(conform_all, out, seeds)}")
-    elif level == "step":
+        matrix, failing = _user_errors(conform_all, out, seeds)
+        console.print(f"matrix: {matrix}; {failing} checks differ or raise")
+        raise typer.Exit(1 if failing else 0)
+    if level == "step":
         from harness.conform.step import step_command
         if adapter is not None:
             _user_errors(_refuse, "adapter: --level step drives a trainer (verl, trl or openrlhf); a module:function "
                                   "target has no optimisation step")
-        _user_errors(step_command, target, json_out, out, 5 if seeds is None else seeds)
+        report = _user_errors(step_command, target, json_out, out, 5 if seeds is None else seeds)
+        raise typer.Exit(0 if all(r["status"] == "agrees" for r in report["rows"]) else 1)
     else:
         report = _user_errors(conform_command, target, json_out, out, 30 if seeds is None else seeds, adapter, accept)
         raise typer.Exit(0 if report["ok"] else 1)

@@ -84,5 +84,19 @@ def test_dpo_is_eq7_on_sequence_sums(areal):
 def test_the_engine_finds_the_token_averaged_gspo(areal):  # the fixture skips when the environment is not built
     from harness.conform.targets.areal import Target
     row = engine_row(Target, lambda c: c.algorithm == "gspo", seeds=3)
-    assert row["status"] == "differs" and "gspo[agg=token_mean]" in row["matches"]
-    assert row["minimal"]["tokens"] >= 2  # one token per batch cannot tell the two means apart
+    assert row["kind"] == "differs" and "gspo[agg=token_mean]" in row["matches"]
+    assert row["findings"][0]["minimal_input"]["tokens"] >= 2  # one token per batch cannot tell the two means apart
+
+
+def test_gspo_with_per_token_advantages_averages_them_through_the_sequence_ratio(areal):
+    # on-policy (s = 1), one row, A = (1, -1): GSPO-token (Eq. 13) gives each token the gradient -s * A_t / 2 =
+    # (-0.5, 0.5); AReaL multiplies the sequence ratio s by each A_t and averages the tokens, so the gradient is
+    # -(A_1 + A_2) / 2 * ds / dlogp_t = 0, GSPO's with the row's mean advantage 0 (the values agree: 0)
+    logp, adv, mask = [[-1.0, -2.0]], [[1.0, -1.0]], [[1.0, 1.0]]
+    out = areal.call("ppo", {"eps_clip": 3e-4, "eps_clip_higher": 4e-4, "importance_sampling_level": "sequence"},
+                     logp=logp, old_logp=logp, adv=adv, mask=mask)
+    exact, exact_grad = spec.policy_loss("gspo_token", logp, logp, adv, mask)
+    assert float(exact) == pytest.approx(0.0) and np.ravel(exact_grad.astype(float)) == pytest.approx([-0.5, 0.5])
+    mean_adv = np.ravel(spec.policy_loss("gspo", logp, logp, adv, mask, agg="token_mean")[1].astype(float))
+    assert out["loss"] == pytest.approx(0.0) and np.ravel(out["grad"]) == pytest.approx(mean_adv)
+    assert mean_adv == pytest.approx([0.0, 0.0])

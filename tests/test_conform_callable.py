@@ -101,13 +101,19 @@ def conform_cli(*args):
     return CliRunner().invoke(app, ["conform", *args])
 
 
+def checks_in(out: str) -> int:
+    """The number of checks the console's summary line counts."""
+    return int(re.search(r": (\d+) checks: ", out).group(1))
+
+
 def test_the_padding_bug_fails_with_its_numbers_minimal_input_and_the_kl_mismatch_named():
     result = conform_cli("cliplab_ci_losses:padded_grpo", "--adapter", "algorithm=grpo", "--seeds", "3")
     assert result.exit_code == 1, result.output
     out = result.stdout
-    assert out.count("DIFFERS") == 2 and "largest difference over" in out and "minimal input (rows: " in out
+    checks = checks_in(out)  # one per case family: typical, extreme, far reference, ties
+    assert checks == 4 and out.count("DIFFERS") == checks and "largest error" in out and "minimal input (rows: " in out
     assert "The reference grpo has a KL term (beta=0.04, k3)" in out and "(adapter beta=0)" in out
-    assert out.rstrip().endswith("2 differs (fails)")
+    assert out.rstrip().endswith(f"{checks} differs (fails)")
     # with beta=0 the remaining difference is the padding: the padded width divides every row's token sum
     result = conform_cli("cliplab_ci_losses:padded_grpo", "--adapter", "algorithm=grpo,beta=0", "--seeds", "3")
     assert result.exit_code == 1 and "KL term" not in result.stdout
@@ -117,7 +123,7 @@ def test_the_padding_bug_fails_with_its_numbers_minimal_input_and_the_kl_mismatc
 def test_a_conforming_loss_exits_0_and_a_usage_error_2():
     result = conform_cli("cliplab_ci_losses:paper_grpo", "--adapter", "algorithm=grpo,beta=0", "--seeds", "3")
     assert result.exit_code == 0, result.output
-    assert "2 agrees" in result.stdout and "DIFFERS" not in result.stdout
+    assert f"{checks_in(result.stdout)} agrees" in result.stdout and "DIFFERS" not in result.stdout
     result = conform_cli("cliplab_ci_losses:paper_grpo", "--adapter", "algorithm=grpo,agg=nope")
     assert result.exit_code == 2 and "unknown aggregation mode 'nope'" in result.output
 
@@ -127,7 +133,7 @@ def test_an_accepted_convention_passes_from_the_option_or_a_file(tmp_path):
     assert conform_cli(target, "--adapter", adapter, "--seeds", "3").exit_code == 1
     result = conform_cli(target, "--adapter", adapter, "--seeds", "3", "--accept", "agg=token_mean")
     assert result.exit_code == 0, result.output
-    assert "accepted dapo [as called] typical: differs from dapo; matches dapo[agg=token_mean]" in result.stdout
+    assert "accepted dapo [as called] typical: differs; matches dapo[agg=token_mean]" in result.stdout
     (tmp_path / "accepted.txt").write_text("# what our trainer does on purpose\nagg=token_mean  # batch token mean\n")
     result = conform_cli(target, "--adapter", adapter, "--seeds", "3", "--accept", str(tmp_path / "accepted.txt"),
                          "--json")
@@ -187,7 +193,7 @@ def test_a_callable_that_exits_hangs_crashes_or_mutates_fails_with_one_line(name
     result = conform_cli(f"cliplab_ci_losses:{name}", "--adapter", "algorithm=grpo,beta=0" + adapter,
                          "--seeds", "2")
     assert result.exit_code == 1, result.output
-    assert result.stdout.count("RAISES") == 2 and words in result.stdout, result.stdout
+    assert result.stdout.count("RAISES") == checks_in(result.stdout) and words in result.stdout, result.stdout
     assert "Traceback" not in result.output
 
 

@@ -4,10 +4,12 @@ import textwrap
 
 import numpy as np
 import pytest
+import torch
 from conftest import importable_module
 
-from harness.conform.engine import conform, conform_command, markdown, shrink, strict_json
-from harness.conform.cases import TOLERANCE, Batch
+from harness.conform.engine import check_records, conform, conform_command, markdown, shrink, strict_json
+from harness.conform.cases import (EXTREME_LOG_RATIOS, TOLERANCE, Batch, at_ties, batch_of, far_ref,
+                                   rollout_batch)
 from harness.conform.targets import BUILTIN, load_target
 from harness.conform.targets import reference as ref
 
@@ -31,6 +33,24 @@ MODULE = textwrap.dedent('''
     def as_tuple(logp, old_logp, adv, mask):
         return (paper_grpo(logp, old_logp, adv, mask), {"metric": 1.0})
 
+    def clamped_grpo(logp, old_logp, adv, mask):
+        """paper_grpo with the log-ratio clamped at +-20 before the exponential, as several libraries do."""
+        log_r = torch.clamp(logp - old_logp, -20.0, 20.0)
+        return paper_grpo(old_logp + log_r, old_logp, adv, mask)
+
+    def float32_ratio_grpo(logp, old_logp, adv, mask):
+        """paper_grpo with the ratio rounded to float32 (the clip then decides exact ties by that rounding)."""
+        r = torch.exp((logp - old_logp).float()).double()
+        loss = -torch.min(r * adv, torch.clamp(r, 0.8, 1.2) * adv) * mask
+        lens = mask.sum(1)
+        keep = lens > 0
+        return (loss.sum(1)[keep] / lens[keep]).mean() if keep.any() else loss.sum() * 0
+
+    def raises_past_20(logp, old_logp, adv, mask):
+        if ((logp - old_logp).abs() * mask).max() > 20:
+            raise ZeroDivisionError("log-ratio too far")
+        return paper_grpo(logp, old_logp, adv, mask)
+
     def two_args(x, y):
         return x
 
@@ -50,16 +70,18 @@ def user_module(tmp_path_factory):
 def test_a_paper_grpo_callable_agrees_and_a_tuple_is_unpacked():
     for name in ("paper_grpo", "as_tuple"):
         report = conform(f"cliplab_user_losses:{name}", seeds=8, adapter="algorithm=grpo,beta=0")
-        assert {r["status"] for r in report["rows"]} == {"agrees"}
+        assert {r["kind"] for r in report["rows"]} == {"agrees"}
+        assert {r["family"] for r in report["rows"]} == {"typical", "extreme", "ties"}
         assert all(r["loss_diff"] <= TOLERANCE and r["grad_diff"] <= TOLERANCE for r in report["rows"])
 
 
 def test_a_token_mean_dapo_is_found_to_match_token_mean_not_eq_8():
     report = conform("cliplab_user_losses:token_mean_dapo", seeds=6, adapter="algorithm=dapo")
     typical = next(r for r in report["rows"] if r["family"] == "typical")
-    assert typical["status"] == "differs" and typical["reference"] == "dapo"
+    assert typical["kind"] == "differs" and typical["reference"] == "dapo"
     assert "dapo[agg=token_mean]" in typical["matches"]
-    minimal = typical["minimal"]
+    assert [f["name"] for f in typical["findings"]] == ["matches dapo[agg=token_mean]"]
+    minimal = typical["findings"][0]["minimal_input"]
     # token_mean and group_token_mean differ only with two groups whose token counts differ: at least 2 rows and
     # 3 tokens, and the shrinker gets there
     assert minimal["rows"] == 2 and minimal["tokens"] == 3
@@ -69,14 +91,13 @@ def test_a_token_mean_dapo_is_found_to_match_token_mean_not_eq_8():
 
 def test_without_a_claimed_algorithm_the_engine_names_what_the_callable_computes():
     report = conform("cliplab_user_losses:token_mean_dapo", seeds=3)
-    assert all(r["status"] == "no reference" for r in report["rows"])
+    assert all(r["kind"] == "no reference" for r in report["rows"])
     assert all("dapo[agg=token_mean]" in r["matches"] for r in report["rows"])
 
 
 def test_shrink_keeps_the_difference_and_only_removes():
     target = load_target("cliplab_user_losses:token_mean_dapo", "algorithm=dapo")
     check = target.checks()[0]
-    from harness.conform.cases import batch_of
     batch = next(b for b in (batch_of(s, "typical") for s in range(50))
                  if abs(check.run(b)[0] - check.reference.fn(b)[0]) > 1e-3)
     small = shrink(check, batch, check.reference)
@@ -138,3 +159,101 @@ def test_minimal_input_shows_the_batch_extras():
     out = b.to_json()
     assert out["rollout_logp"] == [[-2.5]] and out["ids"] == [[7]] and isinstance(out["ids"][0][0], int)
     assert json.loads(json.dumps(out))["old_logp"] == [[-1.5]]
+
+
+def test_a_clamp_is_a_named_finding_with_its_minimal_input():
+    report = conform("cliplab_user_losses:clamped_grpo", seeds=10, adapter="algorithm=grpo,beta=0")
+    rows = {r["family"]: r for r in report["rows"]}
+    assert rows["typical"]["kind"] == "agrees" and rows["ties"]["kind"] == "agrees"  # |log r| < 20 there
+    extreme = rows["extreme"]
+    assert extreme["kind"] == "differs"
+    assert [f["name"] for f in extreme["findings"]] == ["clamps the log-ratio at +-20 (value frozen, gradient 0 "
+                                                         "beyond)"]
+    m = extreme["findings"][0]["minimal_input"]
+    log_r = np.array(m["input"]["logp"]) - np.array(m["input"]["old_logp"])
+    on = np.array(m["input"]["mask"]) > 0
+    assert m["tokens"] == 1 and abs(log_r[on][0]) > 20  # one token past the clamp shows it
+    assert abs(m["target"] - m["reference"]) > TOLERANCE * max(1.0, abs(m["reference"]))
+
+
+def test_a_float32_ratio_differs_at_exact_ties_only():
+    report = conform("cliplab_user_losses:float32_ratio_grpo", seeds=8, adapter="algorithm=grpo,beta=0")
+    rows = {r["family"]: r for r in report["rows"]}
+    assert rows["typical"]["kind"] == "agrees"
+    assert rows["ties"]["kind"] == "differs"
+    finding = rows["ties"]["findings"][0]
+    assert finding["name"].startswith("at exact ties on its bounds")
+    m = finding["minimal_input"]
+    # float32(1.2) > 1.2 and float32(0.8) > 0.8: at r = 1.2 with A > 0 the float32 ratio is clipped (gradient 0)
+    # where the reference's unclipped branch keeps -A * r / n; the values agree
+    assert abs(m["target"] - m["reference"]) <= TOLERANCE
+    assert np.abs(np.array(m["target_grad"]) - np.array(m["reference_grad"])).max() > TOLERANCE
+
+
+def test_a_target_that_raises_is_a_finding_never_dropped():
+    seeds = 12
+    report = conform("cliplab_user_losses:raises_past_20", seeds=seeds, adapter="algorithm=grpo,beta=0")
+    check = load_target("cliplab_user_losses:raises_past_20", "algorithm=grpo,beta=0").checks()[0]
+    rows = {r["family"]: r for r in report["rows"]}
+    assert rows["typical"]["kind"] == "agrees"
+    far = [s for s in range(seeds) if (np.abs(check.batch(s, "extreme").logp - check.batch(s, "extreme").old_logp)
+                                       * check.batch(s, "extreme").mask).max() > 20]
+    extreme = rows["extreme"]
+    assert far and extreme["kind"] == "raises" and extreme["cases"] == seeds - len(far)
+    (raised,) = [f for f in extreme["findings"] if f["name"].startswith("raises")]
+    assert raised["name"].startswith("raises ZeroDivisionError: log-ratio too far (at cliplab_user_losses.py:")
+    assert raised["name"].endswith(f" on {len(far)} of {seeds} cases") and raised["max_err"] is None
+    assert raised["minimal_input"]["tokens"] == 1 and "ZeroDivisionError" in raised["minimal_input"]["error"]
+
+
+def test_check_records_merge_families_and_keep_every_distinct_finding():
+    report = conform("cliplab_user_losses:clamped_grpo", seeds=10, adapter="algorithm=grpo,beta=0")
+    (record,) = check_records(report)
+    assert record["kind"] == "differs"
+    assert [(f["name"].split(" (")[0], f["families"]) for f in record["findings"]] == \
+        [("clamps the log-ratio at +-20", ["extreme"])]
+    assert set(record["findings"][0]) >= {"name", "max_err", "minimal_input"}
+
+
+def test_extreme_batches_reach_past_every_clamp_within_rows():
+    seen, mixed = set(), False
+    for seed in range(30):
+        b = batch_of(seed, "extreme")
+        far = np.abs(b.logp - b.old_logp) * (b.mask > 0)
+        seen |= set(np.round(far[far >= 20], 6))
+        mixed |= any(len(set(np.round(row[row >= 20], 6))) > 1 for row in far)
+    assert seen == set(EXTREME_LOG_RATIOS) and mixed
+
+
+def test_ties_are_exact_in_float64():
+    hp_ties = ref.policy_ties("ppo", {"dual_clip": 3.0, "rollout_correction": "mis"})
+    assert hp_ties == {"ratio": (0.8, 1.2, 3.0), "rollout": (0.5, 5.0)}
+    b = at_ties(rollout_batch(3, "typical"), hp_ties, 3)
+    ratio = torch.exp(torch.from_numpy(b.logp - b.old_logp)).numpy()
+    rho = torch.exp(torch.from_numpy(b.old_logp - b.extra["rollout_logp"])).numpy()
+    on = b.mask > 0
+    assert np.isin(ratio[on], hp_ties["ratio"]).sum() >= on.sum() // 4
+    assert np.isin(rho[on], hp_ties["rollout"]).sum() >= on.sum() // 4
+
+
+def test_far_ref_and_ties_families_go_where_they_mean_something():
+    from harness.conform.cases import Check
+    fam = lambda conv: Check("x", "f", "k", None, conv).families  # noqa: E731
+    assert fam(ref.policy("grpo")) == ("typical", "extreme", "far_ref", "ties")  # beta 0.04, clip bounds
+    assert fam(ref.policy("sapo")) == ("typical", "extreme")  # beta 0, a smooth gate
+    assert fam(ref.kl("k3")) == ("typical", "extreme", "far_ref")
+    b = far_ref(batch_of(4, "typical"), 4)
+    moved = np.abs(b.ref_logp - batch_of(4, "typical").ref_logp)
+    assert set(np.round(moved[moved > 0], 6)) <= {5.0, 12.0, 25.0, 30.0} and (moved > 0).any()
+
+
+def test_dcpo_ties_sit_exactly_on_the_bounds_of_each_tokens_q():
+    import gpu
+    ties = ref.policy_ties("dcpo", {})
+    assert ties == {"dcpo": (0.16, 0.2, 10.0)}
+    b = at_ties(batch_of(5, "typical"), ties, 5)
+    lo, hi = gpu.dcpo_bounds(torch.from_numpy(np.exp(b.old_logp)), *ties["dcpo"])
+    ratio = torch.exp(torch.from_numpy(b.logp - b.old_logp))
+    on = torch.from_numpy(b.mask > 0)
+    at_bound = ((ratio == lo) | (ratio == hi)) & on
+    assert int(at_bound.sum()) >= int(on.sum()) // 4

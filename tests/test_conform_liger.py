@@ -29,7 +29,7 @@ def call(worker, kw, log_ratio, adv, mask, ref_offset=None):
                       weight=np.eye(2), ids=np.zeros(mask.shape, int), mask=mask, adv=np.array(adv, float),
                       old_logp=logp - np.array(log_ratio, float), ref_logp=ref)
     grad_h = np.array(out["grad_hidden"])
-    assert grad_h[..., 1] == pytest.approx(-grad_h[..., 0], abs=1e-6)  # along d logp / d h only
+    assert grad_h[..., 1] == pytest.approx(-grad_h[..., 0], abs=1e-6, nan_ok=True)  # along d logp / d h only
     return out["loss"], 2.0 * grad_h[..., 0]
 
 
@@ -107,3 +107,38 @@ def test_the_worker_runs_the_locked_version(worker):
     lock = (ROOT / "harness/conform/targets/envs/liger.lock").read_text()
     pin = next(line.split("==")[1] for line in lock.splitlines() if line.startswith("liger_kernel=="))
     assert worker.versions()["liger"] == f"kernel {pin}"
+
+
+def test_past_log_ratio_88_the_float32_ratio_overflows_to_nan(worker):
+    # log r = 100, A = 1: the reference's ratio e^100 = 2.7e43 is clipped at 1.2 (loss -1.2, gradient 0); Liger's
+    # float32 exp(100) is inf and its gradient NaN (inf * 0 in the clipped branch's backward)
+    loss, grad = call(worker, {"loss_type": "dapo", "epsilon_high": 0.28, "beta": 0.0}, [[100.0]], [1.0], [[1]])
+    want, want_grad = exact("dapo", [[100.0]], [1.0], [[1]])
+    assert want == pytest.approx(-1.28) and want_grad[0, 0] == 0.0
+    assert loss == pytest.approx(-1.28, rel=1e-6) and np.isnan(grad[0, 0])
+
+
+def test_at_an_exact_tie_the_float32_ratio_can_take_the_clipped_branch(worker):
+    # the report's minimal input: hidden states h and token 25 through the target's output layer give logp, and old
+    # is chosen so that exp(logp - old) = 0.8 = 1 - eps exactly in float64; A = -1. PPO's two terms are equal and the
+    # reference's unclipped one wins the tie (float64, as the engine compares): gradient -A * r = 0.8. Liger's
+    # float32 ratio lands on the clipped side: value 0.8 (to 1e-8), gradient 0
+    import torch
+
+    import gpu
+    from harness.conform.targets.liger import layer, logp_grad, output_weight
+    hidden = np.array([[[0.29612982386997405, -0.2913297499906789, 0.15602785950782458, -0.07074038835048281,
+                         -0.33652713223238767, 0.06668989756909714, 0.16278015252874256, -0.20718452416416674]]])
+    ids, old = np.array([[25]]), np.array([[-4.251176897924993]])
+    logp, jac, probs = layer(hidden, ids)
+    assert logp[0, 0] == pytest.approx(-4.474320449239203, abs=1e-12)
+    assert torch.exp(torch.tensor(logp - old)).item() == 0.8
+    leaf = torch.tensor(logp, requires_grad=True)
+    want, _ = gpu.policy_loss("dapo", leaf, torch.tensor(old), -torch.ones(1, 1, dtype=torch.float64),
+                              torch.ones(1, 1, dtype=torch.float64), agg="token_mean")
+    want.backward()
+    assert float(leaf.grad[0, 0]) == pytest.approx(0.8)
+    out = worker.call("loss", {"loss_type": "dapo", "epsilon_high": 0.28, "beta": 0.0}, hidden=hidden,
+                      weight=output_weight(), ids=ids, mask=[[1.0]], adv=[-1.0], old_logp=old, ref_logp=logp)
+    assert out["loss"] == pytest.approx(float(want.detach()), abs=1e-7)
+    assert logp_grad("liger", out, hidden, ids, jac, probs, 1e-4)[0, 0] == 0.0

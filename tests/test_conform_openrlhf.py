@@ -82,6 +82,32 @@ def test_a_batch_without_tokens_gives_nan_with_the_trainers_counts(worker, token
     assert float(spec.policy_loss("ppo", [[-1.0]], [[-1.0]], [[1.0]], [[0.0]])[0]) == 0.0
 
 
+@pytest.mark.parametrize("module", [{}, {"token_level_loss": False},
+                                    {"is_correction_level": "token", "is_correction_mode": "clip",
+                                     "is_correction_threshold": [0.0, 2.0]},
+                                    {"is_correction_level": "token", "is_correction_mode": "mask"}],
+                         ids=["ppo", "grpo", "tis", "mis"])
+def test_the_ppo_loss_clamps_the_log_ratio_at_20(worker, module):
+    # log r = 25, A = -1, one token, rho = 1 (rollout = old): PPO's loss is -r * A = e^25 = 7.2e10 with gradient e^25
+    # (unclipped for A < 0, and the weight rho = 1 in TIS and MIS); OpenRLHF clamps log r at 20: e^20, gradient 0
+    loss, grad = policy(worker, [[0.0]], [[-25.0]], [[-1.0]], [[1.0]], [[-25.0]], **module)
+    exact, exact_grad = spec.policy_loss("ppo", [[0.0]], [[-25.0]], [[-1.0]], [[1.0]])
+    assert float(exact) == pytest.approx(math.exp(25)) and float(exact_grad[0, 0]) == pytest.approx(math.exp(25))
+    assert loss == pytest.approx(math.exp(20)) and grad[0, 0] == 0.0
+
+
+def test_gspo_with_per_token_advantages_differentiates_the_sequence_ratio(worker):
+    # on-policy (s = 1), one row, A = (1, -1): GSPO-token (Eq. 13) gives each token the gradient -s * A_t / 2 =
+    # (-0.5, 0.5); OpenRLHF multiplies the sequence ratio s = exp(mean log r) by each A_t, so the gradient is
+    # -(A_1 + A_2) / 2 * ds / dlogp_t = 0 (the values agree: 0)
+    logp, adv, mask = [[-1.0, -2.0]], [[1.0, -1.0]], [[1.0, 1.0]]
+    loss, grad = policy(worker, logp, logp, adv, mask, policy_loss_type="gspo", clip_eps_low=3e-4,
+                        clip_eps_high=4e-4)
+    exact, exact_grad = spec.policy_loss("gspo_token", logp, logp, adv, mask)
+    assert float(exact) == pytest.approx(0.0) and np.ravel(exact_grad.astype(float)) == pytest.approx([-0.5, 0.5])
+    assert loss == pytest.approx(0.0) and np.ravel(grad) == pytest.approx([0.0, 0.0])
+
+
 # ---- agreements, by hand -------------------------------------------------------------------------------------------
 def test_dual_clip_caps_the_loss_of_negative_advantages(worker):
     # r = e^2, A = -3: PPO's loss is -r*A = 3e^2; the dual clip caps it at -3*A = 9 and its gradient vanishes
@@ -170,7 +196,8 @@ def test_engine_finds_the_token_mean_of_clip_higher(worker):
     from harness.conform.targets.openrlhf import Target
     check = next(c for c in Target(worker).checks() if c.algorithm == "dapo")
     rows = run_check(check, seeds=3)
-    assert all(r["status"] == "differs" and "dapo[agg=token_mean]" in r["matches"] for r in rows)
+    # on every family; the extreme one with the log-ratio clamp on top (a finding of its own)
+    assert all(r["kind"] == "differs" and r["matches"][0].startswith("dapo[agg=token_mean]") for r in rows)
 
 
 def test_missing_environment_names_its_make_target(tmp_path, monkeypatch):

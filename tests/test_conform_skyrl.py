@@ -121,5 +121,49 @@ def test_gae_bootstraps_from_padded_values_and_whitens(skyrl):
 def test_the_engine_finds_the_empty_rows_counted(skyrl):  # the fixture skips when the environment is not built
     from harness.conform.targets.skyrl import Target
     row = engine_row(Target, lambda c: c.knob == "loss_reduction=sequence_mean", seeds=4)
-    assert row["status"] == "differs"
+    assert row["kind"] == "differs"
     assert any("with empty rows counted" in m for m in row["matches"])
+
+
+@pytest.mark.parametrize("loss", ["regular", "dual_clip"])
+def test_ppo_clamps_the_log_ratio_at_20(skyrl, loss):
+    # log r = 25, A = -1: PPO's loss is -r * A = e^25 = 7.2e10 with gradient e^25 (the dual clip at 3 gives 3, so
+    # only the plain loss shows the clamp's value); SkyRL's safe_exp_delta clamps log r at 20 (in float32)
+    got, grad = policy(skyrl, loss, "token_mean", [[0.0]], [[-25.0]], [[-1.0]], [[1.0]])
+    exact, exact_grad = spec.policy_loss("ppo", [[0.0]], [[-25.0]], [[-1.0]], [[1.0]])
+    assert float(exact) == pytest.approx(math.exp(25)) and float(exact_grad[0, 0]) == pytest.approx(math.exp(25))
+    assert got == pytest.approx(math.exp(20) if loss == "regular" else 3.0, rel=1e-6) and grad[0, 0] == 0.0
+
+
+def test_at_an_exact_tie_the_float32_ratio_takes_the_clipped_branch(skyrl):
+    # old chosen so that exp(logp - old) is exactly 1.2 = 1 + eps in float64, A = 1: PPO's two terms are equal and the
+    # reference's unclipped one wins the tie (float64, as the engine compares: gradient -r * A = -1.2); SkyRL's ratio
+    # is exp in float32, 1.2000000477 > 1.2, so its clipped branch wins, with gradient 0 (the values differ by 5e-8)
+    from harness.conform.cases import exact_offset
+    old = exact_offset(np.array([[-1.0]]), 1.2)
+    logp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+    assert torch.exp(logp.detach() - torch.tensor(old)).item() == 1.2
+    loss, _ = gpu.policy_loss("ppo", logp, torch.tensor(old), torch.ones(1, 1, dtype=torch.float64),
+                              torch.ones(1, 1, dtype=torch.float64))
+    loss.backward()
+    assert float(logp.grad[0, 0]) == pytest.approx(-1.2)
+    got, grad = policy(skyrl, "regular", "token_mean", [[-1.0]], old, [[1.0]], [[1.0]])
+    assert got == pytest.approx(float(loss.detach()), abs=1e-6) and grad[0, 0] == 0.0
+
+
+@pytest.mark.parametrize("estimator", ["reinforce++", "gae"])
+def test_reinforce_pp_and_gae_raise_on_a_one_token_mask(skyrl, estimator):
+    # one valid token, reward 1 (value 0.5 for GAE): the reference gives REINFORCE++'s whitened advantage 0 (a single
+    # token has no spread) and GAE's advantage r - V = 0.5; SkyRL's masked whitening refuses a one-token mask
+    from harness.conform.targets.remote import TargetError
+    arrays = {"rewards": [[1.0, 0.0]], "mask": [[1.0, 0.0]]}
+    mask = torch.tensor(arrays["mask"], dtype=torch.float64)
+    if estimator == "gae":
+        arrays["values"] = [[0.5, 0.0]]
+        want = gpu.gae(torch.tensor(arrays["rewards"]), torch.tensor(arrays["values"]), mask, gamma=1.0, lam=0.95)[0]
+        assert float(want[0, 0]) == pytest.approx(0.5)
+    else:
+        want = gpu.reinforce_pp_advantages(torch.tensor([1.0], dtype=torch.float64), mask)
+        assert float(want[0, 0]) == 0.0
+    with pytest.raises(TargetError, match="sum of the mask is one"):
+        skyrl.call("advantage", {"estimator": estimator, "gamma": 1.0, "lambd": 0.95}, **arrays)

@@ -110,9 +110,10 @@ def test_the_engine_reports_the_empty_row_convention():
     target = Target()
     check = next(c for c in target.checks() if c.knob.startswith("loss_type='sapo'"))
     row = run_check(check, seeds=2)[0]
-    assert row["status"] == "differs"
+    assert row["kind"] == "differs"
     assert any("empty rows counted" in m for m in row["matches"])
-    assert 0 in [sum(r) for r in row["minimal"]["input"]["mask"]]  # the minimal input has an empty completion
+    minimal = next(f for f in row["findings"] if "empty rows counted" in f["name"])["minimal_input"]
+    assert 0 in [sum(r) for r in minimal["input"]["mask"]]  # the minimal input has an empty completion
 
 
 # RLOOTrainer (the trl_rloo target)
@@ -160,3 +161,13 @@ def test_rloo_advantage_is_the_leave_one_out_baseline():
                                     {"ids": np.full((3, 2), 5)}))
     assert got[:, 0] == pytest.approx([1.0, -0.5, -0.5], rel=1e-6)
     assert got[:, 0] == pytest.approx(np.asarray(spec.group_advantages([1.0, 0, 0], 3, kind="rloo"), float))
+
+
+def test_the_gradient_overflows_in_the_float32_log_probs():
+    # log r = 100, A = -0.4, dual clip off: the loss is -r * A = 0.4 e^100 = 1.1e43 and so is its gradient (PPO's
+    # unclipped branch for A < 0); TRL's value is right (float64 from the old log-probs on), but the gradient flows
+    # into the trainer's float32 log-probs, where 1.1e43 is inf
+    loss, grad, used = call({"loss_type": "dapo", "epsilon_high": 0.28}, [[100.0]], [-0.4], [[1]])
+    want, want_grad = exact("dapo", used, agg="token_mean")
+    assert want == pytest.approx(0.4 * np.exp(100)) and want_grad[0, 0] == pytest.approx(want)
+    assert loss == pytest.approx(want, rel=1e-6) and np.isinf(grad[0, 0])

@@ -55,11 +55,13 @@ def test_cispo_caps_the_weight_at_epsilon_high_itself(worker):
     assert exact("cispo", [[2.0]], [1.0], [[1]], cap_mode="absolute")[0] == pytest.approx(loss)
 
 
+@pytest.mark.parametrize("kw", [{"loss_type": "grpo"}, {"loss_type": "bnpo", "use_bias_correction_kl": True}])
 @pytest.mark.parametrize("offset", [5.0, 25.0, -15.0])
-def test_the_k3_term_is_clamped_at_10(worker, offset):
-    # on-policy, A = 1, ref = logp + offset: k3 = e^offset - offset - 1 is 142, 7e10 and 14; Unsloth caps it at
-    # 10, so the loss is -1 + 0.04 * 10 and the KL adds nothing to the gradient
-    loss, grad = call(worker, {"loss_type": "grpo", "beta": 0.04}, [[0.0]], [1.0], [[1]], [[offset]])
+def test_the_k3_term_is_clamped_at_10(worker, offset, kw):
+    # on-policy, A = 1, ref = logp + offset: k3 = e^offset - offset - 1 is 142, 7e10 and 14 (r * k3 the same at
+    # r = 1; one token, so bnpo's token mean is grpo's); Unsloth caps it at 10, so the loss is -1 + 0.04 * 10 and
+    # the KL adds nothing to the gradient
+    loss, grad = call(worker, {**kw, "beta": 0.04}, [[0.0]], [1.0], [[1]], [[offset]])
     k3 = np.exp(offset) - offset - 1
     want, want_grad = exact("grpo", [[0.0]], [1.0], [[1]], [[offset]], beta=0.04)
     assert want == pytest.approx(-1 + 0.04 * k3) and want_grad[0, 0] == pytest.approx(-1 + 0.04 * (1 - np.exp(offset)))
@@ -80,3 +82,25 @@ def test_the_worker_runs_the_locked_version(worker):
     lock = (ROOT / "harness/conform/targets/envs/unsloth.lock").read_text()
     pin = next(line.split("==")[1] for line in lock.splitlines() if line.startswith("unsloth_zoo=="))
     assert worker.versions()["unsloth"] == f"zoo {pin}"
+
+
+def test_the_trainer_passes_trls_bias_corrected_kl_where_the_function_defaults_to_plain_k3(worker):
+    # Unsloth's trainer forwards TRL's GRPOConfig.use_bias_correction_kl (default True) to grpo_compute_loss, whose
+    # own fallback is False: off-policy (log r = 0.5) with ref = logp + 0.5, r * k3 and k3 differ
+    import trl
+
+    from harness.conform.targets.remote import envs_dir
+    from harness.conform.targets.unsloth import TRAINER_KL, Target
+    assert trl.GRPOConfig.__dataclass_fields__["use_bias_correction_kl"].default is True
+    source = next(envs_dir().glob("unsloth/lib/python*/site-packages/unsloth_zoo/rl_replacements.py")).read_text()
+    assert 'kwargs["use_bias_correction_kl"] = getattr(trainer.args, "use_bias_correction_kl", False)' in source
+    case = ([[0.5]], [1.0], [[1]], [[0.5]])
+    trainer, _ = call(worker, {"loss_type": "grpo", "beta": 0.04, **TRAINER_KL}, *case)
+    direct, _ = call(worker, {"loss_type": "grpo", "beta": 0.04}, *case)
+    assert trainer == pytest.approx(exact("grpo", *case, beta=0.04, kl="k3_unbiased")[0], rel=1e-9)
+    assert direct == pytest.approx(exact("grpo", *case, beta=0.04)[0], rel=1e-9) and abs(trainer - direct) > 1e-3
+    checks = Target(worker).checks()
+    with_beta = [c for c in checks if "beta=0.04" in c.knob and "loss_type" in c.call]
+    assert all("'use_bias_correction_kl': True" in c.call or "use_bias_correction_kl=True" in c.call
+               or "unset" in c.knob for c in with_beta)
+    assert sum("unset" in c.knob for c in with_beta) == 1

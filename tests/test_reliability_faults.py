@@ -127,5 +127,5 @@ def test_conform_reports_a_target_that_raises_after_its_first_call(tmp_path, mon
     monkeypatch.syspath_prepend(str(tmp_path))
     from harness.conform.engine import conform, verdict
     report = conform("flaky_target:loss", seeds=1)
-    assert {e for r in report["rows"] for e in r["target_errors"]} == {"TypeError: flaky kaboom"}
+    assert {e for r in report["rows"] for e in r["target_errors"]} == {"TypeError: flaky kaboom (at flaky_target.py:7)"}
     assert all("target raised on every case: TypeError: flaky kaboom" in verdict(r) for r in report["rows"])

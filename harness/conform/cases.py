@@ -3,7 +3,7 @@ conventions, and the check of one algorithm x knob. The engine (harness.conform.
 (harness.conform.targets) both import this module; it imports neither."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -19,6 +19,27 @@ STEP_FAMILIES = {"mixed": "mixed response lengths (1 to 6 tokens; every row has 
 #: stabilisers (1e-8 in denominators, clamps far outside these inputs' range) that stay below it.
 TOLERANCE = 1e-6
 FAMILIES = {"typical": {"extreme": False, "small_q": False}, "extreme": {"extreme": True}}
+#: What each case family holds (the report's preamble lists them). far_ref and ties are built by the engine from a
+#: check's typical batches (``family_batch``), for the checks whose reference reads ref_logp or has bounds.
+FAMILY_TEXT = {
+    "typical": "mixed lengths, empty and length-1 rows, several groups, log-ratios N(0, <= 1)",
+    "extreme": "30% of the tokens at log-ratios +-20, +-25, +-50 or +-100 (past every clamp the frameworks apply), "
+               "mixed within rows, and small sampling probabilities",
+    "far_ref": "typical batches (a third as many) with the reference log-probs 5, 12, 25 or 30 nats above or below "
+               "the policy's on 40% of the tokens (checks that read ref_logp)",
+    "ties": "typical batches (a third as many) with half the tokens exactly at a bound of the reference (r = 1 - "
+            "eps_low or 1 + eps_high, DCPO's bounds at the token's q, the dual clip c, the two-sided clip delta, "
+            "CISPO's cap, GMPO's log-space bounds, the rollout weight at the TIS cap or the MIS bounds), equal in "
+            "float64",
+    "lone": "prompts with a single response",
+}
+#: Families built on the typical batches hold a bound or an offset on many tokens of every batch: a third of the
+#: seeds covers them.
+SEED_SHARE = {"far_ref": 3, "ties": 3}
+#: |log-ratio| values of the extreme family: the clamps at 20 (verl, OpenRLHF, SkyRL) and 10 on log s, and past them.
+EXTREME_LOG_RATIOS = (20.0, 25.0, 50.0, 100.0)
+#: Offsets (nats) of the reference log-probs in the far_ref family: k3 = e^d - d - 1 is 142 at d = 5.
+FAR_REF_OFFSETS = (-30.0, -25.0, -12.0, -5.0, 5.0, 12.0, 25.0, 30.0)
 
 
 @dataclass
@@ -53,20 +74,96 @@ def batch_of(seed: int, family: str = "typical", seq_adv=None, min_group=1) -> B
         raise ValueError(f"family: unknown case family {family!r}; expected one of {', '.join(FAMILIES)}")
     case = make_case(seed, seq_adv=seq_adv, **FAMILIES[family])
     b = Batch(case.logp, case.old_logp, case.adv, case.mask, case.ref_logp, case.group_size)
+    if family == "extreme":  # the generator's +-20 tokens spread over every clamp and past it
+        rng = np.random.default_rng(60_000 + seed)
+        lr = b.logp - b.old_logp
+        far = np.abs(lr) == 20.0
+        b.logp = np.where(far, b.old_logp + np.sign(lr) * rng.choice(EXTREME_LOG_RATIOS, lr.shape), b.logp)
     if b.group_size < min_group:  # regroup the same rows into fewer, larger groups
         rows = len(b.mask) - len(b.mask) % min_group or min_group
         b = b.take(rows=np.arange(rows) % len(b.mask), group_size=min_group)
     return b
 
 
+def far_ref(b: Batch, seed: int) -> Batch:
+    """``b`` with the reference log-probs moved by FAR_REF_OFFSETS nats on about 40% of the tokens."""
+    rng = np.random.default_rng(70_000 + seed)
+    jump = rng.choice(FAR_REF_OFFSETS, b.mask.shape) * (rng.random(b.mask.shape) < 0.4)
+    return replace(b, ref_logp=b.ref_logp + jump, extra=dict(b.extra))
+
+
+def exact_offset(base, value, log_space: bool = False) -> np.ndarray:
+    """y with exp(base - y) == value (base - y == value with ``log_space``) in float64 as torch computes it,
+    searched within 8 ulps of base - log(value); where no such y exists, the nearest start (a tie within an ulp)."""
+    import torch
+    base, value = np.asarray(base, dtype=float), np.broadcast_to(np.asarray(value, dtype=float), np.shape(base))
+    start = base - (value if log_space else np.log(value))
+    out, found = start.copy(), np.zeros(base.shape, dtype=bool)
+    for step in (0, *(s * k for k in range(1, 9) for s in (1, -1))):
+        y = start.copy()
+        for _ in range(abs(step)):
+            y = np.nextafter(y, np.inf if step > 0 else -np.inf)
+        got = base - y if log_space else torch.exp(torch.from_numpy(base - y)).numpy()
+        hit = ~found & (got == value)
+        out[hit], found = y[hit], found | hit
+    return out
+
+
+def lay_log_ratio(logp, log_ratio) -> np.ndarray:
+    """Old log-probs giving ``logp`` the ratios exp(log_ratio) bit for bit where possible (a target that computes
+    its own logp keeps a batch's exact ties this way)."""
+    import torch
+    return exact_offset(logp, torch.exp(torch.as_tensor(np.asarray(log_ratio, dtype=float))).numpy())
+
+
+def at_ties(b: Batch, ties: dict, seed: int) -> Batch:
+    """``b`` with about half of its unmasked tokens moved exactly onto a bound in ``ties`` (see Convention): the
+    old log-probs for "ratio" and "log_ratio", the rollout log-probs for "rollout" (when the batch has them), the
+    policy's log-probs for "dcpo" (whose bounds depend on the old probability q)."""
+    rng = np.random.default_rng(80_000 + seed)
+    out = replace(b, extra=dict(b.extra))
+    for quantity, values in ties.items():
+        if quantity == "rollout" and "rollout_logp" not in b.extra:
+            continue
+        pick = (rng.random(b.mask.shape) < 0.5) & (b.mask > 0)
+        if quantity == "dcpo":
+            import torch
+
+            import gpu
+            bounds = [t.numpy() for t in gpu.dcpo_bounds(torch.from_numpy(np.exp(out.old_logp)), *values)]
+            value = np.where(rng.random(b.mask.shape) < 0.5, *bounds)
+            out.logp = np.where(pick, -exact_offset(-out.old_logp, value), out.logp)  # exp(logp - old) == bound
+            continue
+        value = rng.choice(np.asarray(values, dtype=float), b.mask.shape)
+        if quantity == "rollout":
+            rollout = exact_offset(out.old_logp, value)
+            out.extra["rollout_logp"] = np.where(pick, rollout, out.extra["rollout_logp"])
+        else:
+            old = exact_offset(out.logp, value, log_space=quantity == "log_ratio")
+            out.old_logp = np.where(pick, old, out.old_logp)
+    return out
+
+
 @dataclass(frozen=True)
 class Convention:
     """A named reading of the reference: ``fn(batch) -> (value, gradient or None)``; ``named`` is False for a
-    variant that the reference does not name (shown as a hint of what the target computes)."""
+    variant that the reference does not name (shown as a hint of what the target computes).
+
+    ``ties``: the values at which the convention switches branch, by quantity ("ratio" exp(logp - old_logp),
+    "log_ratio" logp - old_logp, "rollout" exp(old_logp - rollout_logp); "dcpo": (eps_low, eps_high, r_max) of
+    DCPO's bounds of the ratio, which depend on each token's q), for the ties family; ``far_ref``: whether
+    it reads ref_logp (for the far_ref family); ``policy``: (algorithm, hp, rows_counted) of a policy-loss
+    convention, which the clamp variants rebuild; ``base`` and ``part``: a variant is ``base`` with one change,
+    ``part``, named in words (e.g. "clamps the log-ratio at +-20")."""
 
     label: str
     fn: Callable
     named: bool = True
+    ties: dict | None = None
+    far_ref: bool = False
+    policy: tuple | None = None
+    base: "Convention | None" = None
+    part: str = ""
 
 
 @dataclass
@@ -80,11 +177,27 @@ class Check:
     reference: Convention | None
     candidates: list = field(default_factory=list)
     cases: Callable = batch_of
-    families: tuple = tuple(FAMILIES)
+    families: tuple | None = None
     exact: Callable | None = None
     note: str = ""
     tolerance: float = TOLERANCE
     reads: str = "logp, old_logp, adv, mask (policy log-probs, sampling log-probs, advantages, response mask)"
+
+    def __post_init__(self):
+        """By default: typical and extreme, with far_ref when the reference reads ref_logp and ties when it has
+        bounds."""
+        if self.families is None:
+            conv = self.reference
+            self.families = ("typical", "extreme") + (("far_ref",) if conv and conv.far_ref else ()) + (
+                ("ties",) if conv and conv.ties else ())
+
+    def batch(self, seed: int, family: str) -> Batch:
+        """The family's generated batch for this check (far_ref and ties from its typical batch)."""
+        if family == "far_ref":
+            return far_ref(self.cases(seed, "typical"), seed)
+        if family == "ties":
+            return at_ties(self.cases(seed, "typical"), self.reference.ties, seed)
+        return self.cases(seed, family)
 
 
 class NotApplicable(ValueError):

@@ -1,11 +1,13 @@
 """``cliplab conform TARGET``: drive an outside implementation and the reference with the same batches, and say
-for each algorithm, mode and knob whether they agree, by how much they differ, on which minimal input, and which
-named convention of the reference the target matches instead."""
+for each algorithm, mode, knob and case family whether they agree, differ or the target raises, with every
+distinct finding: the named convention the target matches instead, a clamp found on top of it, a NaN or an
+exception, each with its largest difference and a minimal input."""
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
+import traceback
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +17,7 @@ from spec.records import write_text
 from spec.registry import (AGG_MODES, CAP_MODES, HPARAMS, KL_KINDS, POLICY_ALGORITHMS, ROLLOUT_CORRECTIONS,
                            get_algorithm)
 
-from harness.conform.cases import TOLERANCE, Batch, Check, Convention
+from harness.conform.cases import FAMILY_TEXT, SEED_SHARE, TOLERANCE, Batch, Check, Convention
 from harness.verify.layers import scaled_diff
 
 def _diff(got, want) -> tuple[float, float]:
@@ -37,14 +39,70 @@ def _differs(check: Check, batch: Batch, conv: Convention) -> bool:
     return max(d) > check.tolerance
 
 
-def shrink(check: Check, batch: Batch, conv: Convention, budget: int = 300) -> Batch:
-    """Fewest groups, rows, columns and unmasked tokens (then simplest values) on which target and ``conv`` differ."""
+def _raises(check: Check, batch: Batch) -> str | None:
+    """The target's error on ``batch`` as one line, or None."""
+    try:
+        check.run(batch)
+    except Exception as exc:  # noqa: BLE001 (the target is outside code and may raise anything)
+        return error_line(exc)
+    return None
+
+
+def _non_finite(check: Check, batch: Batch) -> bool:
+    try:
+        value, grad, _ = check.run(batch)
+    except Exception:  # noqa: BLE001 (the target is outside code and may raise anything)
+        return False
+    return not _finite(value, grad)
+
+
+def _non_finite_text(runs: list) -> str:
+    """``NaN`` or ``inf``, in the value, the gradient or both, over the cases (batch, used, value, grad)."""
+    bad = lambda x: x is not None and not np.isfinite(np.asarray(x, dtype=float)).all()  # noqa: E731
+    nan = any(np.isnan(np.asarray(x, dtype=float)).any() for _, _, v, g in runs for x in (v, g) if x is not None)
+    where = [w for w, k in (("value", 2), ("gradient", 3)) if any(bad(r[k]) for r in runs)]
+    return f"{'NaN' if nan else 'inf'} in the {' and the '.join(where)}"
+
+
+def _finite(value, grad) -> bool:
+    return bool(np.isfinite(np.asarray(value, dtype=float)).all()
+                and (grad is None or np.isfinite(np.asarray(grad, dtype=float)).all()))
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: message (at file:line)`` on one line; a worker's error comes with its own place already."""
+    from harness.conform.targets.remote import TargetError
+    if isinstance(exc, TargetError):
+        return str(exc).split(": ", 1)[-1].splitlines()[0][:200]
+    frames = traceback.extract_tb(exc.__traceback__)
+    place = getattr(exc, "where", None) or (f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}"
+                                            if frames else "")
+    where = f" (at {place})" if place else ""
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0][:160] if message else ''}{where}"
+
+
+def shrink(check: Check, batch: Batch, conv: Convention, budget: int = 300, agree: Convention | None = None) -> Batch:
+    """Fewest groups, rows, columns and unmasked tokens (then simplest values) on which target and ``conv`` differ
+    (and, given ``agree``, target and ``agree`` do not)."""
+    return _shrink(batch, lambda b: _differs(check, b, conv) and (agree is None or not _differs(check, b, agree)),
+                   budget)
+
+
+def _shrink(batch: Batch, keeps: Callable[[Batch], bool], budget: int = 300) -> Batch:
+    """The smallest batch derived from ``batch`` (groups, responses, columns, tokens removed; numbers rounded) on
+    which ``keeps`` still holds."""
     calls = [0]
 
     def still(b, limit=budget):  # never down to a batch without tokens: those are reported apart
         calls[0] += 1
-        return b.mask.sum() > 0 and calls[0] <= limit and _differs(check, b, conv)
+        return b.mask.sum() > 0 and calls[0] <= limit and keeps(b)
 
+    for r in range(len(batch.mask)):  # most findings show on one response: try each alone first
+        single = batch.take(rows=[r], group_size=1)
+        if len(batch.mask) > 1 and still(single):
+            batch = single
+            break
     changed = True
     while changed and calls[0] < budget:
         changed = False
@@ -84,62 +142,174 @@ def _unset(mask, i, t):
 
 
 def run_check(check: Check, seeds: int = 30) -> list[dict]:
-    """One row per case family: agrees or differs, largest differences, minimal input, what it matches instead."""
-    return [_run_family(check, family, seeds) for family in check.families]
+    """One record per case family (see ``_run_family``): ``seeds`` batches each, a share of them for the families
+    of SEED_SHARE."""
+    seen = _Seen()
+    return [_run_family(check, family, max(1, seeds // SEED_SHARE.get(family, 1)), seen)
+            for family in check.families]
 
 
-def _run_family(check: Check, family: str, seeds: int) -> dict:
+@dataclass
+class _Seen:
+    """What a check's earlier families found: the minimal input of each finding (not shrunk again) and the
+    conventions matched (preferred again where they still match)."""
+
+    minimal: dict = field(default_factory=dict)
+    matched: list = field(default_factory=list)
+
+
+def _run_family(check: Check, family: str, seeds: int, seen: _Seen | None = None) -> dict:
+    """The record of one check on one case family: what was called (algorithm, call, knob, family, reference,
+    note, reads), ``cases`` compared, ``loss_diff`` and ``grad_diff`` (largest scaled differences from the
+    reference), the conventions it ``matches`` (and ``value_matches``, ``grad_matches``), ``target_errors``,
+    and the verdict: ``kind`` ("agrees", "differs", "raises", or "no reference" for a check without one) and
+    ``findings``, each a dict ``{"name", "max_err", "cases", "of", "family", "minimal_input"}`` (``max_err`` None
+    for a raise; ``minimal_input`` from ``_describe``)."""
     row = {"algorithm": check.algorithm, "call": check.call, "knob": check.knob, "family": family,
            "reference": check.reference.label if check.reference else None, "note": check.note,
-           "reads": check.reads}
-    runs, errors = [], []
+           "reads": check.reads, "loss_diff": None, "grad_diff": None, "matches": []}
+    runs, raised, empty = [], {}, None
     for seed in range(seeds):
-        batch = check.cases(seed, family)
+        batch = check.batch(seed, family)
         try:
             value, grad, used = check.run(batch)
         except Exception as exc:  # noqa: BLE001 (the target is outside code and may raise anything)
-            errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+            raised.setdefault(error_line(exc), []).append(batch)
             continue
         if batch.mask.sum() == 0:  # a batch without tokens is reported apart: it would hide every other match
-            _empty_batch(check, row, used, value)
+            empty = empty or (used, value)
             continue
         runs.append((batch, used, value, grad))
-    row["cases"], row["target_errors"] = len(runs), sorted(set(errors))
-    if not runs:
-        return {**row, "status": "error", "loss_diff": None, "grad_diff": None, "matches": []}
-    if check.reference is None:
-        row.update(status="no reference", loss_diff=None, grad_diff=None)
-    else:
-        diffs = [_diff((v, g), check.reference.fn(u)) for _, u, v, g in runs]
-        bad = [k for k, d in enumerate(diffs) if max(d) > check.tolerance]
-        row["loss_diff"] = max(d[0] for d in diffs)
-        row["grad_diff"] = max(d[1] for d in diffs)
-        row["status"] = "differs" if bad else "agrees"
-        if bad:
-            worst = max(bad, key=lambda k: max(diffs[k]))
-            small = shrink(check, runs[worst][0], check.reference)
-            row["minimal"] = _describe(check, small)
-    if row["status"] != "agrees":
-        row.update(_matches(check, runs))
+    row["cases"], row["target_errors"] = len(runs), sorted(raised)
+    seen = seen or _Seen()
+    findings = [_raise_finding(check, family, seeds, message, batches, seen) for message, batches in raised.items()]
+    if empty is not None and check.reference is not None:
+        findings += _empty_finding(check, family, *empty)
+    if runs and check.reference is None:
+        row.update(_match_labels(_matches(check, _Cases(runs))))
+    elif runs:
+        findings += _differences(check, family, seeds, runs, row, seen)
+    row["findings"] = findings
+    row["kind"] = ("raises" if raised else "differs" if findings else
+                   "no reference" if check.reference is None else "agrees")
     return row
 
 
-def _empty_batch(check: Check, row: dict, used: Batch, value) -> None:
-    """Note what the target returns on a batch whose mask is all zero, where the reference's loss is 0."""
-    if check.reference is None or "empty_batch" in row:
-        return
+def _raise_finding(check: Check, family: str, seeds: int, message: str, batches: list, seen: _Seen) -> dict:
+    """A raise: how often, and the smallest batch on which the target still raises the same error."""
+    if message not in seen.minimal:
+        small = _shrink(batches[0], lambda b: _raises(check, b) == message)
+        seen.minimal[message] = {"rows": int(len(small.mask)), "tokens": int(small.mask.sum()),
+                                 "input": small.to_json(), "error": message}
+    return {"name": f"raises {message} on {len(batches)} of {seeds} cases", "max_err": None,
+            "cases": len(batches), "of": seeds, "family": family, "minimal_input": seen.minimal[message]}
+
+
+def _empty_finding(check: Check, family: str, used: Batch, value) -> list:
+    """What the target returns on a batch whose mask is all zero, where the reference's loss is 0."""
     want = check.reference.fn(used)[0]
-    if max(_diff((value, None), (want, None))) > check.tolerance:
-        row["empty_batch"] = {"input": used.to_json(), "target": _plain(value), "reference": _plain(want)}
+    err = max(_diff((value, None), (want, None)))
+    if err <= check.tolerance:
+        return []
+    return [{"name": f"returns {_short(value)} on a batch without tokens (the reference gives {_short(want)})",
+             "max_err": err, "cases": 1, "of": 1, "family": family,
+             "minimal_input": {"rows": int(len(used.mask)), "tokens": 0, "input": used.to_json(),
+                               "target": _plain(value), "reference": _plain(want)}}]
 
 
-def _describe(check: Check, batch: Batch) -> dict:
+def _short(x) -> str:
+    arr = np.asarray(x, dtype=float)
+    return f"{float(arr):.4g}" if arr.ndim == 0 else "values"
+
+
+class _Cases:
+    """The compared cases of one family, (batch, batch used, value, gradient) each, and the scaled differences of
+    the target from each convention, computed once per convention and case."""
+
+    def __init__(self, runs: list):
+        self.runs, self._memo = runs, {}
+
+    def diff(self, conv: Convention, k: int) -> tuple[float, float]:
+        key = (id(conv), k)
+        if key not in self._memo:  # the convention is kept with its numbers: its id stays its own
+            _, used, value, grad = self.runs[k]
+            self._memo[key] = (conv, _diff((value, grad), conv.fn(used)))
+        return self._memo[key][1]
+
+    def worst(self, conv: Convention) -> float:
+        return max(max(self.diff(conv, k)) for k in range(len(self.runs)))
+
+
+def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, seen: _Seen) -> list:
+    """Findings against the reference: non-finite results apart, then what the rest matches instead, split into
+    one finding per change (a clamp apart from the convention it clamps)."""
+    cases, findings = _Cases(runs), []
+    diffs = [cases.diff(check.reference, k) for k in range(len(runs))]
+    row["loss_diff"], row["grad_diff"] = max(d[0] for d in diffs), max(d[1] for d in diffs)
+    bad_finite = [r for r, d in zip(runs, diffs) if not _finite(r[2], r[3]) and max(d) == float("inf")]
+    if bad_finite:
+        what = _non_finite_text(bad_finite)
+        if what not in seen.minimal:
+            seen.minimal[what] = _describe(check, _shrink(bad_finite[0][0], lambda b: _non_finite(check, b)))
+        findings.append({"name": f"returns {what} where the reference is finite, on {len(bad_finite)} of {seeds} "
+                                 "cases", "max_err": float("inf"), "cases": len(bad_finite), "of": seeds,
+                         "family": family, "minimal_input": seen.minimal[what]})
+        cases = _Cases([r for r in runs if not any(r is b for b in bad_finite)])
+    if not cases.runs or cases.worst(check.reference) <= check.tolerance:
+        return findings
+    full, value_only, grad_only = _matches(check, cases)
+    row.update(_match_labels((full, value_only, grad_only)))
+    if not full:
+        hints = [f"value matches {', '.join(_label(c) for c in value_only)}"] if value_only else []
+        hints += [f"gradient matches {', '.join(_label(c) for c in grad_only)}"] if grad_only else []
+        name = ("at exact ties on its bounds (where the reference's unclipped branch wins), " if family == "ties"
+                else "") + "matches none of the reference's conventions" + "".join(f"; {h}" for h in hints)
+        near = (value_only + grad_only + [check.reference])[0]  # the minimal input shows what even it misses
+        return findings + [_finding(check, family, seeds, name, cases, near, seen)]
+    best = min(full, key=lambda c: c.label not in seen.matched)  # as on an earlier family, if it still matches
+    seen.matched.append(best.label)
+    if best.base is None:
+        return findings + [_finding(check, family, seeds, f"matches {_label(best)}", cases, check.reference, seen)]
+    findings.append(_finding(check, family, seeds, best.part, cases, best.base, seen))
+    if best.base.label != check.reference.label:
+        base = _finding(check, family, seeds, f"matches {_label(best.base)}", cases, check.reference, seen,
+                        agree=best.base)
+        findings += [base] if base else []
+    return findings
+
+
+def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, against: Convention, seen: _Seen,
+             agree: Convention | None = None) -> dict | None:
+    """A finding: the cases on which the target differs from ``against`` (and agrees with ``agree``), the largest
+    difference, and the smallest input that shows it; None when no case shows it alone."""
+    errs = []
+    for k in range(len(cases.runs)):
+        err = max(cases.diff(against, k))
+        if err > check.tolerance and (agree is None or max(cases.diff(agree, k)) <= check.tolerance):
+            errs.append((err, k))
+    if not errs:
+        return None
+    if name not in seen.minimal:
+        small = shrink(check, cases.runs[max(errs)[1]][0], against, agree=agree)
+        seen.minimal[name] = _describe(check, small, against)
+    return {"name": name, "max_err": max(errs)[0], "cases": len(errs), "of": seeds, "family": family,
+            "minimal_input": seen.minimal[name]}
+
+
+def _describe(check: Check, batch: Batch, against: Convention | None = None) -> dict:
+    """The minimal input: its size and arrays, the target's value (and gradient) and the reference's; when the
+    finding is against another convention (a clamp found on top of it), that convention's too."""
     value, grad, used = check.run(batch)
     want = check.reference.fn(used)
     out = {"rows": int(len(used.mask)), "tokens": int(used.mask.sum()), "input": used.to_json(),
            "target": _plain(value), "reference": _plain(want[0])}
     if grad is not None and want[1] is not None:
         out["target_grad"], out["reference_grad"] = _plain(grad), _plain(want[1])
+    if against is not None and against.label != check.reference.label:
+        other = against.fn(used)
+        out["compared_with"] = {"label": _label(against), "value": _plain(other[0])}
+        if other[1] is not None:
+            out["compared_with"]["grad"] = _plain(other[1])
     if check.exact is not None:
         out["reference_exact"] = _plain(check.exact(used))
     return out
@@ -150,28 +320,50 @@ def _plain(x):
     return float(arr) if arr.ndim == 0 else np.round(arr, 12).tolist()
 
 
-def _matches(check: Check, runs) -> dict:
-    """Which candidate conventions reproduce the target on every case (value and gradient, or only one of them)."""
+def _candidates(check: Check) -> list[Convention]:
+    """The clamp, cap and floor variants (targets.reference.VARIANTS) of the reference and of each candidate."""
+    from harness.conform.targets.reference import VARIANTS
+    convs = ([check.reference] if check.reference else []) + list(check.candidates)
+    return [v for c in convs for make in VARIANTS if (v := make(c)) is not None]
+
+
+def _matches(check: Check, cases: _Cases) -> tuple[list, list, list]:
+    """The candidate conventions that reproduce the target on every case: value and gradient, value only, gradient
+    only; the clamp variants are tried (for both) when no plain candidate reproduces both."""
+    full, value_only, grad_only = _match(check, cases, check.candidates)
+    return (full or _match(check, cases, _candidates(check))[0]), value_only, grad_only
+
+
+def _match(check: Check, cases: _Cases, candidates) -> tuple[list, list, list]:
     full, value_only, grad_only = [], [], []
-    has_grad = all(g is not None for _, _, _, g in runs)
-    for conv in check.candidates:
+    has_grad = all(g is not None for _, _, _, g in cases.runs)
+    for conv in candidates:
         ok_val, ok_grad = True, has_grad
         try:
-            for _, u, v, g in runs:  # stop at the first case on which neither value nor gradient matches
-                d = _diff((v, g), conv.fn(u))
+            for k in range(len(cases.runs)):  # stop at the first case on which neither value nor gradient matches
+                d = cases.diff(conv, k)
                 ok_val, ok_grad = ok_val and d[0] <= check.tolerance, ok_grad and d[1] <= check.tolerance
                 if not (ok_val or ok_grad):
                     break
         except ValueError:
             continue
-        label = conv.label if conv.named else conv.label + " (not a reference convention)"
         if ok_val and (ok_grad or not has_grad):
-            full.append(label)
+            full.append(conv)
         elif ok_val:
-            value_only.append(label)
+            value_only.append(conv)
         elif ok_grad:
-            grad_only.append(label)
-    return {"matches": full, "value_matches": value_only, "grad_matches": grad_only}
+            grad_only.append(conv)
+    return full, value_only, grad_only
+
+
+def _label(conv: Convention) -> str:
+    return conv.label if conv.named else conv.label + " (not a reference convention)"
+
+
+def _match_labels(matched) -> dict:
+    full, value_only, grad_only = matched
+    return {"matches": [_label(c) for c in full], "value_matches": [_label(c) for c in value_only],
+            "grad_matches": [_label(c) for c in grad_only]}
 
 
 def conform(target, seeds: int = 30, only: Callable[[Check], bool] | None = None, adapter=None) -> dict:
@@ -181,12 +373,15 @@ def conform(target, seeds: int = 30, only: Callable[[Check], bool] | None = None
     check_seeds(seeds)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: one thread is an order of magnitude faster on shared cores
+    tgt = None
     try:
         tgt = target_of(target, adapter)
         checks = [c for c in tgt.checks() if only is None or only(c)]
         rows = [row for check in checks for row in run_check(check, seeds)]
     finally:
         torch.set_num_threads(threads)
+        if hasattr(tgt, "close"):  # a target's worker process ends with its report
+            tgt.close()
     return {"target": tgt.name, "versions": tgt.versions, "tolerance": getattr(tgt, "tolerance", TOLERANCE),
             "seeds": seeds,
             "how": tgt.how, "rows": rows}
@@ -209,73 +404,106 @@ def target_of(target, adapter=None):
     return CallableTarget(target, adapter)
 
 
+#: How severe each kind of verdict is: a cell or a check shows its worst.
+KIND_RANK = {"agrees": 0, "no reference": 1, "differs": 2, "raises": 3}
+
+
+def check_records(report: dict) -> list[dict]:
+    """One record per check (its family rows merged): algorithm, call, knob, reference, the worst ``kind`` and every
+    distinct ``findings`` entry (the same name on several families once, with those families in ``families``)."""
+    records = {}
+    for row in report["rows"]:
+        key = (row["algorithm"], row["call"], row["knob"])
+        rec = records.setdefault(key, {"algorithm": row["algorithm"], "call": row["call"], "knob": row["knob"],
+                                       "reference": row["reference"], "kind": row["kind"], "findings": []})
+        if KIND_RANK[row["kind"]] > KIND_RANK[rec["kind"]]:
+            rec["kind"] = row["kind"]
+        for f in row["findings"]:
+            same = next((g for g in rec["findings"] if g["name"] == f["name"]), None)
+            if same is None:
+                rec["findings"].append({**f, "families": [f["family"]]})
+            else:
+                same["families"].append(f["family"])
+    return list(records.values())
+
+
 def verdict(row: dict) -> str:
-    """One line: agrees / differs, what the target matches instead, and what it does on a batch without tokens."""
-    text = _verdict(row)
-    if row.get("empty_batch"):
-        e = row["empty_batch"]
-        text += (f"; on a batch without tokens it returns {json.dumps(e['target'])} where the reference gives "
-                 f"{json.dumps(e['reference'])}")
-    return text
-
-
-def _verdict(row: dict) -> str:
-    if row["status"] == "agrees":
-        return "agrees"
-    if row["status"] == "error":
+    """One line: the kind, then every finding's name (what the target matches instead, clamps, raises)."""
+    if row["kind"] == "raises" and not row["cases"]:
         return "target raised on every case: " + "; ".join(row["target_errors"])
-    head = "no reference convention" if row["status"] == "no reference" else f"differs from {row['reference']}"
-    if row.get("matches"):
-        return f"{head}; matches {', '.join(row['matches'])}"
-    parts = []
-    if row.get("value_matches"):
-        parts.append("value matches " + ", ".join(row["value_matches"]))
-    if row.get("grad_matches"):
-        parts.append("gradient matches " + ", ".join(row["grad_matches"]))
-    return f"{head}; " + ("; ".join(parts) if parts else "matches none of the reference's conventions")
+    names = [f["name"] for f in row["findings"]]
+    if row["kind"] == "no reference":
+        names = names or ["matches " + ", ".join(row["matches"]) if row.get("matches") else
+                          "matches none of the reference's conventions"]
+    return "; ".join([row["kind"], *names])
 
 
 def diff_anchor(index: int) -> str:
-    """The HTML anchor of a report page's ``index``-th difference (the matrix links to it)."""
+    """The HTML anchor of a report page's ``index``-th finding (the matrix links to it)."""
     return f"diff-{index}"
 
 
 def markdown(report: dict) -> str:
-    """The report as commit-ready markdown: a summary table, then each difference with its minimal input."""
+    """The report as commit-ready markdown: a summary table, then each finding with its minimal input."""
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+    families = sorted({r["family"] for r in report["rows"]}, key=list(FAMILY_TEXT).index)
     lines = [f"# Conformance: {report['target']}", "", f"Versions: {versions}. {report['how']}", "",
-             f"Each check runs {report['seeds']} generated batches per family (typical: mixed lengths, empty and "
-             "length-1 rows, several groups; extreme: log-ratios of +-20 and small sampling probabilities, or for "
-             "the KL estimators reference log-probs up to 30 nats away; lone: prompts with a single response). "
-             "A batch whose mask is all zero is reported apart, at the end of the verdict. "
+             f"Each check runs {report['seeds']} generated batches per family: "
+             + "; ".join(f"{f}: {FAMILY_TEXT[f]}" for f in families) + ". A batch whose mask is all zero is "
+             "compared apart. "
              f"Agreement means max |target - reference| / max(1, |reference|) <= {report['tolerance']:g} for the "
-             "loss (or values) and for its gradient.", "",
+             "loss (or values) and for its gradient. A target that raises is never dropped: its error is a "
+             "finding of its own.", "",
              "| algorithm | target call | knob | family | cases | max loss diff | max grad diff | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     fmt = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
+    index = 0
     for r in report["rows"]:
+        links = []
+        for f in r["findings"]:
+            links.append(f"[{f['name']}](#{diff_anchor(index)})")
+            index += 1
+        text = "; ".join([r["kind"], *links]) if links else verdict(r)
         lines.append(f"| {r['algorithm']} | `{r['call']}` | {r['knob']} | {r['family']} | {r['cases']} | "
-                     f"{fmt(r.get('loss_diff'))} | {fmt(r.get('grad_diff'))} | {verdict(r)} |")
-    diffs = [r for r in report["rows"] if r.get("minimal")]
-    if diffs:
-        lines += ["", "## Differences and their minimal inputs", ""]
-    for index, r in enumerate(diffs):
-        m = r["minimal"]
-        lines += [f'<a id="{diff_anchor(index)}"></a>', "",
-                  f"### {r['algorithm']}: `{r['call']}`, {r['knob']} ({r['family']})", "", verdict(r) + ".",
-                  *([r["note"]] if r["note"] else []), "",
-                  f"Minimal input ({m['rows']} rows, {m['tokens']} tokens; the check reads {r['reads']}): "
-                  f"`{json.dumps(m['input'])}`", "",
-                  f"- target: `{json.dumps(m['target'])}`", f"- reference: `{json.dumps(m['reference'])}`"]
-        if "reference_exact" in m:
-            lines.append(f"- reference, exact (sympy): `{json.dumps(m['reference_exact'])}`")
-        if "target_grad" in m:
-            lines += [f"- target gradient: `{json.dumps(m['target_grad'])}`",
-                      f"- reference gradient: `{json.dumps(m['reference_grad'])}`"]
-        if r["target_errors"]:
-            lines.append(f"- the target raised on some generated batches: {'; '.join(r['target_errors'])}")
-        lines.append("")
+                     f"{fmt(r.get('loss_diff'))} | {fmt(r.get('grad_diff'))} | {text.replace('|', '/')} |")
+    if index:
+        lines += ["", "## Findings and their minimal inputs", ""]
+    index, first = 0, {}
+    for r in report["rows"]:
+        for f in r["findings"]:
+            counted = f["name"].endswith(" cases") or f["max_err"] is None
+            size = "" if f["max_err"] is None else f"largest difference {float(f['max_err']):.3g}"
+            size += "" if counted else f", on {f['cases']} of {f['of']} cases"
+            shown = first.setdefault(json.dumps(strict_json(f["minimal_input"]), sort_keys=True), index)
+            lines += [f'<a id="{diff_anchor(index)}"></a>', "",
+                      f"### {index}. {r['algorithm']}: `{r['call']}`, {r['knob']} ({r['family']})", "",
+                      f"{r['kind'].capitalize()}: {f['name']}" + (f" ({size})" if size else "") + ".",
+                      *([r["note"]] if r["note"] else []), "",
+                      *(finding_lines(f["minimal_input"], r["reads"]) if shown == index else
+                        [f"Minimal input: the one of [finding {shown}](#{diff_anchor(shown)})."]), ""]
+            index += 1
     return "\n".join(lines) + "\n"
+
+
+def finding_lines(m: dict, reads: str) -> list[str]:
+    """A finding's minimal input as markdown lines."""
+    lines = [f"Minimal input ({m['rows']} rows, {m['tokens']} tokens; the check reads {reads}): "
+             f"`{json.dumps(strict_json(m['input']))}`", ""]
+    if "error" in m:
+        return lines + [f"- target raises: `{m['error']}`"]
+    lines += [f"- target: `{json.dumps(strict_json(m['target']))}`",
+              f"- reference: `{json.dumps(strict_json(m['reference']))}`"]
+    if "reference_exact" in m:
+        lines.append(f"- reference, exact (sympy): `{json.dumps(strict_json(m['reference_exact']))}`")
+    if "compared_with" in m:
+        lines.append(f"- {m['compared_with']['label']}: `{json.dumps(strict_json(m['compared_with']['value']))}`")
+    if "target_grad" in m:
+        lines += [f"- target gradient: `{json.dumps(strict_json(m['target_grad']))}`",
+                  f"- reference gradient: `{json.dumps(strict_json(m['reference_grad']))}`"]
+        if "grad" in m.get("compared_with", {}):
+            lines.append(f"- {m['compared_with']['label']}, gradient: "
+                         f"`{json.dumps(strict_json(m['compared_with']['grad']))}`")
+    return lines
 
 
 def strict_json(obj):
@@ -313,11 +541,9 @@ NUMERIC = tuple(k for k in HPARAMS if k not in CHOICES and k not in ("max_len", 
 LABEL = re.compile(r"(?:.* \()?(?P<name>[a-z0-9_]+)(?:\[(?P<settings>[^\]]*)\])?\)?")
 
 
-def kind(row: dict) -> str:
-    """A check's verdict kind: the engine's when it records one, else from its status (error: raises). A check that
-    agrees on every batch with tokens but not on a batch without any differs."""
-    found = row.get("kind") or {"error": "raises"}.get(row["status"], row["status"])
-    return "differs" if found == "agrees" and row.get("empty_batch") else found
+def minimal_of(row: dict) -> dict | None:
+    """The minimal input of a row's first finding that has values to compare (not a raise)."""
+    return next((f["minimal_input"] for f in row["findings"] if "target" in f["minimal_input"]), None)
 
 
 def parse_accept(entries) -> dict:
@@ -407,16 +633,16 @@ def settle(target, report: dict, accepted: dict | None = None) -> dict:
     differs or raises."""
     checks = None
     for row in report["rows"]:
-        row["outcome"] = kind(row)
+        row["outcome"] = row["kind"]
         if row["outcome"] == "differs" and accepted_match(row, accepted or {}):
             row["outcome"] = "accepted"
         if row["outcome"] == "differs" and row.get("matches"):
             named = [m for m in row["matches"] if not m.endswith("(not a reference convention)")]
             row["closest"] = (named or row["matches"])[0]
-        elif row["outcome"] == "differs" and row.get("minimal"):
+        elif row["outcome"] == "differs" and minimal_of(row):
             checks = checks or {(c.algorithm, c.call, c.knob): c for c in target.checks()}
             check = checks.get((row["algorithm"], row["call"], row["knob"]))
-            row["closest"] = check and closest(check, row["minimal"])
+            row["closest"] = check and closest(check, minimal_of(row))
     report["ok"] = not any(r["outcome"] in FAILING for r in report["rows"])
     return report
 
@@ -436,16 +662,16 @@ def console_lines(report: dict, failing_only: bool = False) -> list[str]:
         if r.get("loss_diff") is not None:
             lines.append(f"    largest difference over {r['cases']} batches: loss {fmt(r['loss_diff'])}, gradient "
                          f"{fmt(r['grad_diff'])} (tolerance {report['tolerance']:g}, scaled by max(1, |reference|))")
-        if r.get("target_errors") and r["outcome"] != "raises":
-            lines.append(f"    raised on some batches: {'; '.join(r['target_errors'])}")
-        if r.get("minimal"):
-            m = r["minimal"]
-            exact = f" (exact: {json.dumps(m['reference_exact'])})" if "reference_exact" in m else ""
-            lines += [f"    minimal input (rows: {m['rows']}, tokens: {m['tokens']}; reads {r['reads']}): "
-                      f"{json.dumps(m['input'])}",
-                      f"    target {json.dumps(m['target'])}, reference {json.dumps(m['reference'])}{exact}"]
-        if r.get("empty_batch"):
-            lines.append(f"    batch without tokens: {json.dumps(r['empty_batch']['input'])}")
+        for f in r["findings"]:
+            m = f["minimal_input"]
+            lines += [f"    {f['name']}" + ("" if f["max_err"] is None else f" (largest error {fmt(f['max_err'])})"),
+                      f"      minimal input (rows: {m['rows']}, tokens: {m['tokens']}; reads {r['reads']}): "
+                      f"{json.dumps(m['input'])}"]
+            if "error" in m:
+                lines.append(f"      raises {m['error']}")
+            else:
+                exact = f" (exact: {json.dumps(m['reference_exact'])})" if "reference_exact" in m else ""
+                lines.append(f"      target {json.dumps(m['target'])}, reference {json.dumps(m['reference'])}{exact}")
         if r.get("closest"):
             lines.append(f"    closest known convention: {r['closest']}")
         if r.get("note"):

@@ -1,20 +1,29 @@
 """The ecosystem matrix (``reports/conformance/README.md``): rows are the reference's algorithm x mode (the
-convention each check compares against), columns the frameworks with their versions, each cell agrees / differs
-(with the convention it matches instead and a link to the minimal input) / not implemented; then the step-level
-findings. Built from the ``NAME.json`` reports that ``cliplab conform NAME --out DIR`` writes."""
+convention each check compares against), columns the frameworks with their versions, each cell a symbol (agrees,
+differs, raises, not implemented) with numbered footnotes, one per distinct finding, each linking to its minimal
+input; then the step-level findings. Built from the ``NAME.json`` reports that ``cliplab conform NAME --out DIR``
+writes."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from spec.records import write_text
 
-from harness.conform.engine import conform, diff_anchor, verdict, write_report
-from harness.conform.step import findings_page, step_command, step_targets
+from harness.conform.engine import KIND_RANK, conform, diff_anchor, verdict, write_report
+from harness.conform.step import conform_step, findings_page, step_targets, write_step_report
 from harness.conform.targets import BUILTIN
 
-RANK = {"agrees": 0, "no reference": 1, "differs": 2, "error": 3}
+#: The cell's symbol per verdict kind, and for a convention the framework does not compute.
+SYMBOL = {"agrees": "✓", "differs": "✗", "raises": "!", "no reference": "○", "not implemented": "–",
+          "other modes only": "·"}
+LEGEND = ("✓ agrees; ✗ differs; ! raises (on some or all cases); ○ no reference convention (the footnote says what "
+          "it computes); – not implemented (no call computes the algorithm); · checked in other modes only. Each "
+          "number is a finding: a footnote below, linked to its minimal input.")
 
 
 def load_reports(folder: Path) -> list[dict]:
@@ -27,22 +36,27 @@ def load_reports(folder: Path) -> list[dict]:
     return reports
 
 
-def cells(report: dict) -> dict[str, str]:
-    """Reference convention -> one cell: the worst verdict over the checks and families that compare with it."""
-    worst, anchors = {}, {}
-    minimal = [r for r in report["rows"] if r.get("minimal")]
+def cells(report: dict) -> dict[str, dict]:
+    """Reference convention -> {"kind": the worst over the checks and families that compare with it, "findings":
+    every distinct finding (check and name; the families where it shows merged), each with its page link}."""
+    out, index = {}, 0
     for row in report["rows"]:
         key = row.get("reference") or f"{row['algorithm']} (no reference)"
-        if key not in worst or RANK[row["status"]] > RANK[worst[key]["status"]]:
-            worst[key] = row
-        if row.get("minimal") and key not in anchors:
-            anchors[key] = diff_anchor(minimal.index(row))
-    out = {}
-    for key, row in worst.items():
-        text = verdict(row).replace(f"differs from {key}; ", "differs; ").replace("|", "\\|")
-        if key in anchors:
-            text += f" ([minimal input]({report['file']}.md#{anchors[key]}))"
-        out[key] = text
+        cell = out.setdefault(key, {"kind": row["kind"], "findings": []})
+        if KIND_RANK[row["kind"]] > KIND_RANK[cell["kind"]]:
+            cell["kind"] = row["kind"]
+        findings = row["findings"] or ([{"name": verdict(row).split("; ", 1)[-1], "family": row["family"],
+                                         "max_err": None, "link": None}] if row["kind"] == "no reference" else [])
+        for f in findings:
+            link = f.get("link", f"{report['file']}.md#{diff_anchor(index)}")
+            index += "link" not in f
+            same = next((g for g in cell["findings"] if (g["call"], g["knob"], g["name"]) ==
+                         (row["call"], row["knob"], f["name"])), None)
+            if same is None:
+                cell["findings"].append({"call": row["call"], "knob": row["knob"], "name": f["name"],
+                                         "families": [f["family"]], "max_err": f["max_err"], "link": link})
+            elif f["family"] not in same["families"]:
+                same["families"].append(f["family"])
     return out
 
 
@@ -53,22 +67,39 @@ def _absent(key: str, column: dict) -> str:
 
 
 def matrix_markdown(reports: list[dict], step: str | None = None) -> str:
-    """The matrix page; ``step`` is the step-level section's markdown, if any."""
+    """The matrix page: a symbol per cell with numbered findings, the footnotes, the reports; ``step`` is the
+    step-level section's markdown, if any."""
     columns = [(r, cells(r)) for r in reports]
     keys = sorted({k for _, c in columns for k in c})
     head = [f"{r['target']} {r['versions'].get(r['target'].split('_')[0], '')}".strip() for r, _ in columns]
+    notes, table = [], []
+    for key in keys:
+        texts = []
+        for r, column in columns:
+            cell = column.get(key)
+            if cell is None:
+                texts.append(SYMBOL[_absent(key, column)])
+                continue
+            refs = []
+            for f in cell["findings"]:
+                notes.append((r["target"], f))
+                refs.append(f"[{len(notes)}](#note-{len(notes)})")
+            texts.append(" ".join([SYMBOL[cell["kind"]], *refs]))
+        table.append(f"| `{key}` | " + " | ".join(texts) + " |")
     lines = ["# Conformance across the ecosystem", "",
              "Regenerated by `cliplab conform all --out reports/conformance` (every target whose environment is "
              "built: `make targets`). Each row is a convention of cliplab's reference (algorithm[mode], the "
              "paper's equations with that mode), each column a framework; a cell is the worst verdict over the "
-             "framework's checks against that convention and the case families (typical, extreme, lone). "
-             "\"not implemented\": the framework has no call that computes the algorithm; \"other modes only\": "
-             "it is checked there in other modes. Every difference is reproduced by a test that calls the "
-             "framework directly (`tests/test_conform_<target>.py`).", "",
+             "framework's checks against that convention and the case families (typical, extreme, far_ref, ties, "
+             "lone), and lists every distinct finding. Every difference is reproduced by a test that calls the "
+             "framework directly (`tests/test_conform_<target>.py`).", "", LEGEND, "",
              "| reference (algorithm[mode]) | " + " | ".join(head) + " |",
-             "|---|" + "---|" * len(columns)]
-    for key in keys:
-        lines.append(f"| `{key}` | " + " | ".join(c.get(key) or _absent(key, c) for _, c in columns) + " |")
+             "|---|" + "---|" * len(columns), *table, "", "## Findings", ""]
+    for n, (target, f) in enumerate(notes, 1):
+        err = "" if f["max_err"] is None else f"; largest difference {float(f['max_err']):.3g}"
+        link = f" ([minimal input]({f['link']}))" if f["link"] else ""
+        text = f"**{target}** `{f['call']}`, {f['knob']}: {f['name']} ({', '.join(f['families'])}{err}){link}"
+        lines.append(f'{n}. <a id="note-{n}"></a>' + text.replace("|", "\\|"))
     lines += ["", "## Reports", "", "| target | versions | how it is driven | report |", "|---|---|---|---|"]
     for r, _ in columns:
         versions = ", ".join(f"{k} {v}" for k, v in r["versions"].items())
@@ -95,29 +126,41 @@ def write_matrix(folder: str | Path, step: str | None = None) -> Path:
     return folder / "README.md"
 
 
-def conform_all(out: str | Path, seeds: int | None = None) -> Path:
+def conform_all(out: str | Path, seeds: int | None = None, workers: int | None = None) -> tuple[Path, int]:
     """Every built-in target whose environment is here (the others are named, with the make target that builds
     them) at loss level, the trainers of ``--level step``, each report written to ``out``, then the matrix
-    ``out/README.md`` with the step-level findings."""
-    for name in BUILTIN:
-        start = time.perf_counter()
-        try:
-            report = conform(name, seeds=seeds or 30)
-        except ValueError as exc:
-            print(f"{name}: skipped ({exc})")
-            continue
-        write_report(report, out)
-        print(f"{name}: " + ", ".join(f"{s} {sum(r['status'] == s for r in report['rows'])}"
-                                      for s in ("agrees", "differs", "no reference", "error"))
-              + f" ({time.perf_counter() - start:.0f} s)")
-    for name in step_targets():
-        start = time.perf_counter()
-        try:
-            step_command(name, out=out, seeds=seeds or 5)
-        except ValueError as exc:
-            print(f"{name} --level step: skipped ({exc})")
-            continue
-        print(f"{name} --level step: {time.perf_counter() - start:.0f} s")
+    ``out/README.md`` with the step-level findings. The targets run in ``workers`` processes (default: one per
+    CPU, at most 2); this process alone writes the reports, as each arrives. Returns the matrix's path and how many
+    checks differ or raise (loss level) or do not agree (step level)."""
+    jobs = [("loss", name) for name in BUILTIN] + [("step", name) for name in step_targets()]
+    failing = 0
+    workers = workers or max(1, min(2, os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {pool.submit(_run_target, level, name, seeds): (level, name) for level, name in jobs}
+        for done in as_completed(running):
+            level, name = running[done]
+            label = name if level == "loss" else f"{name} --level step"
+            try:
+                report, seconds = done.result()
+            except ValueError as exc:
+                print(f"{label}: skipped ({exc})")
+                continue
+            if level == "loss":
+                write_report(report, out)
+                failing += sum(KIND_RANK[r["kind"]] >= KIND_RANK["differs"] for r in report["rows"])
+                print(f"{label}: " + ", ".join(f"{k} {sum(r['kind'] == k for r in report['rows'])}"
+                                               for k in KIND_RANK) + f" ({seconds:.0f} s)")
+            else:
+                write_step_report(report, out)
+                failing += sum(r["status"] != "agrees" for r in report["rows"])
+                print(f"{label}: {seconds:.0f} s")
     step = Path(out) / "step"
     return write_matrix(out, findings_page(step).replace("# Step-level", "## Step-level", 1)
-                        if step.is_dir() else None)
+                        if step.is_dir() else None), failing
+
+
+def _run_target(level: str, name: str, seeds: int | None) -> tuple[dict, float]:
+    """One target's report (loss level, or ``--level step``) and the seconds it took, in a worker process."""
+    start = time.perf_counter()
+    report = conform(name, seeds=seeds or 30) if level == "loss" else conform_step(name, seeds=seeds or 5)
+    return report, time.perf_counter() - start

@@ -188,17 +188,22 @@ def _summary(row: dict) -> str:
             + ("; 1 elsewhere" if any(c["status"] == "exact" for c in row["grid"]) else ""))
 
 
+def write_step_report(report: dict, out: str | Path) -> None:
+    """``<out>/step/<target>.md`` and ``.json``, then the findings of every target there, ``<out>/step/README.md``."""
+    folder = Path(out) / "step"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = file_stem(report["target"])
+    write_text(folder / f"{stem}.md", markdown(report))
+    write_text(folder / f"{stem}.json", json.dumps(strict_json(report), indent=1, sort_keys=True) + "\n")
+    write_text(folder / "README.md", findings_page(folder))
+
+
 def step_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 5) -> dict:
     """CLI body: run the step-level checks, print one line per check and family (or JSON), and write
     ``<out>/step/<target>.md`` and ``.json`` and the findings of every target there, ``<out>/step/README.md``."""
     report = conform_step(target, seeds=seeds)
     if out is not None:
-        folder = Path(out) / "step"
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = file_stem(report["target"])
-        write_text(folder / f"{stem}.md", markdown(report))
-        write_text(folder / f"{stem}.json", json.dumps(strict_json(report), indent=1, sort_keys=True) + "\n")
-        write_text(folder / "README.md", findings_page(folder))
+        write_step_report(report, out)
     if json_out:
         print(json.dumps(strict_json(report), indent=1, sort_keys=True))
     else:

@@ -51,6 +51,11 @@ class Target(RemoteTarget):
                                        "importance_sampling_level": "sequence"},
                          "importance_sampling_level='sequence', eps_clip 3e-4, eps_clip_higher 4e-4", {},
                          seq_adv=True, names=["gspo", "gspo_token"]),
+            self._policy("gspo_token", ppo, {"eps_clip": 3e-4, "eps_clip_higher": 4e-4,
+                                             "importance_sampling_level": "sequence"},
+                         "importance_sampling_level='sequence', eps_clip 3e-4, eps_clip_higher 4e-4, per-token "
+                         "advantages", {}, seq_adv=False, names=["gspo", "gspo_token"],
+                         note="With an advantage per token, GSPO-token (Eq. 13) is the paper's form."),
             self._policy("sapo", "sapo_loss_fn", {"tau_pos": 1.0, "tau_neg": 1.05}, "tau_pos 1, tau_neg 1.05", {}),
         ]
         for beta in (0.1, 0.5):

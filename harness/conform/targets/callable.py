@@ -11,6 +11,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 import weakref
 from functools import partial
 
@@ -157,7 +158,7 @@ def bind(signature: dict, adapter: dict) -> dict:
 def evaluate(fn, how: dict, arrays: dict) -> dict:
     """Call ``fn`` with float64 tensors of ``arrays`` (our names) bound as ``how["binding"]`` and
     ``how["group_size"]``; advantages [B] if ``how["adv_shape"]`` is seq. Returns {"loss", "grad"} (d loss / d logp),
-    {"bad": what is wrong with the result}, or {"raised": [exception type, message]} when the callable raised,
+    {"bad": what is wrong with the result}, or {"raised": [exception type, message, file:line]} when the callable raised,
     exited, or changed an input in place. Runs in the worker for module:function targets."""
     tensors = {k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in arrays.items()}
     if how.get("adv_shape") == "seq":
@@ -176,9 +177,9 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
         if loss.requires_grad:
             loss.reshape(()).backward()
     except SystemExit as exc:
-        return {"raised": ["SystemExit", f"the callable called sys.exit({exc.code!r})"]}
+        return {"raised": ["SystemExit", f"the callable called sys.exit({exc.code!r})", _place(exc)]}
     except Exception as exc:  # noqa: BLE001 (user code may raise anything: it is the target's verdict)
-        return {"raised": [type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:300]]}
+        return {"raised": [type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:300], _place(exc)]}
     grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
     return {"loss": float(loss.detach().cpu().double()), "grad": grad.numpy()}
 
@@ -200,15 +201,25 @@ def _loss(out, returns: int):
     return out
 
 
-def _rebuilt(kind: str, message: str) -> Exception:
-    """The callable's exception as raised (builtin types), else a RuntimeError naming its type."""
+def _place(exc: BaseException) -> str:
+    """``file:line`` where the exception was raised (its innermost frame)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+
+
+def _rebuilt(kind: str, message: str, place: str = "") -> Exception:
+    """The callable's exception as raised (builtin types), else a RuntimeError naming its type; ``where`` keeps the
+    place in the callable's own code (the conformance engine names it)."""
     cls = getattr(builtins, kind, None)
+    exc = None
     if isinstance(cls, type) and issubclass(cls, Exception):
         try:
-            return cls(message)
+            exc = cls(message)
         except TypeError:  # a builtin type whose constructor takes other arguments
             pass
-    return RuntimeError(f"{kind}: {message}")
+    exc = exc or RuntimeError(f"{kind}: {message}")
+    exc.where = place
+    return exc
 
 
 class _InProcess:

@@ -13,9 +13,9 @@ import functools
 import numpy as np
 import torch
 
-from harness.conform.cases import Batch, Check
+from harness.conform.cases import Batch, Check, lay_log_ratio
 from harness.conform.targets.remote import RemoteTarget, TargetError, loss_and_grad
-from harness.conform.targets.unsloth import AGGS, far_ref_batch, grpo_check, loss_type_checks, row_advantages, seq_batch
+from harness.conform.targets.unsloth import AGGS, grpo_check, loss_type_checks, row_advantages, seq_batch
 
 VOCAB, HIDDEN = 32, 8
 TOLERANCE = 1e-4  # Liger computes log-probs and the loss in float32 whatever the input dtype
@@ -82,25 +82,25 @@ class Target(RemoteTarget):
            "log-probs, which the reference reads. Liger works in float32 whatever the input dtype, hence "
            "the float32 tolerance. The gradient w.r.t. each token's log-prob is Liger's gradient w.r.t. "
            "that token's hidden state divided along d logp / d h (a case fails if any of that gradient, or "
-           "of the weight's, is off what it implies). The grpo checks with beta > 0 move the reference "
-           "log-probs by up to 25 nats in their extreme family. loss_type luspo and vespo have no "
-           "reference convention and are not checked.")
+           "of the weight's, is off what it implies). Liger's module defaults are checked as a direct "
+           "caller gets them (TRL 1.16's trainer no longer calls Liger's GRPO loss). loss_type luspo and "
+           "vespo have no reference convention and are not checked.")
 
     def run(self, kw: dict):
         def run(b: Batch):
             hidden, ids = b.extra["hidden"], b.extra["ids"]
             logp, jac, probs = layer(hidden, ids)
-            used = Batch(logp, logp - (b.logp - b.old_logp), b.adv, b.mask, logp + (b.ref_logp - b.logp),
-                         b.group_size, b.extra)
+            used = Batch(logp, lay_log_ratio(logp, b.logp - b.old_logp), b.adv, b.mask,
+                         logp + (b.ref_logp - b.logp), b.group_size, b.extra)
             out = self.worker.call("loss", kw, hidden=hidden, weight=output_weight(), ids=ids, mask=b.mask,
                                    adv=row_advantages(b), old_logp=used.old_logp, ref_logp=used.ref_logp)
             value, _ = loss_and_grad(self.name, out, b.mask.shape)
             return value, logp_grad(self.name, out, hidden, ids, jac, probs, self.tolerance), used
         return run
 
-    def _check(self, name, knob, kw, ref_hp, grid, names=None, note="", far_ref=False):
+    def _check(self, name, knob, kw, ref_hp, grid, names=None, note=""):
         call = "LigerFusedLinearGRPOLoss(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
-        cases = layer_batch(far_ref_batch if far_ref else seq_batch)
+        cases = layer_batch(seq_batch)
         return grpo_check(name, call, knob, self.run(kw), ref_hp, grid, names, note, cases=cases,
                           tolerance=self.tolerance, reads_more="; logp is the layer's log-prob of the drawn ids at "
                           "the drawn hidden states, old_logp and ref_logp keep their offsets from it")

@@ -44,8 +44,9 @@ class Target(RemoteTarget):
            "tokens, as the DPO trainer sums them. Gradients d loss / d log_probs by autograd, float64, in "
            "a virtualenv of its own (openrlhf imported without its package `__init__`, which needs "
            "flash_attn). On a batch without tokens the loss is 0 / 0 = NaN (batch_num_tokens = 0), "
-           "listed as the target's error. Not checked: the binary_kl and tv gates of the rollout "
-           "correction (the reference has none).")
+           "a finding of its own. Not checked: the binary_kl and tv gates of the rollout "
+           "correction (the reference has none). Its clamp, named in the findings: log r to [-20, 20] in "
+           "the ppo loss (`models/loss.py:187`).")
 
     # ---- callers ---------------------------------------------------------------------------------------------
     def _call(self, op, kw, b, **arrays):
@@ -82,6 +83,10 @@ class Target(RemoteTarget):
             self._policy("gspo", "policy_loss_type='gspo', clip 3e-4/4e-4",
                          {"policy_loss_type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}, {},
                          {"agg": ref.TOKEN_AGG}, seq_adv=True, names=["gspo", "gspo_token"]),
+            self._policy("gspo_token", "policy_loss_type='gspo', clip 3e-4/4e-4, per-token advantages",
+                         {"policy_loss_type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}, {},
+                         {"agg": ref.TOKEN_AGG}, seq_adv=False, names=["gspo", "gspo_token"],
+                         note="With an advantage per token, GSPO-token (Eq. 13) is the paper's form."),
         ]
 
     def rollout_checks(self) -> list[Check]:

@@ -2,6 +2,7 @@
 ``cliplab verify`` holds equal to the exact spec), and the grids of alternatives a target may match instead."""
 from __future__ import annotations
 
+import copy
 import itertools
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 import gpu
 import spec
+import spec.objectives
 from gpu.aggregation import agg_weights
 from spec.contract import resolve_hparams
 from spec.registry import AGG_MODES, GROUP_AGG_MODES, PARTS, RELEASED, get_algorithm
@@ -58,15 +60,24 @@ def _hp(name, hp, batch):
     return {"max_len": batch.max_len, **hp}
 
 
-def policy_value(name: str, hp: dict, batch, rows_counted: bool = False):
+def policy_value(name: str, hp: dict, batch, rows_counted: bool = False, kl_cap: bool = False):
     """Loss and d loss / d logp of a registry algorithm (with the batch's ``rollout_logp`` extra, when it has one,
-    for a rollout correction). A variant, not a reference convention: ``rows_counted`` also counts fully masked
-    rows in the mean over sequences (fully masked groups in the mean over groups, for a group mode)."""
+    for a rollout correction). Variants, not reference conventions: ``rows_counted`` also counts fully masked
+    rows in the mean over sequences (fully masked groups in the mean over groups, for a group mode); ``kl_cap``
+    takes the KL term as ``capped_kl``."""
     logp = t64(batch.logp, grad=True)
+    hp = _hp(name, hp, batch)
     rollout = batch.extra.get("rollout_logp") if hasattr(batch, "extra") and hp.get("rollout_correction") else None
+    beta = _beta(name, hp) if kl_cap else 0.0
     loss, _ = gpu.policy_loss(name, logp, t64(batch.old_logp), t64(batch.adv), t64(batch.mask),
                               group_size=batch.group_size, ref_logp=t64(batch.ref_logp),
-                              rollout_logp=None if rollout is None else t64(rollout), **_hp(name, hp, batch))
+                              rollout_logp=None if rollout is None else t64(rollout),
+                              **({**hp, "beta": 0.0} if kl_cap else hp))
+    if beta > 0:
+        weights = agg_weights(t64(batch.mask), hp.get("agg", get_algorithm(name).defaults["agg"]),
+                              batch.group_size, hp["max_len"])
+        kind = hp.get("kl", get_algorithm(name).defaults["kl"])
+        loss = loss + beta * (weights * capped_kl(logp, t64(batch.ref_logp), t64(batch.old_logp), kind)).sum()
     if rows_counted:
         live = batch.mask.sum(1) > 0
         if hp.get("agg", get_algorithm(name).defaults["agg"]) in GROUP_AGG_MODES:
@@ -78,8 +89,116 @@ def policy_value(name: str, hp: dict, batch, rows_counted: bool = False):
     return float(loss.detach()), grad.numpy()
 
 
+def capped_kl(logp, ref_logp, old_logp, kind: str):
+    """A variant of k3 (and of k3_unbiased, r * k3) that verl's kl_penalty and Unsloth compute: d = ref - logp
+    clamped to [-20, 20], then the token's term clamped to [-10, 10] (zero gradient where a clamp bites)."""
+    d = torch.clamp(ref_logp - logp, -20.0, 20.0)
+    term = torch.expm1(d) - d
+    if kind == "k3_unbiased":
+        term = torch.exp(logp - old_logp) * term
+    return torch.clamp(term, -10.0, 10.0)
+
+
 def policy(name: str, **hp) -> Convention:
-    return Convention(label(name, hp), lambda b: policy_value(name, hp, b))
+    return _policy_convention(name, hp, label(name, hp))
+
+
+def _policy_convention(name, hp, text, rows_counted=False, named=True):
+    return Convention(text, lambda b: policy_value(name, hp, b, rows_counted), named, ties=policy_ties(name, hp),
+                      far_ref=_beta(name, hp) > 0, policy=(name, hp, rows_counted))
+
+
+def _resolved(name, hp):
+    """The settings with the registry's defaults (Dr.GRPO's L, unused here, set when missing)."""
+    return resolve_hparams(name, {**hp, "max_len": hp.get("max_len") or 1})
+
+
+def _beta(name, hp):
+    return _resolved(name, hp)["beta"]
+
+
+def policy_ties(name: str, hp: dict) -> dict:
+    """Where the loss of ``name`` with ``hp`` switches branch (see Convention.ties): the clip range 1 - eps_low,
+    1 + eps_high (PPO Eq. 7), DCPO's bounds at each token's q (Eq. 21-27), the dual clip c (1912.09729 Eq. 5), the
+    two-sided clip delta, CISPO's cap (MiniMax-M1 Eq. 5, or eps_high itself with cap_mode absolute), GMPO's
+    log-space clip, and the rollout weight's TIS cap or MIS bounds. SAPO's gate is smooth: none."""
+    alg, h = get_algorithm(name), _resolved(name, hp)
+    ratio, out = [], {}
+    if alg.clip == "fixed":
+        ratio = [1 - h["eps_low"], 1 + h["eps_high"], h["dual_clip"], h["delta"]]
+    elif alg.clip == "truncated":
+        ratio = list(spec.objectives.cispo_bounds(h))
+    elif alg.clip == "log":
+        out["log_ratio"] = (-h["eps_low"], h["eps_high"])
+    elif alg.clip == "dynamic":
+        out["dcpo"] = (h["eps_low"], h["eps_high"], h["r_max"])
+    ratio = tuple(v for v in ratio if v is not None and v > 0)
+    if ratio:
+        out["ratio"] = ratio
+    if h["rollout_correction"] == "tis":
+        out["rollout"] = (h["tis_cap"],)
+    elif h["rollout_correction"] in ("mis", "seq_mis"):
+        out["rollout"] = tuple(v for v in (h["mis_low"], h["mis_high"]) if v > 0)
+    return out or None
+
+
+def log_ratio_clamped(conv: Convention, c: float = 20.0) -> Convention | None:
+    """``conv`` with each token's log-ratio clamped to [-c, c] before the exponential (verl core_algos, OpenRLHF
+    PolicyLoss, SkyRL safe_exp_delta): a variant, for token-ratio losses without a KL term."""
+    if conv.policy is None or get_algorithm(conv.policy[0]).ratio != "token" or _beta(*conv.policy[:2]) > 0:
+        return None
+
+    def fn(b):
+        lr = b.logp - b.old_logp
+        out = _shifted(b, b.old_logp + np.clip(lr, -c, c))
+        value, grad = conv.fn(out)
+        return value, np.where((np.abs(lr) > c) & (b.mask > 0), 0.0, grad)
+    return _variant(conv, f"clamps the log-ratio at +-{c:g} (value frozen, gradient 0 beyond)", fn)
+
+
+def seq_log_ratio_capped(conv: Convention, c: float = 10.0) -> Convention | None:
+    """``conv`` with the log of the sequence ratio capped at c (verl's and SkyRL's GSPO): a variant, for GSPO and
+    GSPO-token without a KL term."""
+    if conv.policy is None or get_algorithm(conv.policy[0]).ratio not in ("sequence", "sequence_token") \
+            or _beta(*conv.policy[:2]) > 0:
+        return None
+
+    def fn(b):
+        on = b.mask > 0
+        lens = np.maximum(on.sum(1), 1)
+        mean = np.where(on, b.logp - b.old_logp, 0.0).sum(1) / lens
+        over = (mean > c) & on.any(1)
+        value, grad = conv.fn(_shifted(b, b.logp - np.where(over, mean - c, 0.0)[:, None] * on))
+        return value, np.where(over[:, None] & on, 0.0, grad)
+    return _variant(conv, f"caps the log of the sequence ratio at {c:g} (value frozen, gradient 0 beyond)", fn)
+
+
+def kl_term_capped(conv: Convention) -> Convention | None:
+    """``conv`` with its k3 (or k3_unbiased) term as ``capped_kl``: a variant, for a policy loss with beta > 0 or
+    the per-token k3 values."""
+    if conv.policy is None and conv.base is None and conv.label == "k3":
+        return kl("k3", capped=True)
+    if conv.policy is None or _beta(*conv.policy[:2]) <= 0:
+        return None
+    name, hp, rows_counted = conv.policy
+    if _resolved(name, hp)["kl"] not in ("k3", "k3_unbiased"):
+        return None
+    return _variant(conv, KL_CAP, lambda b: policy_value(name, hp, b, rows_counted, kl_cap=True))
+
+
+#: The clamps, caps and floors a target may apply where the reference has none; each maps a convention to its
+#: variant (None where it does not apply). The engine tries them when no convention explains a family.
+VARIANTS = (log_ratio_clamped, seq_log_ratio_capped, kl_term_capped)
+
+
+def _shifted(b, logp):
+    out = copy.copy(b)
+    out.logp = logp
+    return out
+
+
+def _variant(conv: Convention, part: str, fn) -> Convention:
+    return Convention(f"{conv.label}, {part}", fn, named=False, policy=conv.policy, base=conv, part=part)
 
 
 def exact_policy(name: str, **hp):
@@ -100,12 +219,12 @@ def policy_grid(names, base: dict, options: dict, rows_counted: bool = False, ex
         for values in itertools.product(*(options[k] for k in keys)):
             hp = {k: v for k, v in {**base, **dict(zip(keys, values))}.items() if v is not None}
             if exclude is None or (name, hp) != exclude:
-                out.append(Convention(label(name, hp), lambda b, n=name, h=hp: policy_value(n, h, b)))
+                out.append(policy(name, **hp))
             agg = hp.get("agg", get_algorithm(name).defaults["agg"])
             if rows_counted and (agg in SEQ_MEANS or agg in GROUP_AGG_MODES):
                 unit = ("groups", "groups") if agg in GROUP_AGG_MODES else ("rows", "sequences")
-                out.append(Convention(label(name, hp) + " with empty {} counted in the mean over {}".format(*unit),
-                                      lambda b, n=name, h=hp: policy_value(n, h, b, rows_counted=True), named=False))
+                out.append(_policy_convention(name, hp, label(name, hp) + " with empty {} counted in the mean over "
+                                              "{}".format(*unit), rows_counted=True, named=False))
     return out
 
 
@@ -121,14 +240,21 @@ def all_aggregations(max_len=None) -> list:
     return [aggregate(m, max_len) for m in TOKEN_AGG]
 
 
-def kl(kind: str) -> Convention:
-    """Per-token k1/k2/k3 (Schulman's estimators) on unmasked tokens and the gradient of their sum."""
+def kl(kind: str, capped: bool = False) -> Convention:
+    """Per-token k1/k2/k3 (Schulman's estimators) on unmasked tokens and the gradient of their sum; ``capped``: the
+    variant ``capped_kl`` of k3."""
     def fn(b):
         logp = t64(b.logp, grad=True)
-        values = gpu.kl(logp, t64(b.ref_logp), kind) * t64(b.mask)
+        ref_logp = t64(b.ref_logp)
+        values = (capped_kl(logp, ref_logp, None, kind) if capped else gpu.kl(logp, ref_logp, kind)) * t64(b.mask)
         values.sum().backward()
         return values.detach().numpy(), logp.grad.numpy()
-    return Convention(kind, fn)
+    if capped:
+        return Convention(f"{kind}, {KL_CAP}", fn, named=False, far_ref=True, base=kl(kind), part=KL_CAP)
+    return Convention(kind, fn, far_ref=True)
+
+
+KL_CAP = "caps each token's k3 term at 10 (ref - logp clamped to +-20; gradient 0 beyond)"
 
 
 def group_advantage(kind: str = "grpo", unbiased: bool = PARTS["grpo_advantage"]["unbiased"],
@@ -226,8 +352,8 @@ def dpo(beta: float, smoothing: float = 0.0) -> Convention:
 
     fn = lambda b: _pair_value(loss, b)  # noqa: E731
     if not smoothing:
-        return Convention(label("dpo", {"beta": beta}), fn)
-    return Convention(f"cdpo[beta={beta:g}, label_smoothing={smoothing:g}]", fn, named=False)
+        return Convention(label("dpo", {"beta": beta}), fn, far_ref=True)
+    return Convention(f"cdpo[beta={beta:g}, label_smoothing={smoothing:g}]", fn, named=False, far_ref=True)
 
 
 def ipo(tau: float) -> Convention:
@@ -235,7 +361,7 @@ def ipo(tau: float) -> Convention:
     variant that the reference does not name."""
     def loss(lw, ll, rw, rl):
         return (((lw - rw) - (ll - rl) - 1 / (2 * tau)) ** 2).mean()
-    return Convention(f"ipo[tau={tau:g}]", lambda b: _pair_value(loss, b), named=False)
+    return Convention(f"ipo[tau={tau:g}]", lambda b: _pair_value(loss, b), named=False, far_ref=True)
 
 
 def exact_dpo(beta: float):

@@ -23,7 +23,9 @@ class Target(RemoteTarget):
            "first scaled by `apply_loss_reduction_to_advantages_minibatch` as SkyRL's trainer does (one "
            "mini-batch; micro-batch = the batch; max_seq_len = the batch's padded width; prompt_mean's "
            "prompts = the batch's groups); the gradient is d loss / d log_prob by autograd, float64, "
-           "in SkyRL's own virtualenv (Python 3.11, its package __init__ files bypassed, Ray absent).")
+           "in SkyRL's own virtualenv (Python 3.11, its package __init__ files bypassed, Ray absent). Its "
+           "clamps, named in the findings: log r to [-20, 20], then exp in float32 (`safe_exp_delta`, "
+           "`torch_utils.py:192`), and log s at 10 in gspo (`ppo_utils.py:709`).")
 
     # ---- callers ---------------------------------------------------------------------------------------------
     def policy_run(self, loss, reduction, rollout=False, **config):

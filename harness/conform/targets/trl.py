@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import torch
 
-from harness.conform.cases import Batch, Check, batch_of
+from harness.conform.cases import Batch, Check, batch_of, lay_log_ratio
 from harness.conform.targets import reference as ref
 from harness.conform.targets.reference import t64
 
@@ -123,7 +123,7 @@ def trainer_inputs(trainer, batch: Batch, cache: dict | None = None):
             cache[key] = logps
     return {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": ids,
             "completion_mask": mask, "advantages": t64(batch.adv[:, 0] if batch.adv.size else np.zeros(n)),
-            "old_per_token_logps": logps - t64(batch.logp - batch.old_logp),
+            "old_per_token_logps": t64(lay_log_ratio(logps.numpy(), batch.logp - batch.old_logp)),
             "ref_per_token_logps": logps + t64(batch.ref_logp - batch.logp),
             "num_items_in_batch": mask.sum()}
 

@@ -22,8 +22,12 @@ BETA = 0.04  # DeepSeekMath's KL weight
 GSPO = {"eps_low": 3e-4, "eps_high": 4e-4}
 CISPO_NOTE = ("CISPO's epsilon_high is an absolute cap in TRL, Liger and Unsloth (the weight is at most "
               "epsilon_high) and a relative one (1 + eps) in MiniMax-M1's Eq. 5, verl and SkyRL.")
-FAMILIES_NOTE = ("The grpo checks with beta > 0 move the reference log-probs by up to 25 nats in their extreme "
-                 "family. loss_type luspo and vespo have no reference convention and are not checked.")
+FAMILIES_NOTE = ("loss_type luspo and vespo have no reference convention and are not checked. Its clamps, named in "
+                 "the findings: ref - new to [-20, 20] and the KL term to [-10, 10] (`rl_replacements.py:1138, "
+                 "1144`).")
+#: What Unsloth's GRPO trainer forwards with beta > 0 (rl_replacements.py: ``kwargs["use_bias_correction_kl"] =
+#: getattr(trainer.args, "use_bias_correction_kl", False)``): TRL's GRPOConfig default, True.
+TRAINER_KL = {"use_bias_correction_kl": True}
 KL_NOTE = ("Unsloth clamps ref - new to [-20, 20] and each token's k3 term to [-10, 10] (TRL does not): where the "
            "clamp bites, the KL value is capped and its gradient is 0.")
 
@@ -42,17 +46,6 @@ def rollout_seq_batch(seed: int, family: str) -> Batch:
     """A generated batch with one advantage per response and the rollout engine's log-probs (verl's cases)."""
     b = rollout_batch(seed, family)
     b.adv = np.repeat(row_advantages(b)[:, None], b.mask.shape[1], 1)
-    return b
-
-
-def far_ref_batch(seed: int, family: str) -> Batch:
-    """For a KL penalty: in the extreme family the reference log-probs also move by +-5 or +-25 nats on about a
-    third of the tokens (a k3 term far from 0, where an implementation may clamp it)."""
-    b = seq_batch(seed, family)
-    if family == "extreme":
-        rng = np.random.default_rng(30_000 + seed)
-        jump = rng.choice([-25.0, -5.0, 5.0, 25.0], size=b.mask.shape) * (rng.random(b.mask.shape) < 0.35)
-        b.ref_logp = b.ref_logp + jump
     return b
 
 
@@ -76,12 +69,12 @@ class Target(RemoteTarget):
             return value, grad, b
         return run
 
-    def _check(self, name, knob, kw, ref_hp, grid, names=None, note="", far_ref=False):
+    def _check(self, name, knob, kw, ref_hp, grid, names=None, note=""):
         call = "grpo_compute_loss(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
-        return grpo_check(name, call, knob, self.run(kw), ref_hp, grid, names, note, far_ref)
+        return grpo_check(name, call, knob, self.run(kw), ref_hp, grid, names, note)
 
     def checks(self) -> list[Check]:
-        return loss_type_checks(self._check, kl_note=KL_NOTE) + self.rollout_checks()
+        return loss_type_checks(self._check, kl_note=KL_NOTE, trainer_kl=TRAINER_KL) + self.rollout_checks()
 
     def rollout_checks(self) -> list[Check]:
         """vLLM importance-sampling correction (use_vllm, vllm_importance_sampling_correction) by mode, on the bnpo
@@ -106,53 +99,64 @@ class Target(RemoteTarget):
         return out
 
 
-def grpo_check(name, call, knob, run, ref_hp, grid, names=None, note="", far_ref=False, cases=None,
-               tolerance=None, reads_more="") -> Check:
+def grpo_check(name, call, knob, run, ref_hp, grid, names=None, note="", cases=None, tolerance=None,
+               reads_more="") -> Check:
     """A check against registry algorithm ``name`` with ``ref_hp`` (Dr.GRPO's L = MAX_COMPLETION), candidates
-    over ``grid`` (and with empty rows counted), on ``cases`` (default: one advantage per row; with ``far_ref``,
-    far reference log-probs in the extreme family)."""
+    over ``grid`` (and with empty rows counted), on ``cases`` (default: one advantage per row)."""
     hp = {"max_len": MAX_COMPLETION, **ref_hp}
     cands = ref.policy_grid(names or [name], hp, grid, rows_counted=True, exclude=(name, hp))
     reads = ("logp, old_logp, adv[:, 0] (one advantage per response), mask" + (", ref_logp" if hp.get("beta") else "")
              + reads_more)
-    return Check(name, call, knob, run, ref.policy(name, **hp), cands,
-                 cases or (far_ref_batch if far_ref else seq_batch), exact=ref.exact_policy(name, **hp),
+    return Check(name, call, knob, run, ref.policy(name, **hp), cands, cases or seq_batch,
+                 exact=ref.exact_policy(name, **hp),
                  note=note, reads=reads, **({"tolerance": tolerance} if tolerance else {}))
 
 
-def loss_type_checks(check, kl_note: str = "", bias_note: str = "") -> list[Check]:
+def loss_type_checks(check, kl_note: str = "", bias_note: str = "", trainer_kl: dict | None = None) -> list[Check]:
     """The checks of a TRL-style GRPO loss (Unsloth's and Liger's take TRL's keyword names): each loss_type with
-    beta 0 and 0.04 (the grpo ones on far reference log-probs), the bias-corrected KL, delta, and GSPO as
-    importance_sampling_level='sequence'. ``check(name, knob, kw, ref_hp, grid, names, note, far_ref)``. Only
-    the grpo checks try both KL estimators as candidates (each candidate costs a reference run per case)."""
+    beta 0 and 0.04 (with beta > 0 the KL estimators are candidates, and the engine's far_ref family moves the
+    reference log-probs), the bias-corrected KL, delta, and GSPO as importance_sampling_level='sequence'.
+    ``check(name, knob, kw, ref_hp, grid, names, note)``. ``trainer_kl``: the KL keywords a trainer forwards with
+    beta > 0; the beta > 0 checks pass them, and one more check calls with the function's own default instead."""
     seq = {"epsilon_low": 3e-4, "epsilon_high": 4e-4, "importance_sampling_level": "sequence"}
     dr = {"loss_type": "dr_grpo", "max_completion_length": MAX_COMPLETION}
     out = []
     for beta in (0.0, BETA):
         b, knob = {"beta": beta}, f", beta={beta:g}"
-        far = {"far_ref": True, "note": kl_note} if beta else {}
+        kw = {**b, **(trainer_kl or {})} if beta else b
+        if beta and trainer_kl:
+            knob += ", " + ", ".join(f"{k}={v!r}" for k, v in trainer_kl.items()) + " (as the trainer passes it)"
+        kl = {"kl": KLS} if beta else {}
+        note = {"note": kl_note} if beta else {}
         out += [
-            check("grpo", "loss_type='grpo'" + knob, {"loss_type": "grpo", **b}, b,
-                  {"agg": AGGS, **({"kl": KLS} if beta else {})}, **far),
-            check("grpo", "loss_type='bnpo' (read as grpo with token_mean)" + knob, {"loss_type": "bnpo", **b},
-                  {"agg": "token_mean", **b}, {"agg": AGGS}),
-            check("dr_grpo", f"loss_type='dr_grpo', max_completion_length={MAX_COMPLETION}" + knob, {**dr, **b},
-                  b, {"agg": AGGS}),
+            check("grpo", "loss_type='grpo'" + knob, {"loss_type": "grpo", **kw}, b, {"agg": AGGS, **kl}, **note),
+            check("grpo", "loss_type='bnpo' (read as grpo with token_mean)" + knob, {"loss_type": "bnpo", **kw},
+                  {"agg": "token_mean", **b}, {"agg": AGGS, **kl}, **note),
+            check("dr_grpo", f"loss_type='dr_grpo', max_completion_length={MAX_COMPLETION}" + knob, {**dr, **kw},
+                  b, {"agg": AGGS, **kl}, **note),
             check("dapo", "loss_type='dapo', epsilon_high=0.28" + knob,
-                  {"loss_type": "dapo", "epsilon_high": 0.28, **b}, b, {"agg": AGGS}),
+                  {"loss_type": "dapo", "epsilon_high": 0.28, **kw}, b, {"agg": AGGS, **kl}, **note),
             check("cispo", "loss_type='cispo', epsilon_high=4.0" + knob,
-                  {"loss_type": "cispo", "epsilon_high": 4.0, **b}, b,
-                  {"agg": AGGS, "cap_mode": ["relative", "absolute"]}, note=CISPO_NOTE),
-            check("sapo", "loss_type='sapo' (temperatures 1.0 / 1.05)" + knob, {"loss_type": "sapo", **b}, b,
-                  {"agg": AGGS}),
+                  {"loss_type": "cispo", "epsilon_high": 4.0, **kw}, b,
+                  {"agg": AGGS, "cap_mode": ["relative", "absolute"], **kl},
+                  note=" ".join(filter(None, [CISPO_NOTE, note.get("note")]))),
+            check("sapo", "loss_type='sapo' (temperatures 1.0 / 1.05)" + knob, {"loss_type": "sapo", **kw}, b,
+                  {"agg": AGGS, **kl}, **note),
             check("gspo", "loss_type='grpo', importance_sampling_level='sequence', epsilon 3e-4/4e-4" + knob,
-                  {"loss_type": "grpo", **seq, **b}, {**GSPO, **b}, {"agg": AGGS}, names=["gspo", "gspo_token"]),
+                  {"loss_type": "grpo", **seq, **kw}, {**GSPO, **b}, {"agg": AGGS, **kl},
+                  names=["gspo", "gspo_token"], **note),
         ]
+    if trainer_kl:
+        direct = check("grpo", "loss_type='grpo', beta=0.04, use_bias_correction_kl unset: the function's own default "
+                       "(False), which a direct caller gets; the trainer passes TRL's default (True)",
+                       {"loss_type": "grpo", "beta": BETA}, {"beta": BETA}, {"agg": AGGS, "kl": KLS}, note=kl_note)
+    else:
+        direct = check("grpo", "loss_type='grpo', beta=0.04, use_bias_correction_kl=True",
+                       {"loss_type": "grpo", "beta": BETA, "use_bias_correction_kl": True},
+                       {"beta": BETA, "kl": "k3_unbiased"}, {"agg": AGGS, "kl": KLS},
+                       note=" ".join(filter(None, [kl_note, bias_note])))
     return out + [
-        check("grpo", "loss_type='grpo', beta=0.04, use_bias_correction_kl=True",
-              {"loss_type": "grpo", "beta": BETA, "use_bias_correction_kl": True},
-              {"beta": BETA, "kl": "k3_unbiased"}, {"agg": AGGS, "kl": KLS}, far_ref=True,
-              note=" ".join(filter(None, [kl_note, bias_note]))),
+        direct,
         check("grpo", "loss_type='grpo', delta=1.5 (two-sided clip), beta=0",
               {"loss_type": "grpo", "delta": 1.5, "beta": 0.0}, {"delta": 1.5, "beta": 0.0},
               {"agg": AGGS, "delta": [1.5, None]}),

@@ -35,7 +35,9 @@ class Target:
         self.versions = {"verl": verl.__version__, "torch": torch.__version__.split("+")[0]}
         self.how = ("Policy losses are called through `get_policy_loss_fn(loss_mode)` with an `ActorConfig` as "
                     "verl's actor passes it (one data-parallel rank, empty `global_batch_info`); the gradient is "
-                    "d loss / d log_prob by autograd, float64.")
+                    "d loss / d log_prob by autograd, float64. Its clamps, named in the findings: log r to [-20, 20] "
+                    "(`core_algos.py:1338` in vanilla), log s at 10 (`:1590` in gspo), ref - logp to [-20, 20] and "
+                    "k3 to [-10, 10] (`:2242-2245` in kl_penalty).")
 
     # ---- callers ---------------------------------------------------------------------------------------------
     def policy_run(self, loss_mode, agg_mode, rollout_is=None, policy_loss=None, **cfg):
@@ -206,8 +208,8 @@ class Target:
         for name, kind in KL_NAMES.items():
             conv = None if kind is None else ref.kl(kind)
             out.append(Check("kl", "kl_penalty", f"kl_penalty={name!r}", self.kl_run(name), conv,
-                             [c for c in cands if conv is None or c.label != conv.label], kl_batch,
-                             reads="logp, ref_logp, mask"))
+                             [c for c in cands if conv is None or c.label != conv.label],
+                             families=("typical", "far_ref"), reads="logp, ref_logp, mask"))
         return out
 
     def advantage_checks(self) -> list[Check]:
@@ -232,15 +234,4 @@ class Target:
                              note="The reference clips the value at d = 0.2; verl's critic default is 0.5.",
                              reads="logp as values, old_logp as old values, ref_logp as returns, mask"))
         return out
-
-
-def kl_batch(seed, family):
-    """Policy and reference log-probs; the extreme family moves the reference by up to +-30 nats."""
-    b = batch_of(seed, "typical")
-    if family == "extreme":
-        rng = np.random.default_rng(seed)
-        jump = rng.choice([-30.0, -12.0, 12.0, 30.0], size=b.logp.shape) * (rng.random(b.logp.shape) < 0.4)
-        b.ref_logp = b.ref_logp + jump
-    return b
-
 
