@@ -10,7 +10,7 @@ from spec.registry import ALGORITHMS
 
 from .aggregation import block_count
 from .losses import check_dcpo_q, dcpo_bounds
-from .tabular import CORRECT, MALFORMED, Rollout, Snapshot, row_sum
+from .tabular import CORRECT, MALFORMED, Rollout, Snapshot, dot, row_sum
 
 PASS_K = (1, 8, 64)
 
@@ -119,8 +119,8 @@ def entropy_law(old: Snapshot, new: Snapshot) -> dict:
     dz *= old.pi  # pi * dz, in place: no more [R, V] temporaries than needed
     cov = row_sum(pi_logp_dz) + h_old * row_sum(dz)
     return {"entropy_change": new.values["entropy"] - old.values["entropy"],
-            "entropy_change_rows": float(old.weight @ (h_new - h_old)),
-            "entropy_change_pred": float(-(old.weight @ cov))}
+            "entropy_change_rows": float(dot(old.weight, h_new - h_old)),
+            "entropy_change_pred": float(-dot(old.weight, cov))}
 
 
 def batch_cov(logp: np.ndarray, adv: np.ndarray, mask: np.ndarray) -> float | None:
@@ -295,7 +295,8 @@ def _corr(x, y) -> float | None:
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(x) < 3 or x.std() == 0 or y.std() == 0:
         return None
-    return float(np.corrcoef(x, y)[0, 1])
+    x, y = x - x.mean(), y - y.mean()  # Pearson's r by fixed-order sums (np.corrcoef calls BLAS)
+    return float(dot(x, y) / np.sqrt(dot(x, x) * dot(y, y)))
 
 
 def law_summary(records: list[dict]) -> dict:
