@@ -71,7 +71,10 @@ ENV_SETTINGS = {
                    "n_features": (32, "random context features of the log-linear policy", Rule(int, ge=1, le=4096)),
                    "zipf": (1.1, "Zipf exponent of the prior over the vocabulary", Rule(float, ge=0, le=10)),
                    "confidence": (2.0, "prior logit of each context's dominant token (the Zipf head has 0)",
-                                  Rule(float, ge=0, le=50))},
+                                  Rule(float, ge=0, le=50)),
+                   "offtrack_eos": (1.0, "prior logit of EOS above the dominant token in the off-track context at "
+                                         "the answer's end (one more per later position): an instruct model's format",
+                                    Rule(float, ge=-50, le=50))},
 }
 ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0), "feature_lm": (-8.0, 4.0)}
 ENV_DEFAULTS = {"bandit": {"eval_every": 1}, "toy_lm": {"eval_every": 1},

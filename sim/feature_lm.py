@@ -14,7 +14,10 @@ from 8 on, the "exploration tokens"); the first sits ``delta_p`` nats from the d
 hopeless, ``difficulty_low``, to easy, ``difficulty_high``), the others keep their Zipf logit. Suppressing the tail
 through the shared parameters makes every prompt surer and cuts the improbable alternatives that hard prompts need.
 A wrong token leaves the answer: the response continues in off-track contexts (shared by prompts, one per position)
-until EOS (wrong) or ``max_len`` (truncated: malformed). EOS before position K ends a short, wrong answer.
+until EOS (wrong) or ``max_len`` (truncated: malformed). EOS before position K ends a short, wrong answer. The
+policy starts as an instruct model does, well formatted: off track, EOS sits ``offtrack_eos`` nats above the
+dominant token at position K (one more per later position), so a wrong answer ends and almost none is truncated
+(``malformed_exact`` at step 0 about 0.01% at the defaults).
 
 Rows of the logit table: on-track context (p, t <= K) is row p (K + 1) + t; off-track position t is row
 P (K + 1) + t. Exact expectations come from a forward recursion over positions of the on- and off-track masses.
@@ -75,7 +78,8 @@ class FeatureLM:
     """The environment and its log-linear policy; ``theta`` is the trained parameter array."""
 
     def __init__(self, n_prompts=256, vocab=128, answer_len=4, max_len=8, n_correct=2, forks=2, n_features=32,
-                 zipf=1.1, confidence=2.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0, copies=1):
+                 zipf=1.1, confidence=2.0, offtrack_eos=1.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0,
+                 copies=1):
         if max_len < answer_len + 1:
             raise ValueError(f"max_len: expected at least answer_len + 1 ({answer_len + 1}), got {max_len}")
         if n_correct + 2 > vocab:
@@ -98,7 +102,7 @@ class FeatureLM:
         base[np.arange(self.n_rows), dominant] = confidence
         pos = np.concatenate([np.tile(np.arange(K + 1), P), np.arange(T)])
         on_track = np.arange(self.n_rows) < self.off0
-        base[:, EOS] = np.where(on_track, np.where(pos == K, confidence + 3.0, -2.0), confidence - 2.0 + pos - K)
+        base[:, EOS] = np.where(on_track, np.where(pos == K, confidence + 3.0, -2.0), confidence + offtrack_eos + pos - K)
         # acceptable tokens: the dominant one and improbable synonyms; at forks the dominant is wrong and the
         # acceptable ones come from a shared pool of 4 n_correct improbable tokens (Zipf ranks from 8 on)
         size = min(4 * n_correct, V - 1)
@@ -303,12 +307,15 @@ class FeatureLM:
         pl_on = (pi * logp)[:self.off0].reshape(P, K + 1, -1)[:, :K]
         h_good = -(pl_on * self.accept).sum(-1) / np.maximum(acc, 1e-300) + np.log(np.maximum(acc, 1e-300))
         accuracy = float(success.mean())
+        truncated = f[:, -1] * (1.0 - pi[-1, EOS])  # alive at the last position without ending there
         tokens = total / P
         values = {"accuracy_exact": accuracy, "entropy": float(dot(weight, ent)), "kl_ref": float(dot(weight, kl)),
                   "len_wrong_exact": (tokens - (K + 1) * accuracy) / (1 - accuracy) if accuracy < 1 else None,
                   "entropy_decision": float(dot(weight, np.concatenate([dec_on.reshape(-1), decision[self.off0:]]))),
-                  "entropy_correct": float((o[:, :K] * h_good).sum() / o[:, :K].sum())}
+                  "entropy_correct": float((o[:, :K] * h_good).sum() / o[:, :K].sum()),
+                  "malformed_exact": float(truncated.mean())}
         values["entropy_within"] = values["entropy"] - values["entropy_decision"]
         share = np.bincount(self.part, weights=weight * ent, minlength=len(PARTS))
         values.update({f"entropy_{name}": float(v) for name, v in zip(PARTS, share)})
+        values["entropy_relevant"] = values["entropy_ordinary"] + values["entropy_fork"]
         return Snapshot(z, logp, pi, weight, success, prompt_entropy, ent, values)

@@ -42,6 +42,8 @@ DEFINITIONS = {
     "entropy_fork": "feature_lm: the same for on-track forking positions",
     "entropy_end": "feature_lm: the same for the EOS decision after the answer",
     "entropy_offtrack": "feature_lm: the same for off-track contexts",
+    "entropy_relevant": "feature_lm: entropy_ordinary + entropy_fork, the reward-relevant answer positions",
+    "malformed_exact": "feature_lm: exact probability of a truncated (malformed) response",
     "entropy_hard": "exact per-token entropy of the responses to the third of prompts hardest at the start",
     "entropy_easy": "same for the easiest third",
     **{f"pass@{k}": f"exact pass@{k}: mean over the pool of 1 - (1 - success_p)^{k}" for k in PASS_K},
@@ -61,7 +63,8 @@ DEFINITIONS = {
                            "(Cui et al. Lemma 1, dz the logit change)",
 }
 FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_ordinary", "entropy_fork",
-              "entropy_end", "entropy_offtrack", "entropy_hard", "entropy_easy")
+              "entropy_end", "entropy_offtrack", "entropy_relevant", "entropy_hard", "entropy_easy",
+              "malformed_exact")
 STEP_MEANS = ("ratio_dev_median", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
               "upclip_fork_share", "freed_frac", "freed_pold_median")
 SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac",
