@@ -38,7 +38,7 @@ def store(out: Path, task_id: str, files: dict) -> None:
         os.replace(tmp, folder / name)
 
 
-def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,
+def run_sweep_ray(env: str, algos: list[str], seeds, steps: int, grid: dict | None = None,
                   out: str = "runs/sim", address: str | None = None, num_cpus: int | None = None,
                   progress: bool = True) -> dict:
     """``sim.sweep.run_sweep`` with the runs spread over Ray workers; returns (and writes) the same summary.
@@ -75,7 +75,7 @@ def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict
         return summary
 
 
-def run_sweep_on(backend: str, env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,
+def run_sweep_on(backend: str, env: str, algos: list[str], seeds, steps: int, grid: dict | None = None,
                  out: str = "runs/sim", workers: int = 2, progress: bool = True, address: str | None = None) -> dict:
     """The sweep on ``backend``: ``process`` (sim.sweep.run_sweep, local processes) or ``ray``."""
     if backend == "process":

@@ -34,7 +34,7 @@ def format_table(summary: dict) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
 
-def sim_command(env: str, algos: str | list[str], seeds: int, steps: int, sets: list[str] | None, out: str,
+def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[str] | None, out: str,
                 json_out: bool = False, workers: int = 2, progress: bool = True, backend: str = "process",
                 address: str | None = None) -> dict:
     """Run ``algos`` x ``seeds`` x the ``--set`` grid on ``env`` into ``out``; print the summary (JSON if asked)."""

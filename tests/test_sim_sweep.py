@@ -13,7 +13,9 @@ import pytest
 from harness.claims import CLAIMS
 from harness.report import write_report
 from harness.sim_cmd import parse_algos, sim_command
-from sim.sweep import run_sweep
+from sim.config import parse_seeds, parse_sets
+from sim.loop import run
+from sim.sweep import jobs, plan, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS, SEEDS, STEPS = ["grpo", "dcpo"], 2, 60
@@ -112,7 +114,7 @@ def test_sim_command_json_and_report(tmp_path, capsys):
     assert "reproduced" in text or "partly" in text
     pngs = list(md.parent.glob("*.png"))
     assert pngs and all(p.stat().st_size < 400_000 for p in pngs)
-    assert "--algos grpo,dcpo,gspo --seeds 2 --steps 12" in text
+    assert "--algos grpo,dcpo,gspo --seeds 0:1 --steps 12" in text
 
 
 def test_report_reads_real_model_run_folders(tmp_path):
@@ -144,3 +146,45 @@ def test_keep_heap_reuses_memory_for_large_temporaries():
         tables(z)
     # without it every call maps and zero-fills fresh pages for its 1.3 MB arrays: about 1,250 faults a call
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 500
+
+
+@pytest.mark.parametrize("spec, discovery, replication", [
+    (4, (0, 1), (2, 3)), ("5", (0, 1, 2), (3, 4)), ("1000-1003", (1000, 1001), (1002, 1003)),
+    ("7,3,9", (7, 3), (9,)), ("0-2:10,12", (0, 1, 2), (10, 12)), ("1", (0,), ())])
+def test_seeds_take_a_count_a_range_or_a_list_split_into_two_sets(spec, discovery, replication):
+    sets = parse_seeds(spec)
+    assert (sets.discovery, sets.replication) == (discovery, replication)
+    assert parse_seeds(sets.text()) == sets
+
+
+@pytest.mark.parametrize("spec", ["", "5-4", "-3", "2--1", "0-9:5-12", "1,1", "x", "0", "100000000", "0-5000",
+                                  "3:3"])
+def test_bad_seeds_are_one_line_errors_naming_seeds(spec):
+    with pytest.raises(ValueError, match=r"^seeds: [^\n]*$"):
+        parse_seeds(spec)
+
+
+def test_seeds_in_blocks_share_an_environment_draw_and_each_run_records_its_set():
+    tasks = plan("bandit", ["grpo"], "3-12", 2, {"env_seed": [100]})
+    draws = {t["seed"]: t["settings"]["env_seed"] for t in tasks}
+    assert draws == {s: 100 + s // 5 for s in range(3, 13)}
+    assert [t["set"] for t in tasks] == ["discovery"] * 5 + ["replication"] * 5
+    assert sorted(len(job) for job in jobs(tasks)) == [2, 3, 5]  # one stacked trainer per label and draw
+
+
+def test_a_run_in_a_sweep_is_the_run_alone_in_its_environment_draw(tmp_path):
+    run_sweep("bandit", ["grpo"], "6-7", 4, out=str(tmp_path), workers=1, progress=False)
+    alone = run("bandit", "grpo", 7, 4, {"env_seed": 1})
+    lines = (tmp_path / "runs" / "grpo__seed7" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == json.loads(json.dumps(alone))
+
+
+def test_set_targets_one_algorithm():
+    tasks = plan("bandit", ["grpo", "dapo"], 1, 2, parse_sets(["dapo.eps_high=0.28,0.3", "lr=0.05"]))
+    labels = sorted({t["label"] for t in tasks})
+    assert labels == ["dapo[eps_high=0.28,lr=0.05]", "dapo[eps_high=0.3,lr=0.05]", "grpo[lr=0.05]"]
+    assert {t["settings"]["loss"]["eps_high"] for t in tasks if t["algo"] == "grpo"} == {0.2}
+    with pytest.raises(ValueError, match="^set: .*'dapo'.*not in this sweep"):
+        plan("bandit", ["grpo"], 1, 2, parse_sets(["dapo.eps_high=0.28"]))
+    with pytest.raises(ValueError, match="^set: algorithm 'dpo' has no setting 'eps_high'"):
+        plan("bandit", ["dpo"], 1, 2, parse_sets(["dpo.eps_high=0.28"]))
