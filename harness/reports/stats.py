@@ -63,7 +63,8 @@ def detectable_effect(se: float, df: float, alpha: float = 1 - LEVEL, power: flo
     crit = stats.t.ppf(1 - alpha / 2, df)
 
     def gap(ncp: float) -> float:
-        return stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp) - power
+        # the far lower tail (rejecting on the wrong side) is tiny; scipy's nct.cdf returns NaN for some of it
+        return stats.nct.sf(crit, df, ncp) + np.nan_to_num(stats.nct.cdf(-crit, df, ncp)) - power
 
     high = crit + 1.0
     while gap(high) < 0:  # widen the bracket step by step (the noncentral t's tails lose precision far out)
