@@ -188,3 +188,18 @@ def test_set_targets_one_algorithm():
         plan("bandit", ["grpo"], 1, 2, parse_sets(["dapo.eps_high=0.28"]))
     with pytest.raises(ValueError, match="^set: algorithm 'dpo' has no setting 'eps_high'"):
         plan("bandit", ["dpo"], 1, 2, parse_sets(["dpo.eps_high=0.28"]))
+
+
+def test_plots_have_at_most_six_panels_none_empty_at_100_dpi(tmp_path):
+    from PIL import Image
+
+    from harness.report import MAX_PANELS, plot_curves
+    from harness.rundirs import Groups
+    keys = [f"m{i}" for i in range(8)]
+    runs = [{"dir": "d", "label": "grpo", "algo": "grpo", "params": {}, "seed": s, "env": "toy_lm",
+             "records": [{**{k: float(t + s) for k in keys}, "empty": None} for t in range(5)]} for s in range(2)]
+    paths = plot_curves(Groups(runs), ["grpo"], tmp_path / "p.png", panels=keys + ["empty"])
+    assert len(paths) == 2 and MAX_PANELS == 6  # 8 panels with data: 6 + 2; the empty metric has none
+    for path in paths:
+        with Image.open(path) as im:
+            assert im.info["dpi"][0] >= 99
