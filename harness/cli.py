@@ -77,9 +77,12 @@ def verify(json_out: bool = typer.Option(False, "--json", help="Print the result
 @app.command()
 def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or feature_lm."),
         algos: str = typer.Option("all", help="Comma-separated algorithms, or 'all'."),
-        seeds: int = typer.Option(5, help="Seeds per algorithm and grid point."),
+        seeds: str = typer.Option("20", help="Seeds per algorithm and grid point: a count (20: seeds 0-19), a range "
+                                             "(1000-1019) or a list (1,5,9), split in halves into the discovery and "
+                                             "replication sets; or the two sets as DISCOVERY:REPLICATION."),
         steps: int = typer.Option(300, help="RL steps per run."),
-        set_: List[str] = typer.Option([], "--set", help="key=value, or key=v1,v2 for a grid (repeatable)."),
+        set_: List[str] = typer.Option([], "--set", help="key=value, or key=v1,v2 for a grid (repeatable); "
+                                                         "algo.key=value for one algorithm only."),
         out: Path = typer.Option(Path("runs/sim"), help="Sweep folder; rerunning the same command resumes it."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         workers: int = typer.Option(2, help="Worker processes (CPUs for the ray backend)."),

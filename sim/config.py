@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+from dataclasses import dataclass
 
 from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
@@ -71,7 +73,10 @@ ENV_SETTINGS = {
                    "n_features": (32, "random context features of the log-linear policy", Rule(int, ge=1, le=4096)),
                    "zipf": (1.1, "Zipf exponent of the prior over the vocabulary", Rule(float, ge=0, le=10)),
                    "confidence": (2.0, "prior logit of each context's dominant token (the Zipf head has 0)",
-                                  Rule(float, ge=0, le=50))},
+                                  Rule(float, ge=0, le=50)),
+                   "offtrack_eos": (1.0, "prior logit of EOS above the dominant token in the off-track context at "
+                                         "the answer's end (one more per later position): an instruct model's format",
+                                    Rule(float, ge=-50, le=50))},
 }
 ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0), "feature_lm": (-8.0, 4.0)}
 ENV_DEFAULTS = {"bandit": {"eval_every": 1}, "toy_lm": {"eval_every": 1},
@@ -211,3 +216,120 @@ def grid_points(grid: dict[str, list]) -> list[dict]:
     """Every combination of the grid's values (one empty point for an empty grid)."""
     keys = list(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+#: At most this many seeds in a sweep; a sweep's seed s runs in environment draw env_seed + s // SEEDS_PER_DRAW.
+MAX_SEEDS, MAX_SEED = 1024, 2 ** 31 - 1
+SEEDS_PER_DRAW = 5
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """A sweep's seeds: every claim is decided on ``discovery`` and re-checked on the disjoint ``replication``."""
+    discovery: tuple[int, ...]
+    replication: tuple[int, ...]
+
+    @property
+    def all(self) -> tuple[int, ...]:
+        return self.discovery + self.replication
+
+    def role(self, seed: int) -> str:
+        return "discovery" if seed in self.discovery else "replication"
+
+    def text(self) -> str:
+        """The ``--seeds`` form that gives these sets back (ranges where consecutive)."""
+        if not self.replication:  # one set: a lone seed as a range, not to be read as a count
+            return _ranges(self.discovery) if len(self.discovery) > 1 else f"{self.discovery[0]}-{self.discovery[0]}"
+        return f"{_ranges(self.discovery)}:{_ranges(self.replication)}"
+
+
+def _ranges(seeds) -> str:
+    runs: list[list[int]] = []
+    for s in seeds:
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def env_draw(cfg: dict, seed: int) -> int:
+    """The environment draw of a sweep's ``seed``: seeds in blocks of SEEDS_PER_DRAW share one (so they stack in
+    one trainer), and a sweep of 20 seeds spans 4 draws, 2 for each set."""
+    return cfg["env_seed"] + seed // SEEDS_PER_DRAW
+
+
+def parse_seeds(spec) -> Seeds:
+    """``--seeds``: a count (``20``: seeds 0-19), a range (``1000-1019``) or a list (``1,5,9``), split in halves into
+    the discovery and replication sets; or the two sets given as ``DISCOVERY:REPLICATION`` (``0-9:10-19``)."""
+    if isinstance(spec, Seeds):
+        return spec
+    text = str(spec).strip()
+    if ":" in text:
+        first, _, second = text.partition(":")
+        disc, rep = _seed_list(first, count=False), _seed_list(second, count=False)
+        common = sorted(set(disc) & set(rep))
+        if common:
+            raise ValueError(f"seeds: the discovery and replication sets overlap (seed {common[0]}) in {text!r}")
+    else:
+        seeds = _seed_list(text, count=True)
+        half = (len(seeds) + 1) // 2
+        disc, rep = seeds[:half], seeds[half:]
+    if len(disc) + len(rep) > MAX_SEEDS:
+        raise ValueError(f"seeds: expected at most {MAX_SEEDS} seeds, got {len(disc) + len(rep)} from {text!r}")
+    return Seeds(tuple(disc), tuple(rep))
+
+
+def _seed_list(text: str, count: bool) -> list[int]:
+    """One set: a count (if ``count``), a range A-B or a comma-separated list of them."""
+    if isinstance(text, int) or (count and re.fullmatch(r"\d+", text.strip())):
+        n = int(text)
+        if not 1 <= n <= MAX_SEEDS:
+            raise ValueError(f"seeds: expected a count from 1 to {MAX_SEEDS}, a range A-B or a list, got {text!r}")
+        return list(range(n))
+    seeds: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        m = re.fullmatch(r"(-?\d+)(?:-(-?\d+))?", item)
+        if not m:
+            raise ValueError(f"seeds: expected a count, a range A-B or a list of seeds (integers >= 0), got {item!r}"
+                             f" in {text!r}")
+        lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
+        if lo < 0 or hi < 0:
+            raise ValueError(f"seeds: expected seeds >= 0, got {item!r}")
+        if hi < lo:
+            raise ValueError(f"seeds: the range {item!r} is reversed (empty); expected A-B with A <= B")
+        if hi > MAX_SEED or hi - lo + 1 > MAX_SEEDS:
+            raise ValueError(f"seeds: expected at most {MAX_SEEDS} seeds, each at most {MAX_SEED}, got {item!r}")
+        seeds += range(lo, hi + 1)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: a seed is listed twice in {text!r}")
+    return seeds
+
+
+def split_sets(grid: dict[str, list], algos: list[str]) -> tuple[dict[str, list], dict[str, dict[str, list]]]:
+    """``--set`` keys ``algo.key`` apply to that algorithm only: (the shared grid, {algo: its own grid}); an
+    algorithm not in the sweep, or a key it does not have, is an error naming both."""
+    shared: dict[str, list] = {}
+    own: dict[str, dict[str, list]] = {}
+    for key, values in grid.items():
+        algo, dot, name = key.partition(".")
+        if not dot:
+            shared[key] = values
+            continue
+        if algo not in algos:
+            raise ValueError(f"set: {key!r} targets algorithm {algo!r}, which is not in this sweep "
+                             f"({', '.join(algos)})")
+        own.setdefault(algo, {})[name] = values
+    return shared, own
+
+
+def check_algo_keys(env: str, algo: str, keys) -> None:
+    """An ``algo.key`` setting must be one ``algo`` has (DPO's only loss setting is beta)."""
+    mine = set(known_keys(env))
+    if algo not in POLICY_ALGORITHMS:
+        mine -= set(LOSS_KEYS) - {"beta"}
+    for key in keys:
+        if key not in mine:
+            raise ValueError(f"set: algorithm {algo!r} has no setting {key!r}; expected among "
+                             f"{', '.join(sorted(mine))}")

@@ -14,7 +14,10 @@ from 8 on, the "exploration tokens"); the first sits ``delta_p`` nats from the d
 hopeless, ``difficulty_low``, to easy, ``difficulty_high``), the others keep their Zipf logit. Suppressing the tail
 through the shared parameters makes every prompt surer and cuts the improbable alternatives that hard prompts need.
 A wrong token leaves the answer: the response continues in off-track contexts (shared by prompts, one per position)
-until EOS (wrong) or ``max_len`` (truncated: malformed). EOS before position K ends a short, wrong answer.
+until EOS (wrong) or ``max_len`` (truncated: malformed). EOS before position K ends a short, wrong answer. The
+policy starts as an instruct model does, well formatted: off track, EOS sits ``offtrack_eos`` nats above the
+dominant token at position K (one more per later position), so a wrong answer ends and almost none is truncated
+(``malformed_exact`` at step 0 about 0.01% at the defaults).
 
 Rows of the logit table: on-track context (p, t <= K) is row p (K + 1) + t; off-track position t is row
 P (K + 1) + t. Exact expectations come from a forward recursion over positions of the on- and off-track masses.
@@ -27,19 +30,56 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tabular import CORRECT, MALFORMED, WRONG, Rollout, Snapshot, distinct, tables, uniforms, xlogx
+from .tabular import CORRECT, MALFORMED, WRONG, Rollout, Snapshot, distinct, dot, tables, uniforms, xlogx
 
 EOS = 0
+#: The random features sit on a grid of 2^-PHI_BITS (|phi| <= 1), so that their products are exact in float64.
+PHI_BITS = 12
 #: Kinds of context, for the entropy's attribution: answer positions (ordinary, forking), the EOS decision after
 #: the answer, and off-track contexts.
 PARTS = ("ordinary", "fork", "end", "offtrack")
+
+
+def fixed_point(x: np.ndarray, top: np.ndarray, bits: int) -> np.ndarray:
+    """``x`` [n, V] as two fixed-point slices side by side [n, 2V], hi + lo = x up to q 2^-bits / 2 per row: hi
+    on the grid q = 2^(e - bits), |hi| <= 2^bits q, and lo on the grid q 2^-bits, |lo| <= q / 2, for ``top`` (each
+    row's bound on |x|, shared by the rows of one copy) < 2^e. Scaling by powers of two and rounding to integers
+    are exact, so are the slices (the error-free splitting of Ozaki, Ogita, Oishi and Rump 2012, Numer.
+    Algorithms 59)."""
+    V = x.shape[1]
+    q = 2.0 ** (np.frexp(top)[1] - bits)[:, None]
+    out = np.empty((len(x), 2 * V))
+    hi, lo = out[:, :V], out[:, V:]
+    np.multiply(x, 1.0 / q, out=hi)
+    np.rint(hi, out=hi)
+    hi *= q
+    np.subtract(x, hi, out=lo)
+    q *= 2.0 ** -bits
+    lo /= q
+    np.rint(lo, out=lo)
+    lo *= q
+    return out
+
+
+def combine(products: np.ndarray) -> np.ndarray:
+    """``phi @ x`` from ``phi @ [hi | lo]`` of ``fixed_point``'s slices: their sum, in that order."""
+    V = products.shape[1] // 2
+    return products[:, :V] + products[:, V:]
+
+
+def product_bits(inner: int) -> int:
+    """Bits of a slice such that ``inner`` products of phi (2^-PHI_BITS grid, |phi| <= 1) with slice integers,
+    and every partial sum of them, are integers below 2^53 in one quantum: exact in float64 whatever order BLAS
+    adds them in, so the product has the same bits under every BLAS kernel."""
+    return 53 - PHI_BITS - int(np.ceil(np.log2(max(inner, 2))))
 
 
 class FeatureLM:
     """The environment and its log-linear policy; ``theta`` is the trained parameter array."""
 
     def __init__(self, n_prompts=256, vocab=128, answer_len=4, max_len=8, n_correct=2, forks=2, n_features=32,
-                 zipf=1.1, confidence=2.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0, copies=1):
+                 zipf=1.1, confidence=2.0, offtrack_eos=1.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0,
+                 copies=1):
         if max_len < answer_len + 1:
             raise ValueError(f"max_len: expected at least answer_len + 1 ({answer_len + 1}), got {max_len}")
         if n_correct + 2 > vocab:
@@ -62,7 +102,7 @@ class FeatureLM:
         base[np.arange(self.n_rows), dominant] = confidence
         pos = np.concatenate([np.tile(np.arange(K + 1), P), np.arange(T)])
         on_track = np.arange(self.n_rows) < self.off0
-        base[:, EOS] = np.where(on_track, np.where(pos == K, confidence + 3.0, -2.0), confidence - 2.0 + pos - K)
+        base[:, EOS] = np.where(on_track, np.where(pos == K, confidence + 3.0, -2.0), confidence + offtrack_eos + pos - K)
         # acceptable tokens: the dominant one and improbable synonyms; at forks the dominant is wrong and the
         # acceptable ones come from a shared pool of 4 n_correct improbable tokens (Zipf ranks from 8 on)
         size = min(4 * n_correct, V - 1)
@@ -88,20 +128,20 @@ class FeatureLM:
         self.part = np.concatenate([on_part, np.full(T, 3)])  # index into PARTS of each row
         # features: bias, position one-hot, on-track flag, random unit directions
         rand = rng.standard_normal((self.n_rows, n_features))
-        rand /= np.linalg.norm(rand, axis=1, keepdims=True)
+        rand = np.rint(rand / np.linalg.norm(rand, axis=1, keepdims=True) * 2.0 ** PHI_BITS) / 2.0 ** PHI_BITS
         self.phi = np.concatenate([np.ones((self.n_rows, 1)), np.eye(T)[pos], on_track[:, None].astype(float),
                                    rand], axis=1)
         self.copies, self.n_states, self.n_features = copies, copies * self.n_rows, self.phi.shape[1]
+        # slices of theta (a product over the features) and of a gradient (a product over one copy's contexts)
+        self.theta_bits, self.grad_bits = product_bits(self.n_features), product_bits(self.n_rows)
         self.init = np.zeros((copies * self.n_features, V))
         self.ref = tables(base)[0]
         self.info = {"delta": self.delta, "fork": fork}
 
     # ---- the policy ---------------------------------------------------------------------------------------
     def logits(self, theta: np.ndarray, rows=None) -> np.ndarray:
-        """b(c) + phi(c) theta for ``rows`` (all rows if None)."""
-        if rows is None:
-            return self.base + self.phi @ theta
-        return self.base[rows] + self.phi[rows] @ theta
+        """b(c) + phi(c) theta of one copy's ``theta`` for ``rows`` (all rows if None)."""
+        return self._logits(theta, [(0, np.arange(self.n_rows) if rows is None else np.asarray(rows))])
 
     def _copy(self, theta, c):
         """Copy c's ``theta`` in the stacked parameters."""
@@ -112,15 +152,21 @@ class FeatureLM:
         cuts = np.searchsorted(ids, np.arange(self.copies + 1) * self.n_rows)
         return [(c, slice(a, b)) for c, (a, b) in enumerate(zip(cuts, cuts[1:])) if b > a]
 
+    def _logits(self, theta, blocks) -> np.ndarray:
+        """The logits of each (copy c, its local rows) of ``blocks``, one under the other, each copy with its own
+        ``theta``: phi theta by fixed-point slices (``fixed_point``, split once for every copy, one quantum per
+        copy) with one BLAS product per copy, the same bits on every CPU."""
+        F = self.n_features
+        top = np.abs(theta).reshape(len(theta) // F, -1).max(1)
+        parts = fixed_point(theta, np.repeat(top, F), self.theta_bits)
+        rows = np.concatenate([r for _, r in blocks])
+        products = np.concatenate([self.phi[r] @ parts[c * F:(c + 1) * F] for c, r in blocks])
+        return self.base[rows] + combine(products)
+
     def _stacked_logits(self, theta, ids):
-        """``logits`` of sorted stacked context ids, each copy's with its own ``theta`` (the features and priors
-        gathered once for all copies)."""
+        """``logits`` of sorted stacked context ids, each copy's with its own ``theta``."""
         local = ids % self.n_rows
-        if self.copies == 1:
-            return self.base[local] + self.phi[local] @ theta
-        phi = self.phi[local]
-        return self.base[local] + np.concatenate([phi[part] @ self._copy(theta, c)
-                                                  for c, part in self._by_copy(ids)])
+        return self._logits(theta, [(c, local[part]) for c, part in self._by_copy(ids)])
 
     def rows(self, theta, states, tokens, mask):
         """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi):
@@ -142,12 +188,15 @@ class FeatureLM:
         dz = np.bincount(inv * V + tokens[on], weights=g, minlength=n * V).reshape(n, V)
         dz -= np.bincount(inv, weights=g, minlength=n)[:, None] * pi_u
         phi_t = self.phi[uniq % self.n_rows].T
-        if self.copies == 1:
-            return phi_t @ dz, None
-        out = np.zeros((self.copies * self.n_features, V))  # copies without tokens here get no gradient
-        for c, part in self._by_copy(uniq):
-            out[c * self.n_features:(c + 1) * self.n_features] = phi_t[:, part] @ dz[part]
-        return out, None
+        F, blocks = self.n_features, self._by_copy(uniq)
+        # phi^T dz by fixed-point slices of dz (``fixed_point``), one quantum per copy: the same bits on every CPU
+        starts = [part.start for _, part in blocks]
+        top = np.maximum.reduceat(np.abs(dz).max(1), starts)
+        parts = fixed_point(dz, np.repeat(top, [part.stop - part.start for _, part in blocks]), self.grad_bits)
+        out = np.zeros((self.copies * F, 2 * V))  # copies without tokens here get no gradient
+        for c, part in blocks:
+            out[c * F:(c + 1) * F] = phi_t[:, part] @ parts[part]
+        return combine(out), None
 
     def ref_logp(self, states, tokens, mask):
         return np.where(mask > 0, self.ref[states % self.n_rows, tokens], 0.0)
@@ -172,9 +221,8 @@ class FeatureLM:
         copy_of = prompts // self.P
         pid = prompts % self.P
         on_rows = (pid[:, None] * (K + 1) + np.arange(K + 1)).reshape(copies, -1)
-        z = [self.logits(self._copy(theta, c), np.concatenate([on_rows[i], self.off0 + np.arange(T)]))
-             for i, c in enumerate(copy_of[::n])]
-        logp_t, pi_t = tables(z[0] if copies == 1 else np.concatenate(z))
+        logp_t, pi_t = tables(self._logits(theta, [(c, np.concatenate([on_rows[i], self.off0 + np.arange(T)]))
+                                                   for i, c in enumerate(copy_of[::n])]))
         cdf = np.cumsum(pi_t, axis=1)
         cdf[:, -1] = 1.0
         cdf += (np.arange(len(cdf)) % width)[:, None]  # row r of a copy's table shifted into [r, r + 1]
@@ -254,17 +302,20 @@ class FeatureLM:
         per_prompt_tokens = o.sum(1) + f.sum(1)
         total = weight.sum()
         weight = weight / total
-        prompt_entropy = ((o * ent[:self.off0].reshape(P, K + 1)).sum(1) + f @ ent[self.off0:]) / per_prompt_tokens
+        prompt_entropy = ((o * ent[:self.off0].reshape(P, K + 1)).sum(1) + dot(f, ent[self.off0:])) / per_prompt_tokens
         # entropy among the acceptable tokens of answer positions reached on track
         pl_on = (pi * logp)[:self.off0].reshape(P, K + 1, -1)[:, :K]
         h_good = -(pl_on * self.accept).sum(-1) / np.maximum(acc, 1e-300) + np.log(np.maximum(acc, 1e-300))
         accuracy = float(success.mean())
+        truncated = f[:, -1] * (1.0 - pi[-1, EOS])  # alive at the last position without ending there
         tokens = total / P
-        values = {"accuracy_exact": accuracy, "entropy": float(weight @ ent), "kl_ref": float(weight @ kl),
+        values = {"accuracy_exact": accuracy, "entropy": float(dot(weight, ent)), "kl_ref": float(dot(weight, kl)),
                   "len_wrong_exact": (tokens - (K + 1) * accuracy) / (1 - accuracy) if accuracy < 1 else None,
-                  "entropy_decision": float(weight @ np.concatenate([dec_on.reshape(-1), decision[self.off0:]])),
-                  "entropy_correct": float((o[:, :K] * h_good).sum() / o[:, :K].sum())}
+                  "entropy_decision": float(dot(weight, np.concatenate([dec_on.reshape(-1), decision[self.off0:]]))),
+                  "entropy_correct": float((o[:, :K] * h_good).sum() / o[:, :K].sum()),
+                  "malformed_exact": float(truncated.mean())}
         values["entropy_within"] = values["entropy"] - values["entropy_decision"]
         share = np.bincount(self.part, weights=weight * ent, minlength=len(PARTS))
         values.update({f"entropy_{name}": float(v) for name, v in zip(PARTS, share)})
+        values["entropy_relevant"] = values["entropy_ordinary"] + values["entropy_fork"]
         return Snapshot(z, logp, pi, weight, success, prompt_entropy, ent, values)

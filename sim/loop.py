@@ -27,7 +27,8 @@ EXTRA_STATS = ("trunc_frac", "cov_frac", "rc_weight_mean", "rc_cut_frac")
 
 #: The settings each environment is built from (beyond n_prompts, the difficulty range and env_seed).
 ENV_KEYS = {"bandit": ("n_arms",), "toy_lm": ("max_len", "n_think", "n_answers"),
-            "feature_lm": ("vocab", "answer_len", "max_len", "n_correct", "forks", "n_features", "zipf", "confidence")}
+            "feature_lm": ("vocab", "answer_len", "max_len", "n_correct", "forks", "n_features", "zipf", "confidence",
+                           "offtrack_eos")}
 
 
 def build_env(env: str, cfg: dict, copies: int = 1):

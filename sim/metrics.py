@@ -10,7 +10,7 @@ from spec.registry import ALGORITHMS
 
 from .aggregation import block_count
 from .losses import check_dcpo_q, dcpo_bounds
-from .tabular import CORRECT, MALFORMED, Rollout, Snapshot, row_sum
+from .tabular import CORRECT, MALFORMED, Rollout, Snapshot, dot, row_sum
 
 PASS_K = (1, 8, 64)
 
@@ -42,6 +42,8 @@ DEFINITIONS = {
     "entropy_fork": "feature_lm: the same for on-track forking positions",
     "entropy_end": "feature_lm: the same for the EOS decision after the answer",
     "entropy_offtrack": "feature_lm: the same for off-track contexts",
+    "entropy_relevant": "feature_lm: entropy_ordinary + entropy_fork, the reward-relevant answer positions",
+    "malformed_exact": "feature_lm: exact probability of a truncated (malformed) response",
     "entropy_hard": "exact per-token entropy of the responses to the third of prompts hardest at the start",
     "entropy_easy": "same for the easiest third",
     **{f"pass@{k}": f"exact pass@{k}: mean over the pool of 1 - (1 - success_p)^{k}" for k in PASS_K},
@@ -61,7 +63,8 @@ DEFINITIONS = {
                            "(Cui et al. Lemma 1, dz the logit change)",
 }
 FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_ordinary", "entropy_fork",
-              "entropy_end", "entropy_offtrack", "entropy_hard", "entropy_easy")
+              "entropy_end", "entropy_offtrack", "entropy_relevant", "entropy_hard", "entropy_easy",
+              "malformed_exact")
 STEP_MEANS = ("ratio_dev_median", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
               "upclip_fork_share", "freed_frac", "freed_pold_median")
 SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac",
@@ -119,8 +122,8 @@ def entropy_law(old: Snapshot, new: Snapshot) -> dict:
     dz *= old.pi  # pi * dz, in place: no more [R, V] temporaries than needed
     cov = row_sum(pi_logp_dz) + h_old * row_sum(dz)
     return {"entropy_change": new.values["entropy"] - old.values["entropy"],
-            "entropy_change_rows": float(old.weight @ (h_new - h_old)),
-            "entropy_change_pred": float(-(old.weight @ cov))}
+            "entropy_change_rows": float(dot(old.weight, h_new - h_old)),
+            "entropy_change_pred": float(-dot(old.weight, cov))}
 
 
 def batch_cov(logp: np.ndarray, adv: np.ndarray, mask: np.ndarray) -> float | None:
@@ -295,7 +298,8 @@ def _corr(x, y) -> float | None:
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(x) < 3 or x.std() == 0 or y.std() == 0:
         return None
-    return float(np.corrcoef(x, y)[0, 1])
+    x, y = x - x.mean(), y - y.mean()  # Pearson's r by fixed-order sums (np.corrcoef calls BLAS)
+    return float(dot(x, y) / np.sqrt(dot(x, x) * dot(y, y)))
 
 
 def law_summary(records: list[dict]) -> dict:

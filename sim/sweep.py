@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from spec.records import open_lock, read_json, safe_name, take_lock, writable_folder, write_json
 
-from .config import check_env, grid_points, resolve
+from .config import check_algo_keys, check_env, env_draw, grid_points, parse_seeds, resolve, split_sets
 from .loop import run_stack
 from .metrics import DEFINITIONS, SUMMARY_DEFINITIONS, SUMMARY_KEYS, summarise_run
 
@@ -118,39 +118,46 @@ def run_id(algo: str, params: dict, seed: int) -> str:
     return f"{safe_name(label_of(algo, params))}__seed{seed}"
 
 
-def plan(env: str, algos: list[str], seeds: int, steps: int, grid: dict) -> list[dict]:
-    """Every run of the sweep, each checked (so a bad setting fails before any process starts)."""
+def plan(env: str, algos: list[str], seeds, steps: int, grid: dict) -> list[dict]:
+    """Every run of the sweep, each checked (so a bad setting fails before any process starts). ``seeds``: a
+    count, a ``--seeds`` text or ``Seeds`` (``sim.config.parse_seeds``); ``grid`` keys ``algo.key`` apply to that
+    algorithm only. Each run records its seed's set (discovery or replication) and environment draw."""
     check_env(env)
     if not algos:
         raise ValueError("algos: expected at least one algorithm")
-    for name, value in (("seeds", seeds), ("steps", steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: expected a positive integer, got {steps!r}")
+    sets = parse_seeds(seeds)
     for key, values in grid.items():
         again = next((v for i, v in enumerate(values) if any(v == w for w in values[:i])), None)
         if again is not None:
             raise ValueError(f"set: {key} lists the value {again!r} twice; give each value once")
+    shared, own = split_sets(grid, algos)
     tasks, ids = [], set()
     for algo in algos:
-        for params in grid_points(grid):
+        check_algo_keys(env, algo, own.get(algo, {}))
+        for params in grid_points({**shared, **own.get(algo, {})}):
             cfg = resolve(env, algo, params)
             if run_id(algo, params, 0) in ids:
                 raise ValueError(f"set: two grid points of {algo} have the same folder name "
                                  f"{safe_name(label_of(algo, params))!r}; give values that differ in letters or digits")
-            for seed in range(seeds):
-                tasks.append({"env": env, "algo": algo, "seed": seed, "steps": steps, "params": params,
-                              "label": label_of(algo, params), "id": run_id(algo, params, seed), "settings": cfg})
+            for seed in sets.all:
+                draw = env_draw(cfg, seed)
+                tasks.append({"env": env, "algo": algo, "seed": seed, "set": sets.role(seed), "steps": steps,
+                              "params": params, "label": label_of(algo, params), "id": run_id(algo, params, seed),
+                              "settings": {**cfg, "env_seed": draw}})
                 ids.add(tasks[-1]["id"])
     return tasks
 
 
 def jobs(todo: list[dict], workers: int = 1) -> list[list[dict]]:
-    """The tasks to run, grouped by label: a label's seeds run as one stacked trainer. The costliest start first
+    """The tasks to run, grouped by label and environment draw: those seeds run as one stacked trainer. The
+    costliest start first
     (more seeds; then dynamic sampling, which generates several rounds a step), and the last label's seeds are
     shared among the ``workers``, so that they end together."""
     groups: dict[str, list[dict]] = {}
     for t in todo:
-        groups.setdefault(t["label"], []).append(t)
+        groups.setdefault((t["label"], t["settings"]["env_seed"]), []).append(t)
     out = sorted(groups.values(), key=lambda job: (len(job), job[0]["settings"]["dynamic_sampling"]), reverse=True)
     if len(out) > workers > 1:
         last = out.pop()
@@ -177,13 +184,13 @@ def run_tasks(tasks: list[dict], out: str) -> list[dict]:
             files[i].flush()
         first = tasks[0]
         records = run_stack(first["env"], first["algo"], [t["seed"] for t in tasks], first["steps"],
-                            first["params"], on_step)
+                            {**first["params"], "env_seed": first["settings"]["env_seed"]}, on_step)
         for f in files:
             os.fsync(f.fileno())
     summaries = []
     for task, folder, recs in zip(tasks, folders, records):
-        write_json(folder / "config.json", {k: task[k] for k in ("env", "algo", "seed", "steps", "params", "label",
-                                                                 "settings")})
+        write_json(folder / "config.json", {k: task[k] for k in ("env", "algo", "seed", "set", "steps", "params",
+                                                                 "label", "settings")})
         os.replace(folder / "metrics.jsonl.part", folder / "metrics.jsonl")
         summary = {"label": task["label"], "algo": task["algo"], "seed": task["seed"], **summarise_run(recs)}
         write_json(folder / "done.json", summary)
@@ -259,7 +266,7 @@ def _died(code: int, job: list[dict]) -> str:
             f"done runs are kept: rerun the same command to resume")
 
 
-def prepare(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None, out: str):
+def prepare(env: str, algos: list[str], seeds, steps: int, grid: dict | None, out: str):
     """Plan a sweep, check that ``out`` holds the same sweep if anything, and list the runs not yet done:
     returns (tasks, out path, tasks to run)."""
     grid = grid or {}
@@ -268,14 +275,14 @@ def prepare(env: str, algos: list[str], seeds: int, steps: int, grid: dict | Non
     writable_folder(out_path / "runs", "out")
     _check_resumable(out_path, env, steps)
     history = commands(out_path / "sweep.json") if (out_path / "sweep.json").exists() else []
-    command = {"algos": list(algos), "seeds": seeds, "grid": grid}
+    command = {"algos": list(algos), "seeds": parse_seeds(seeds).text(), "grid": grid}
     write_json(out_path / "sweep.json", {"env": env, "steps": steps,
                                          "commands": history + ([command] if command not in history else [])})
     todo = [t for t in tasks if not (out_path / "runs" / t["id"] / "done.json").exists()]
     return tasks, out_path, todo
 
 
-def run_sweep(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None, out: str = "runs/sim",
+def run_sweep(env: str, algos: list[str], seeds, steps: int, grid: dict | None = None, out: str = "runs/sim",
               workers: int = 2, progress: bool = True, on_run=None) -> dict:
     """Run (or resume) a sweep into ``out`` and return its summary (also written to ``out/summary.json``).
     ``on_run(folder)``, if given, is called in the sweep's process with each run's folder as the run is done."""

@@ -41,6 +41,12 @@ def row_sum(x: np.ndarray) -> np.ndarray:
     return total
 
 
+def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` over the last axis, by NumPy's pairwise sum: the same bits on every CPU (``@`` calls BLAS, whose
+    kernel, and so whose rounding, depends on the CPU)."""
+    return np.add.reduce(a * b, axis=-1)
+
+
 def tables(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(log pi, pi) of a [S, V] logit table with one exp: pi = softmax(z - max_v z) row-wise."""
     narrow = logits.shape[1] <= NARROW
@@ -284,9 +290,9 @@ def exact_copies(aut: Automaton, table, ref_logp=None, mass=None) -> list[Exact]
     for c in range(aut.copies):
         s, pr = slice(c * n, (c + 1) * n), slice(c * p, (c + 1) * p)
         v = visits[s]
-        win_len = float(timed[s] @ p_win[s])  # E[length * 1(correct)]
+        win_len = float(dot(timed[s], p_win[s]))  # E[length * 1(correct)]
         tokens, acc = v.sum(), float(success[pr].mean())
-        out.append(Exact(float(v @ ent[s] / tokens), float(v @ kl_s[s] / tokens), acc, float(tokens),
+        out.append(Exact(float(dot(v, ent[s]) / tokens), float(dot(v, kl_s[s]) / tokens), acc, float(tokens),
                          win_len / acc if acc > 0 else float("nan"),
                          (tokens - win_len) / (1 - acc) if acc < 1 else float("nan"), success[pr], v,
                          ent[s]))
@@ -366,7 +372,7 @@ class TableEnv:
                                      minlength=self.n_prompts)
             per_prompt /= np.bincount(self._local_prompt, weights=ex.visits, minlength=self.n_prompts)
             values = {"accuracy_exact": ex.accuracy, "entropy": ex.entropy, "kl_ref": ex.kl_ref,
-                      "len_wrong_exact": ex.len_wrong, "entropy_decision": float(w @ decision[rows])}
+                      "len_wrong_exact": ex.len_wrong, "entropy_decision": float(dot(w, decision[rows]))}
             values["entropy_within"] = ex.entropy - values["entropy_decision"]
             out.append(Snapshot(params[rows].copy(), logp[rows], pi[rows], w, ex.success, per_prompt,
                                 ex.row_entropy, values))

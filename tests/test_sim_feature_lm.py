@@ -120,7 +120,8 @@ def test_toy_lm_entropy_split_equals_grouping_by_consequence():
 
 
 def test_sampling_matches_exact():
-    env = FeatureLM(n_prompts=6, vocab=16, env_seed=2, difficulty_low=-2.0, difficulty_high=3.0)
+    env = FeatureLM(n_prompts=6, vocab=16, env_seed=2, difficulty_low=-2.0, difficulty_high=3.0,
+                    offtrack_eos=-2.0)  # a format that truncates some responses, to sample every outcome
     theta = 0.3 * np.random.default_rng(1).standard_normal(env.init.shape)
     snap = env.snapshot(theta)
     n = 4000
@@ -319,3 +320,27 @@ def test_step_clips_by_hand():
     assert s["upclip_pold_median"] == pytest.approx(0.175) and s["upclip_pold_lt02"] == pytest.approx(2 / 4)
     assert s["upclip_fork_share"] == pytest.approx(2 / 4)
     assert s["freed_frac"] == 0.0  # eps_high 0.2 frees nothing
+
+
+@pytest.mark.parametrize("env_seed", [0, 1, 2, 3])
+def test_starts_as_an_instruct_model_well_formatted(env_seed):
+    """At step 0 at most 2% of responses are malformed (issue 19), exactly."""
+    env = FeatureLM(env_seed=env_seed)
+    assert env.snapshot(env.init).values["malformed_exact"] <= 0.02
+
+
+def test_exact_malformed_share_matches_sampling():
+    """malformed_exact against the sampled share of truncated responses, with the old format (EOS off track 2 nats
+    below the dominant token) where about 14% are truncated: within 4 binomial standard errors."""
+    env = FeatureLM(n_prompts=64, offtrack_eos=-2.0)
+    exact = env.snapshot(env.init).values["malformed_exact"]
+    ro = env.sample(env.init, np.arange(64), 400, np.random.default_rng(0))
+    share, n = float(np.mean(ro.outcome == MALFORMED)), len(ro.outcome)
+    assert 0.05 < exact < 0.3
+    assert abs(share - exact) < 4 * np.sqrt(exact * (1 - exact) / n)
+
+
+def test_reward_relevant_entropy_is_ordinary_plus_fork():
+    env = FeatureLM(n_prompts=32)
+    values = env.snapshot(env.init).values
+    assert values["entropy_relevant"] == values["entropy_ordinary"] + values["entropy_fork"]

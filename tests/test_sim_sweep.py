@@ -15,7 +15,9 @@ import pytest
 from harness.reports.claims import CLAIMS
 from harness.reports.sim import write_report
 from harness.runs.sim import parse_algos, sim_command
-from sim.sweep import run_sweep
+from sim.config import parse_seeds, parse_sets
+from sim.loop import run
+from sim.sweep import jobs, plan, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS, SEEDS, STEPS = ["grpo", "dcpo"], 2, 60
@@ -114,7 +116,7 @@ def test_sim_command_json_and_report(tmp_path, capsys):
     assert "reproduced" in text or "partly" in text
     pngs = list(md.parent.glob("*.png"))
     assert pngs and all(p.stat().st_size < 400_000 for p in pngs)
-    assert "--algos grpo,dcpo,gspo --seeds 2 --steps 12" in text
+    assert "--algos grpo,dcpo,gspo --seeds 0:1 --steps 12" in text
 
 
 def test_report_reads_real_model_run_folders(tmp_path):
@@ -173,11 +175,12 @@ def test_a_rerun_with_other_algorithms_keeps_the_first_ones_and_every_command(tm
     assert both["algorithms"]["dcpo[lr=0.05]"]["seeds"] == 1
     assert json.loads((tmp_path / "summary.json").read_text()) == both
     assert json.loads((tmp_path / "sweep.json").read_text())["commands"] == [
-        {"algos": ["grpo"], "seeds": 2, "grid": {}}, {"algos": ["dcpo"], "seeds": 1, "grid": {"lr": [0.05]}}]
+        {"algos": ["grpo"], "seeds": "0:1", "grid": {}}, {"algos": ["dcpo"], "seeds": "0-0", "grid": {"lr": [0.05]}}]
+    # the seeds as their discovery:replication sets, which rerun the same runs
     text = write_report([tmp_path], tmp_path / "report.md", bandit=False).read_text()
     cmds = text.split("```")[1].strip().splitlines()
-    assert cmds == [f"cliplab sim --env bandit --algos grpo --seeds 2 --steps 5 --out {tmp_path}",
-                    f"cliplab sim --env bandit --algos dcpo --seeds 1 --steps 5 --set lr=0.05 --out {tmp_path}",
+    assert cmds == [f"cliplab sim --env bandit --algos grpo --seeds 0:1 --steps 5 --out {tmp_path}",
+                    f"cliplab sim --env bandit --algos dcpo --seeds 0-0 --steps 5 --set lr=0.05 --out {tmp_path}",
                     f"cliplab report {tmp_path} --out {tmp_path / 'report.md'}"]
 
 
@@ -206,7 +209,7 @@ def test_a_grid_value_listed_twice_is_an_error_before_anything_runs(tmp_path, gr
 
 def test_grid_values_with_the_same_folder_name_are_an_error(monkeypatch):
     import sim.sweep
-    monkeypatch.setattr(sim.sweep, "resolve", lambda env, algo, params: {"dynamic_sampling": False})
+    monkeypatch.setattr(sim.sweep, "resolve", lambda env, algo, params: {"dynamic_sampling": False, "env_seed": 0})
     with pytest.raises(ValueError, match=r"^set: two grid points of grpo have the same folder name "
                                          r"'grpo_reward=a_b_'; give values that differ in letters or digits$"):
         sim.sweep.plan("bandit", ["grpo"], 1, 2, {"reward": ["a/b", "a_b"]})
@@ -290,3 +293,60 @@ def test_ctrl_c_stops_the_workers_and_the_sweep_resumes_to_the_same_bytes(tmp_pa
     sim_command("toy_lm", "grpo,dpo", 2, 40, [], str(out), workers=2, progress=False)
     sim_command("toy_lm", "grpo,dpo", 2, 40, [], str(whole), workers=2, progress=False)
     assert _files(out) == _files(whole) and (out / "summary.json").read_text() == (whole / "summary.json").read_text()
+
+
+@pytest.mark.parametrize("spec, discovery, replication", [
+    (4, (0, 1), (2, 3)), ("5", (0, 1, 2), (3, 4)), ("1000-1003", (1000, 1001), (1002, 1003)),
+    ("7,3,9", (7, 3), (9,)), ("0-2:10,12", (0, 1, 2), (10, 12)), ("1", (0,), ())])
+def test_seeds_take_a_count_a_range_or_a_list_split_into_two_sets(spec, discovery, replication):
+    sets = parse_seeds(spec)
+    assert (sets.discovery, sets.replication) == (discovery, replication)
+    assert parse_seeds(sets.text()) == sets
+
+
+@pytest.mark.parametrize("spec", ["", "5-4", "-3", "2--1", "0-9:5-12", "1,1", "x", "0", "100000000", "0-5000",
+                                  "3:3"])
+def test_bad_seeds_are_one_line_errors_naming_seeds(spec):
+    with pytest.raises(ValueError, match=r"^seeds: [^\n]*$"):
+        parse_seeds(spec)
+
+
+def test_seeds_in_blocks_share_an_environment_draw_and_each_run_records_its_set():
+    tasks = plan("bandit", ["grpo"], "3-12", 2, {"env_seed": [100]})
+    draws = {t["seed"]: t["settings"]["env_seed"] for t in tasks}
+    assert draws == {s: 100 + s // 5 for s in range(3, 13)}
+    assert [t["set"] for t in tasks] == ["discovery"] * 5 + ["replication"] * 5
+    assert sorted(len(job) for job in jobs(tasks)) == [2, 3, 5]  # one stacked trainer per label and draw
+
+
+def test_a_run_in_a_sweep_is_the_run_alone_in_its_environment_draw(tmp_path):
+    run_sweep("bandit", ["grpo"], "6-7", 4, out=str(tmp_path), workers=1, progress=False)
+    alone = run("bandit", "grpo", 7, 4, {"env_seed": 1})
+    lines = (tmp_path / "runs" / "grpo__seed7" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == json.loads(json.dumps(alone))
+
+
+def test_set_targets_one_algorithm():
+    tasks = plan("bandit", ["grpo", "dapo"], 1, 2, parse_sets(["dapo.eps_high=0.28,0.3", "lr=0.05"]))
+    labels = sorted({t["label"] for t in tasks})
+    assert labels == ["dapo[eps_high=0.28,lr=0.05]", "dapo[eps_high=0.3,lr=0.05]", "grpo[lr=0.05]"]
+    assert {t["settings"]["loss"]["eps_high"] for t in tasks if t["algo"] == "grpo"} == {0.2}
+    with pytest.raises(ValueError, match="^set: .*'dapo'.*not in this sweep"):
+        plan("bandit", ["grpo"], 1, 2, parse_sets(["dapo.eps_high=0.28"]))
+    with pytest.raises(ValueError, match="^set: algorithm 'dpo' has no setting 'eps_high'"):
+        plan("bandit", ["dpo"], 1, 2, parse_sets(["dpo.eps_high=0.28"]))
+
+
+def test_plots_have_at_most_six_panels_none_empty_at_100_dpi(tmp_path):
+    from PIL import Image
+
+    from harness.reports.sim import MAX_PANELS, plot_curves
+    from harness.reports.rundirs import Groups
+    keys = [f"m{i}" for i in range(8)]
+    runs = [{"dir": "d", "label": "grpo", "algo": "grpo", "params": {}, "seed": s, "env": "toy_lm",
+             "records": [{**{k: float(t + s) for k in keys}, "empty": None} for t in range(5)]} for s in range(2)]
+    paths = plot_curves(Groups(runs), ["grpo"], tmp_path / "p.png", panels=keys + ["empty"])
+    assert len(paths) == 2 and MAX_PANELS == 6  # 8 panels with data: 6 + 2; the empty metric has none
+    for path in paths:
+        with Image.open(path) as im:
+            assert im.info["dpi"][0] >= 99

@@ -78,3 +78,21 @@ def test_detectable_effect_has_the_stated_power():
     rejected = np.abs(t) > student.ppf(0.975, n - 1)
     # the sd is estimated in each experiment, so the power is a little under 0.8 at the design sd; binomial se 0.006
     assert rejected.mean() == pytest.approx(0.8, abs=0.03)
+
+
+def test_fit_recovers_the_entropy_law_and_its_interval():
+    """R = -a e^H + b (Cui et al. 2505.22617, Eq. 1): exact data give a and b with no width; noisy data an interval
+    that holds the truth, as wide as the linear regression of R on e^H says (the model is linear in a and b)."""
+    from harness.reports.stats import fit
+    law = lambda h, a, b: -a * np.exp(h) + b  # noqa: E731
+    h = np.linspace(0.1, 1.5, 12)
+    a, b = fit(law, h, law(h, 0.2, 0.9), p0=(0.1, 0.5))
+    assert (a.mean, b.mean) == (pytest.approx(0.2), pytest.approx(0.9)) and a.half < 1e-6 and a.n == 12
+    rng = np.random.default_rng(1)
+    r = law(h, 0.2, 0.9) + rng.normal(0, 0.01, h.size)
+    a, b = fit(law, h, r, p0=(0.1, 0.5))
+    design = np.column_stack([-np.exp(h), np.ones_like(h)])
+    coef, res, *_ = np.linalg.lstsq(design, r, rcond=None)
+    cov = res[0] / (h.size - 2) * np.linalg.inv(design.T @ design)
+    assert a.mean == pytest.approx(coef[0], rel=1e-6) and a.half == pytest.approx(2.228139 * np.sqrt(cov[0, 0]), rel=1e-4)
+    assert abs(a.mean - 0.2) < a.half

@@ -1,9 +1,28 @@
-"""The papers' claims, each measured on grouped runs and given a verdict with its reason."""
+"""The papers' claims, each measured on grouped runs and given a verdict with its reason.
+
+Every claim is decided on the discovery seeds and re-checked on the disjoint replication seeds (``run_claims``):
+it is "reproduced" only where both sets say so. The tests come from ``harness.reports.stats`` (paired t tests where
+seeds pair, Welch's otherwise, t intervals at the true degrees of freedom) and their p-values are Holm-adjusted
+across all the tests of a set's claims (family-wise 5%). A difference that is not significant reads "not
+detectable with N seeds (smallest detectable effect X)", the effect the test finds with 80% power.
+"""
 from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from harness.reports.rundirs import Groups, fmt, mean_se, same
+from spec.registry import ALGORITHMS, HPARAMS
+
+from harness.reports.rundirs import Groups, fmt, same
+from harness.reports.stats import Comparison, fit, holm, paired_test, t_interval, welch_test
+
+
+def mean_se(x) -> tuple[float, float | None]:
+    """Mean over seeds and the half-width of its 95% t interval (n - 1 degrees of freedom); None for one seed."""
+    iv = t_interval(x)
+    return iv.mean, (iv.half if iv.n > 1 else None)
 
 def _missing(what: str, command: str) -> tuple:
     return ("not measured", f"needs {what}; run `{command}`")
@@ -30,17 +49,24 @@ def claim_dcpo_tcr(g: Groups):
     return meas, "not reproduced", "DCPO does not clip fewer tokens here"
 
 
+#: "Well above": DCPO's RUR above GRPO's by more than a third of the paper's 28-point gap (71.8% vs 43.8%).
+RUR_MARGIN = 0.28 / 3
+
+
 def claim_dcpo_rur(g: Groups):
     d, gr = g.find("dcpo"), g.find("grpo")
     if not (d and gr):
         return "n/a", *_missing("dcpo and grpo runs", "cliplab sim --algos grpo,dcpo ...")
     (md, sd), (mg, sg) = mean_se(g.per_seed(d, "rur")), mean_se(g.per_seed(gr, "rur"))
-    meas = f"DCPO {fmt(md, sd, True)} vs GRPO {fmt(mg, sg, True)} (paper 71.8% vs 43.8%)"
-    if md - mg > 0.15 and md - mg > 2 * (sd + sg):
+    diff, half, ok = compare(g.per_seed(gr, "rur"), g.per_seed(d, "rur"))
+    meas = (f"DCPO {fmt(md, sd, True)} vs GRPO {fmt(mg, sg, True)} (paper 71.8% vs 43.8%; diff "
+            f"{sig(diff, half, ok)})")
+    if ok and diff - half > RUR_MARGIN:  # the whole 95% interval above the margin, not a point estimate
         return meas, "reproduced", ("SAS gives all-equal groups a non-zero advantage from a prompt's second visit, "
                                     "so almost every response trains")
     if md > mg:
-        return meas, "partly", "higher, but not by a wide margin"
+        return meas, "partly", (f"higher, but the 95% interval of the difference is not all above "
+                                f"{fmt(RUR_MARGIN, pct=True)} (a third of the paper's gap)")
     return meas, "not reproduced", "DCPO does not use more responses here"
 
 
@@ -49,7 +75,6 @@ def pairs(g: Groups, algo: str, changes: dict) -> list[tuple[str, str, dict]]:
 
     A key missing from a label's params takes the registry default of ``algo``.
     """
-    from spec.registry import ALGORITHMS
     defaults = ALGORITHMS[algo].defaults if algo in ALGORITHMS else {}
 
     def value(label, key):
@@ -70,28 +95,69 @@ def pairs(g: Groups, algo: str, changes: dict) -> list[tuple[str, str, dict]]:
     return list(out.values())
 
 
-def _setting(rest: dict) -> str:
-    return "defaults" if not rest else ", ".join(f"{k}={v}" for k, v in sorted(rest.items()))
+def _setting(algo: str, rest: dict) -> str:
+    """A regime's settings as text: those ``algo`` reads (a loss hyper-parameter it does not read is left out)."""
+    reads = set(ALGORITHMS[algo].reads({k: v for k, v in rest.items() if k in HPARAMS})) if algo in ALGORITHMS \
+        else set(HPARAMS)
+    shown = {k: v for k, v in rest.items() if k not in HPARAMS or k in reads}
+    return "defaults" if not shown else ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
 
 
-T975 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+class Family:
+    """The tests of one seed set's claims, Holm-adjusted. The claims run twice: the first pass collects each
+    test's p-value, the second gets each test's adjusted p-value back, in the same order (claims are
+    deterministic). ``paired``: whether every label of the set has the same seeds (so seeds pair)."""
+
+    def __init__(self, paired: bool):
+        self.paired, self.raw, self.adjusted, self.next = paired, [], None, 0
+
+    def test(self, a, b) -> Comparison:
+        a, b = np.asarray(a, float), np.asarray(b, float)
+        c = paired_test(a, b) if self.paired and a.shape == b.shape else welch_test(a, b)
+        if self.adjusted is None:
+            self.raw.append(c.p)
+            return c
+        c = replace(c, p=float(self.adjusted[self.next]))
+        self.next += 1
+        return c
+
+    def adjust(self) -> None:
+        self.adjusted, self.next = holm(self.raw), 0
 
 
-def compare(a: np.ndarray, b: np.ndarray) -> tuple[float, float, bool]:
-    """b - a over seeds: the difference, its standard error, and whether it is significant (two-sided 5%,
-    Student t with n_a + n_b - 2 degrees of freedom)."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    if len(a) < 2 or len(b) < 2:
-        return float("nan"), float("nan"), False
-    d = float(b.mean() - a.mean())
-    se = float(np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)))
-    crit = T975.get(len(a) + len(b) - 2, 1.96 if len(a) + len(b) > 12 else 4.303)
-    return d, se, abs(d) > crit * se if se > 0 else d != 0
+FAMILY: contextvars.ContextVar[Family] = contextvars.ContextVar("claims_family")
 
 
-def sig(d: float, se: float, significant: bool) -> str:
-    return f"{fmt(d)} ± {fmt(se)}, {'significant' if significant else 'not significant'} at 5%"
+@dataclass(frozen=True)
+class Tested:
+    """A comparison, true when significant after Holm's correction."""
+    cmp: Comparison
+
+    def __bool__(self) -> bool:
+        return self.cmp.significant()
+
+
+def compare(a, b) -> tuple[float, float, Tested]:
+    """b - a over seeds: the difference, the half-width of its 95% t interval, and the test (true if significant
+    at 5% after Holm's correction across the set's claims)."""
+    family = FAMILY.get(None) or Family(paired=False)
+    c = family.test(a, b)
+    return c.diff, c.half, Tested(c)
+
+
+def sig(d: float, half: float, ok: Tested) -> str:
+    c = ok.cmp
+    if c.kind in ("too few", "structural"):
+        return f"{fmt(d)} ({c.kind})"
+    return f"{fmt(d)} ± {fmt(half)} ({c.kind}, Holm p {c.p:.2g})"
+
+
+def undetected(ok: Tested) -> str:
+    """The verdict of a difference the test did not find."""
+    c = ok.cmp
+    if c.kind == "too few":
+        return "not testable here (under two seeds a side)"
+    return f"not detectable with {min(c.n_a, c.n_b)} seeds (smallest detectable effect {fmt(c.detectable)})"
 
 
 def _final(g: Groups, label: str, key: str) -> np.ndarray:
@@ -105,7 +171,8 @@ def _final(g: Groups, label: str, key: str) -> np.ndarray:
     return out
 
 
-ENTROPY_PARTS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_hard", "entropy_easy")
+ENTROPY_PARTS = ("entropy_relevant", "entropy_decision", "entropy_within", "entropy_correct", "entropy_hard",
+                 "entropy_easy")
 #: feature_lm's exact contributions to entropy by kind of context; they add up to the entropy.
 ENTROPY_SHARES = ("entropy_ordinary", "entropy_fork", "entropy_end", "entropy_offtrack")
 
@@ -141,6 +208,15 @@ def _clip_profile(g: Groups, label: str) -> str:
             f"{fmt(low, pct=True)}{at_fork}")
 
 
+def _beta(g: Groups, label: str) -> float:
+    """The KL coefficient a label ran with: the simulator's settings, else its params; 0 when neither names it
+    (cluster logs: verl and TRL train without a KL term unless told)."""
+    run = g.runs[label][0]
+    if run.get("settings"):
+        return float(run["settings"]["loss"].get("beta", 0.0))
+    return float(run["params"].get("beta", 0.0))
+
+
 def claim_clip_higher(g: Groups):
     """One row per regime (the settings besides eps_high): final entropy at eps_high 0.2, 0.28 and no upper clip."""
     rows = []
@@ -148,11 +224,12 @@ def claim_clip_higher(g: Groups):
     for algo in ("dapo", "grpo", "dr_grpo", "ppo"):
         for hi in (0.28, 100):
             for base, high, rest in pairs(g, algo, {"eps_high": (0.2, hi)}):
-                if rest.get("reward") == "random":
+                if rest.get("reward") == "random" or _beta(g, base) != 0:  # the claim is stated with KL off
                     continue
-                regimes.setdefault((algo, _setting(rest)), {"base": base, "rest": rest})[hi] = high
+                regimes.setdefault((algo, _setting(algo, rest)), {"base": base, "rest": rest})[hi] = high
     if not regimes:
-        return "n/a", *_missing("an eps_high ablation", "cliplab sim --algos dapo --set eps_high=0.2,0.28,100 ...")
+        return "n/a", *_missing("an eps_high ablation with the KL penalty off (beta 0)",
+                                "cliplab sim --algos dapo --set eps_high=0.2,0.28,100 ...")
     for (algo, setting), r in regimes.items():
         base = r["base"]
         e0 = _final(g, base, "entropy")
@@ -188,7 +265,7 @@ def claim_clip_higher(g: Groups):
             verdict = "reversed"
             why = "entropy ends lower without the upper bound; " + why
         else:
-            verdict = "no effect"
+            verdict = undetected(top[2])
             why = "the differences are within noise; " + why
         rows.append((f"{algo}, {setting}", "; ".join(cells), verdict, why))
     return rows
@@ -208,18 +285,50 @@ def claim_random_reward(g: Groups):
         meas = (f"final entropy eps_high 0.2 {fmt(*mean_se(e0))} vs no upper clip {fmt(*mean_se(e1))} "
                 f"(diff {sig(d, se, ok)}); initial {fmt(mean_se(g.per_seed(base, 'entropy', 'first'))[0])}; "
                 + _clip_profile(g, base))
-        verdict = "reproduced" if ok and d > 0 else ("reversed" if ok else "no effect")
+        verdict = "reproduced" if ok and d > 0 else ("reversed" if ok else undetected(ok))
         why = attribution(g, base, free)
-        rows.append((f"{algo}, {_setting(rest)}", meas, verdict, why))
+        rows.append((f"{algo}, {_setting(algo, rest)}", meas, verdict, why))
     return rows
 
 
+#: The controls of a collapse claim: the same algorithm with the reward replaced by coin flips, a learning rate
+#: near 0, and SGD instead of Adam (each a label whose params name exactly these keys).
+CONTROLS = (("random reward", ("reward",), {"reward": "random"}), ("lr near 0", ("lr",), None),
+            ("SGD", ("lr", "optimizer"), {"optimizer": "sgd"}))
+
+
+def _control(g: Groups, algo: str, keys: tuple, values: dict | None) -> str | None:
+    for lbl in g.labels():
+        run = g.runs[lbl][0]
+        if run["algo"] == algo and tuple(sorted(run["params"])) == keys and all(
+                same(run["params"][k], v) for k, v in (values or {}).items()):
+            if values is not None or float(run["params"]["lr"]) <= 1e-3:
+                return lbl
+    return None
+
+
+def _fall(g: Groups, label: str, key: str) -> np.ndarray:
+    """Per seed, the fall of ``key`` from the first step to the last."""
+    return g.curve(label, key)[:, 0] - _final(g, label, key)
+
+
+def _entropy_law(h, a, b):
+    """Cui et al. 2505.22617, Eq. 1: performance R = -a exp(H) + b as entropy H is spent."""
+    return -a * np.exp(h) + b
+
+
 def claim_entropy_collapse(g: Groups):
-    """Cui et al. 2505.22617: entropy falls early and fast while performance saturates (pass@k falls back)."""
+    """Cui et al. 2505.22617: entropy falls early and fast while performance saturates (pass@k falls back); beside
+    the total, the reward-relevant contexts (feature_lm: ordinary answer positions and forks), and the controls
+    that say how much of the fall the reward drives."""
     rows = []
     for algo in ("grpo", "dapo"):
         lbl = g.find(algo)
         if not lbl:
+            continue
+        if g.runs[lbl][0].get("env") == "toy_lm":
+            rows.append((algo, "n/a", "not testable here", "the toy LM's contexts each have their own logits and "
+                         "most of its entropy is the reward-irrelevant filler choice: nothing to collapse together"))
             continue
         c = g.curve(lbl, "entropy")
         e0, e1 = c[:, 0], _final(g, lbl, "entropy")
@@ -237,8 +346,30 @@ def claim_entropy_collapse(g: Groups):
                 f" fall); half-entropy step {fmt(*mean_se(half_steps))} in {n_half}/{len(c)} seeds; pass@64 initial "
                 f"{fmt(mean_se(p64[:, 0])[0])}, peak {fmt(*mean_se(peak))}, peak-to-final drop {fmt(*mean_se(drop))}; "
                 f"final accuracy {fmt(*mean_se(acc))}")
+        a, b = fit(_entropy_law, c, g.curve(lbl, "accuracy_exact"), p0=(0.1, 0.5))
+        if a.n:
+            meas += (f"; R = -a e^H + b over every step and seed (Cui et al. Eq. 1; {a.n} points): a "
+                     f"{fmt(a.mean, a.half)}, b {fmt(b.mean, b.half)}")
+        relevant = np.isfinite(g.curve(lbl, "entropy_relevant")).any()
+        keys = ("entropy", "entropy_relevant") if relevant else ("entropy",)
+        if relevant:
+            meas += (f"; reward-relevant entropy (ordinary + fork) {fmt(*mean_se(g.curve(lbl, 'entropy_relevant')[:, 0]))}"
+                     f" -> {fmt(*mean_se(_final(g, lbl, 'entropy_relevant')))}")
+        controls = []
+        for name, ctl_keys, values in CONTROLS:
+            ctl = _control(g, algo, ctl_keys, values)
+            if ctl is None:
+                continue
+            cells = []
+            for key in keys:
+                d, half_w, ok = compare(_fall(g, ctl, key), _fall(g, lbl, key))
+                cells.append(f"{'total' if key == 'entropy' else 'relevant'} fall {fmt(*mean_se(_fall(g, ctl, key)))}"
+                             f" (true reward minus control {sig(d, half_w, ok)})")
+            controls.append(f"{name} ({ctl}): " + ", ".join(cells))
+        if controls:
+            meas += "; controls: " + "; ".join(controls)
         parts = ", ".join(f"{k[8:]} {fmt(mean_se(g.curve(lbl, k)[:, 0])[0])} -> {fmt(mean_se(_final(g, lbl, k))[0])}"
-                          for k in ENTROPY_PARTS if np.isfinite(g.curve(lbl, k)).any())
+                          for k in ENTROPY_PARTS + ENTROPY_SHARES if np.isfinite(g.curve(lbl, k)).any())
         if n_half == len(c) and np.nanmean(half_steps) < steps / 2:
             verdict = "reproduced"
         elif n_half:
@@ -301,16 +432,17 @@ def claim_drgrpo_length(g: Groups):
     def growth(label):
         return g.per_seed(label, key, "last") - g.per_seed(label, key, "first")
     (mg, sg), (md, sd) = mean_se(growth(gr)), mean_se(growth(dr))
+    diff, half, ok = compare(growth(dr), growth(gr))
     what = "exact expected" if key == "len_wrong_exact" else "mean sampled"
     meas = (f"growth of the {what} incorrect-response length, first to last 10% of steps: GRPO {fmt(mg, sg)}, "
-            f"Dr.GRPO {fmt(md, sd)} tokens")
-    if mg - md > 2 * (sg + sd) and abs(md) < abs(mg) / 2:
+            f"Dr.GRPO {fmt(md, sd)} tokens (GRPO - Dr.GRPO {sig(diff, half, ok)})")
+    if ok and diff > 0 and abs(md) < abs(mg) / 2:
         return meas, "reproduced", ("GRPO's 1/|o_i| lets long wrong answers pay less per token; Dr.GRPO's "
                                     "constant does not")
     if mg > md:
         reasons = ["GRPO's incorrect responses grow more"]
-        if not mg - md > 2 * (sg + sd):
-            reasons.append("but the difference is within two standard errors")
+        if not ok:
+            reasons.append("but the difference is not significant")
         if abs(md) >= abs(mg) / 2:
             reasons.append("and Dr.GRPO's grow too")
         reasons.append("(part of any growth is the mix shifting to hard prompts as easy ones stop being wrong)")
@@ -331,7 +463,6 @@ def _instability(g: Groups, label: str):
 
 
 def claim_sapo(g: Groups):
-    from spec.registry import ALGORITHMS
     default = ALGORITHMS["sapo"].defaults
     taus = {tuple(float(g.runs[lbl][0]["params"].get(k, default[k])) for k in ("tau_pos", "tau_neg"))
             for lbl in g.labels() if g.runs[lbl][0]["algo"] == "sapo"}
@@ -374,11 +505,12 @@ def claim_sapo(g: Groups):
             verdict, why = "not testable here", (f"no instability to damp (worst drop of exact accuracy in any run "
                                                  f"{fmt(worst)}); " + scale)
         elif favour:
-            verdict, why = "no effect", (f"the measures disagree: better on {', '.join(favour)}, worse on "
+            verdict, why = undetected(ok), (f"the measures disagree: better on {', '.join(favour)}, worse on "
                                          f"{', '.join(against)}; " + scale)
         else:
-            verdict, why = "no effect", "instability appears but the orderings do not differ beyond noise; " + scale
-        rows.append((_setting(rest), meas, verdict, why))
+            verdict, why = undetected(okf), ("instability appears but the orderings do not differ beyond noise; "
+                                             + scale)
+        rows.append((_setting("sapo", rest), meas, verdict, why))
     return rows
 
 
@@ -396,7 +528,7 @@ def claim_dcpo_reward(g: Groups):
                                  for a, lbl in others.items())
     mt, mb = g.per_seed(tern, "malformed", "last"), g.per_seed(binary, "malformed", "last")
     fmt_share = f"ternary {fmt(mean_se(mt)[0], pct=True)}, binary {fmt(mean_se(mb)[0], pct=True)}"
-    verdict = ("reproduced" if d > 0 else "reversed") if ok else "no effect"
+    verdict = ("reproduced" if d > 0 else "reversed") if ok else undetected(ok)
     why = (f"with the same clip and SAS, only the reward differs; share of malformed (truncated) responses over the "
            f"last 10% of steps: {fmt_share}: ")
     why += ("the ternary reward spends its signal on the format (-1 for malformed against 0 for wrong) rather than "
@@ -413,8 +545,10 @@ def claim_dcpo_accuracy(g: Groups):
     vals = {n: mean_se(g.per_seed(lbl, key, "last")) for n, lbl in labels.items()}
     meas = ", ".join(f"{n} {fmt(*vals[n])}" for n in sorted(names, key=lambda n: -vals[n][0]))
     meas += f" ({key}, last 10% of steps)"
-    md, sd = vals["dcpo"]
-    above = [n for n in names[1:] if md - vals[n][0] > 2 * (sd + vals[n][1])]
+    tests = {n: compare(g.per_seed(labels[n], key, "last"), g.per_seed(labels["dcpo"], key, "last"))
+             for n in names[1:]}
+    meas += "; DCPO minus " + ", ".join(f"{n} {sig(*tests[n])}" for n in names[1:])
+    above = [n for n in names[1:] if tests[n][2] and tests[n][0] > 0]
     if len(above) == 3:
         return meas, "reproduced", "DCPO ends above the other three"
     if above:
@@ -444,7 +578,7 @@ def bandit_entropy_check(etas=(0.01, 0.03, 0.1, 0.3)):
     rows = []
     for eta in etas:
         exact_change, predicted = bandit.npg_entropy_check(logits, rewards, eta)
-        corr = float(np.corrcoef(exact_change, predicted)[0, 1])
+        corr = float(np.corrcoef(exact_change, predicted)[0, 1])  # descriptive, not a test
         rows.append((eta, float(exact_change.sum()), float(predicted.sum()), corr))
     return rows
 
@@ -496,10 +630,10 @@ def claim_cov_entropy(g: Groups):
             elif oke:
                 verdict, why = "reversed", "entropy ends lower than with PPO-clip"
             else:
-                verdict, why = "no effect", "the entropy difference is within noise"
+                verdict, why = undetected(oke), "the entropy difference is within noise"
             why += ("; the selected tokens are those of largest Cov(log pi, A), the ones whose updates lower entropy "
                     "most (Lemma 1); " + attribution(g, base, lbl))
-            rows.append((f"{algo}, {_setting(params)}", meas, verdict, why))
+            rows.append((f"{algo}, {_setting(algo, params)}", meas, verdict, why))
     if not rows:
         return "n/a", *_missing("clip_cov / kl_cov runs beside grpo with the same settings",
                                 "cliplab sim --algos grpo,clip_cov,kl_cov --set beta=0 --set agg=token_mean "
@@ -528,7 +662,7 @@ def claim_cispo(g: Groups):
                    "derivation cispo_gradient_is_truncated_reinforce); " +
                    ("accuracy is not lower than GRPO's" if verdict == "reproduced" else
                     "yet accuracy ends lower than GRPO's"))
-        rows.append((_setting(params), meas, verdict, why))
+        rows.append((_setting("cispo", params), meas, verdict, why))
     if not rows:
         return "n/a", *_missing("cispo and grpo (beta=0) runs with the same settings",
                                 "cliplab sim --algos grpo,cispo --set beta=0 ...")
@@ -563,7 +697,7 @@ def claim_rollout_correction(g: Groups):
             elif ok and d < 0:
                 verdict, why = "reversed", "accuracy ends lower with the correction; " + cost
             else:
-                verdict, why = "no effect", "the differences are within noise; " + cost
+                verdict, why = undetected(ok), "the differences are within noise; " + cost
             rows.append((f"{kind}, {_setting(rest)}", meas, verdict, why))
     if not rows:
         return "n/a", *_missing("grpo runs with and without a rollout correction under rollout_noise",
@@ -595,3 +729,73 @@ CLAIMS = (
     ("TIS and MIS (IcePop) stabilise training under a rollout/trainer mismatch (Yao et al. 2025; IcePop)",
      claim_rollout_correction),
 )
+
+
+def _rows(out) -> list[tuple]:
+    return out if isinstance(out, list) else [("", *out)]
+
+
+def category(verdict: str) -> str:
+    """A verdict without its numbers: "not detectable with 10 seeds (smallest detectable effect 0.05)" reads
+    "not detectable with 10 seeds"."""
+    return verdict.split(" (")[0]
+
+
+def decide(groups: Groups, paired: bool) -> tuple[list[list[tuple]], int]:
+    """Every claim's rows (regime, measured, verdict, why) on one seed set, each test Holm-adjusted across all the
+    set's tests; and how many tests that family had."""
+    family = Family(paired)
+    token = FAMILY.set(family)
+    try:
+        for _, fn in CLAIMS:  # first pass: every test's p-value
+            fn(groups)
+        family.adjust()
+        return [_rows(fn(groups)) for _, fn in CLAIMS], len(family.raw)
+    finally:
+        FAMILY.reset(token)
+
+
+def seed_sets(runs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The discovery and the replication runs (runs that name no set, such as real-model runs, are discovery)."""
+    return ([r for r in runs if r.get("set") != "replication"], [r for r in runs if r.get("set") == "replication"])
+
+
+def _paired(runs: list[dict]) -> bool:
+    """Seeds pair when every label ran the same seeds."""
+    seeds: dict = {}
+    for r in runs:
+        seeds.setdefault(r["label"], set()).add(r["seed"])
+    return len({frozenset(s) for s in seeds.values()}) <= 1
+
+
+def _seed_text(runs: list[dict]) -> str:
+    from sim.config import Seeds
+    return Seeds(tuple(sorted({r["seed"] for r in runs})), ()).text()
+
+
+def run_claims(runs: list[dict]) -> tuple[list[tuple], dict]:
+    """Every claim decided on the discovery seeds and re-checked on the replication seeds: rows (claim, regime,
+    measured on both, verdict, why), "reproduced" (or any verdict) only where both sets agree; and the families'
+    sizes and seeds."""
+    disc, rep = seed_sets(runs)
+    by_seed = (lambda rs: sorted(rs, key=lambda r: (r["label"], r["seed"] if r["seed"] is not None else -1)))
+    found_d, n_d = decide(Groups(by_seed(disc)), _paired(disc))
+    found_r, n_r = decide(Groups(by_seed(rep)), _paired(rep)) if rep else ([None] * len(CLAIMS), 0)
+    info = {"tests": (n_d, n_r), "seeds": (_seed_text(disc) if disc else "", _seed_text(rep) if rep else "")}
+    out = []
+    for (text, _), rows_d, rows_r in zip(CLAIMS, found_d, found_r):
+        other = {row[0]: row for row in rows_r or []}
+        for regime, meas, verdict, why in rows_d:
+            if rows_r is None and not any(r.get("set") for r in runs):  # runs without seed sets (real models)
+                out.append((text, regime, meas, verdict, why))
+            elif rows_r is None:
+                out.append((text, regime, meas, f"discovery only: {verdict} (no replication seeds)", why))
+                continue
+            _, meas_r, verdict_r, _ = other.get(regime, (regime, "not run", "not run", ""))
+            both = f"discovery: {meas} REPLICATION: {meas_r}"
+            if category(verdict) == category(verdict_r):
+                out.append((text, regime, both, verdict, why))
+            else:
+                out.append((text, regime, both, f"not replicated (discovery: {verdict}; replication: "
+                                                f"{verdict_r})", why))
+    return out, info

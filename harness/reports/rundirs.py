@@ -115,7 +115,8 @@ def load_runs(dirs) -> list[dict]:
             label = cfg.get("label") or (algo + ("[" + ",".join(f"{k}={params[k]}" for k in sorted(params)) + "]"
                                                  if params else ""))
             runs.append({"dir": str(root), "label": label, "algo": algo, "params": params, "seed": seed,
-                         "records": records, "env": cfg.get("env"), "settings": cfg.get("settings")})
+                         "records": records, "env": cfg.get("env"), "settings": cfg.get("settings"),
+                         "set": cfg.get("set")})
     return runs
 
 

@@ -16,22 +16,36 @@ import numpy as np  # noqa: E402
 
 from spec.records import read_json, safe_name, write_text  # noqa: E402
 
-from harness.reports.claims import CLAIMS, bandit_entropy_check, claim_bandit  # noqa: E402
+from harness.reports.claims import bandit_entropy_check, claim_bandit, run_claims, seed_sets  # noqa: E402
 from harness.reports.rundirs import (Groups, check_dirs, fmt, load_runs, md, mean_se, output_file,  # noqa: E402
                                      shell_line)
+from harness.reports.stats import t_interval  # noqa: E402
 
-PANELS = ("accuracy_exact", "pass@64", "entropy", "entropy_decision", "entropy_correct", "clip_frac", "clip_up_frac",
-          "rur", "kl_ref", "resp_len", "len_wrong_exact", "gen_per_trained")
+PANELS = ("accuracy_exact", "pass@64", "entropy", "entropy_relevant", "entropy_offtrack", "malformed", "clip_frac",
+          "clip_up_frac", "rur", "kl_ref", "resp_len", "gen_per_trained")
+MAX_PANELS = 6  # a figure's panels at most, so that each stays readable
 TABLE = ("accuracy", "accuracy_exact", "pass@64_final", "entropy_final", "clip_frac", "clip_up_frac", "rur",
          "zero_grad_frac", "gen_per_trained", "kl_ref_final")
 
 
 # ---- plots ---------------------------------------------------------------------------------------------------
-def plot_curves(groups: Groups, labels: list[str], path: Path, panels=PANELS, smooth: int = 10) -> None:
-    """One panel per metric: the mean over seeds (moving average of ``smooth`` steps) and a min-max seed band."""
-    cols = 4
+def plot_curves(groups: Groups, labels: list[str], path: Path, panels=PANELS, smooth: int = 10) -> list[Path]:
+    """The mean over seeds (moving average of ``smooth`` steps) and a min-max seed band of each metric that has
+    data, at most MAX_PANELS panels a figure (``path``, then ``path``_2 ...), 100 dpi; returns the files."""
+    panels = [k for k in panels if any(np.isfinite(groups.curve(lbl, k)).any() for lbl in labels)]
+    paths = []
+    for n, start in enumerate(range(0, len(panels), MAX_PANELS)):
+        chunk = panels[start:start + MAX_PANELS]
+        out = path if n == 0 else path.with_name(f"{path.stem}_{n + 1}{path.suffix}")
+        _figure(groups, labels, chunk, out, smooth)
+        paths.append(out)
+    return paths
+
+
+def _figure(groups: Groups, labels: list[str], panels: list[str], path: Path, smooth: int) -> None:
+    cols = min(3, len(panels))
     rows = int(np.ceil(len(panels) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 0.9), squeeze=False)
     colors = plt.get_cmap("tab10")
     for ax, key in zip(axes.flat, panels):
         for i, label in enumerate(labels):
@@ -42,21 +56,19 @@ def plot_curves(groups: Groups, labels: list[str], path: Path, panels=PANELS, sm
             x = np.arange(c.shape[1])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                ax.plot(x, np.nanmean(c, 0), color=colors(i % 10), lw=1.2, label=label.replace("$", r"\$"))
+                ax.plot(x, np.nanmean(c, 0), color=colors(i % 10), lw=1.4, label=label.replace("$", r"\$"))
                 ax.fill_between(x, np.nanmin(c, 0), np.nanmax(c, 0), color=colors(i % 10), alpha=0.15, lw=0)
-        ax.set_title(key, fontsize=9)
-        ax.tick_params(labelsize=7)
+        ax.set_title(key, fontsize=11)
+        ax.tick_params(labelsize=9)
+        ax.set_xlabel("step", fontsize=9)
         if key == "clip_frac":
             ax.set_yscale("symlog", linthresh=1e-4)
     for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    for ax in axes.flat:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6, loc="best")
-            break
-    fig.supxlabel("step", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=55, pil_kwargs={"optimize": True})
+        fig.delaxes(ax)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(names) - 1) // 4), 1, 1))
+    fig.savefig(path, dpi=100, pil_kwargs={"optimize": True})
     plt.close(fig)
 
 
@@ -89,7 +101,10 @@ ENV_TEXT = {
                    "is not. At 2 forking positions per prompt the dominant token is wrong and the acceptable "
                    "tokens come from a pool of 8 improbable tokens shared by all prompts (Zipf ranks 8-15); the "
                    "first sits delta nats from the dominant one (delta from -8, hopeless, to +4, easy). A wrong "
-                   "token sends the response into off-track contexts until EOS or max_len 8 (truncated). "
+                   "token sends the response into off-track contexts until EOS or max_len 8 (truncated); off "
+                   "track EOS is the likeliest token, as in an instruct model, so about 0.01% of responses are "
+                   "malformed at step 0. The random features sit on a 2^-12 grid and the products are exact "
+                   "fixed-point sums, so every number is the same under any BLAS kernel. "
                    "Entropy, KL, accuracy_exact, pass@k, the entropy split and its contributions by kind of "
                    "context (ordinary, fork, end, off-track) are exact (a recursion over positions) on evaluated "
                    "steps."),
@@ -104,9 +119,9 @@ ENV_SCOPE = {
                    "suppressed), the upper clip's effect on entropy once ratios move (rollouts 2 steps old, 8 "
                    "minibatches) with exact attribution by kind of context, the same under random rewards, SAPO's "
                    "temperatures under staler rollouts, exact pass@k. Cannot show: language, long reasoning or "
-                   "scale (random features, 4-token answers); most of its entropy sits in the off-track contexts "
-                   "of wrong answers, so a gap there is not DAPO's exploration at forks; effects smaller than the "
-                   "seed-to-seed spread of 5 seeds read as no effect."),
+                   "scale (random features, 4-token answers); a gap in the off-track contexts of wrong answers is "
+                   "not DAPO's exploration at forks, so entropy claims show the reward-relevant contexts (ordinary "
+                   "and fork) beside the total."),
     "bandit": "Can show: the one-step entropy law exactly. Cannot show: anything sequential.",
 }
 SETUP_KEYS = ("n_prompts", "batch_prompts", "group_size", "max_len", "optimizer", "lr", "epochs", "minibatches",
@@ -159,23 +174,112 @@ def commands_of(d: Path) -> list[str]:
 
 
 def claim_lines(runs: list[dict]) -> list[str]:
-    """A claims table per environment (runs without one, from the real-model harness, form their own)."""
+    """A claims table per environment (runs without one, from the real-model harness, form their own), each claim
+    decided on the discovery seeds and re-checked on the replication seeds."""
     lines = ["## Claims", "",
-             "Mean ± standard error over seeds; a difference is significant when it exceeds the two-sided 5% "
-             "Student-t critical value times its standard error. A claim measured in several regimes has one row "
-             "per regime (the settings that are not compared).", ""]
+             "Each claim is decided on the discovery seeds and re-checked on the disjoint replication seeds (other "
+             "seeds in other environment draws: seeds in blocks of 5 share one draw); a verdict stands only where "
+             "both sets give it, else it reads \"not replicated\". Means ± the half-width of their 95% t interval "
+             "(n - 1 degrees of freedom); differences by a paired t test where seeds pair (the same seeds and "
+             "draws), Welch's test where they do not, at 5% with Holm's correction across all the tests of a "
+             "set's claims in this report (family-wise error 5%). A difference the test does not find reads \"not "
+             "detectable with N seeds (smallest detectable effect X)\": X is the true difference found with 80% "
+             "power, never \"no effect\". A claim that an environment cannot show is \"not testable here\". A "
+             "claim measured in several regimes has one row per regime (the settings that are not compared).", ""]
     by_env: dict = {}
     for r in runs:
         by_env.setdefault(r.get("env"), []).append(r)
     for env, env_runs in by_env.items():
         if len(by_env) > 1 or env:
             lines += [f"### {md(env) if env else 'real model runs'}", ""]
-        lines += ["| claim | regime | measured | verdict | why |", "|---|---|---|---|---|"]
-        groups = Groups(env_runs)
-        for text, fn in CLAIMS:
-            out = fn(groups)
-            for regime, meas, verdict, why in (out if isinstance(out, list) else [("", *out)]):
-                lines.append(f"| {text} | {md(regime)} | {md(meas)} | **{verdict}** | {why} |")
+        rows, info = run_claims(env_runs)
+        (n_d, n_r), (s_d, s_r) = info["tests"], info["seeds"]
+        lines += [f"Discovery seeds {s_d} ({n_d} tests, Holm-adjusted together)"
+                  + (f"; replication seeds {s_r} ({n_r} tests)." if s_r else "; no replication seeds."), "",
+                  "| claim | regime | measured | verdict | why |", "|---|---|---|---|---|"]
+        lines += [f"| {text} | {md(regime)} | {md(meas)} | **{md(verdict)}** | {md(why)} |"
+                  for text, regime, meas, verdict, why in rows]
+        lines.append("")
+    return lines
+
+
+RANK_KEYS = ("accuracy_exact", "pass@8", "pass@64")
+
+
+def at_budget(groups: Groups, label: str, key: str, budget: float) -> np.ndarray:
+    """Per seed, ``key`` at the last evaluated step whose policy had consumed at most ``budget`` generated
+    responses (the responses generated before that step)."""
+    gen = groups.curve(label, "generated")
+    used = np.concatenate([np.zeros((len(gen), 1)), np.nancumsum(gen, axis=1)[:, :-1]], axis=1)
+    vals = groups.curve(label, key)
+    out = np.full(len(vals), np.nan)
+    for i, (u, v) in enumerate(zip(used, vals)):
+        ok = np.flatnonzero((u <= budget) & np.isfinite(v))
+        if ok.size:
+            out[i] = v[ok[-1]]
+    return out
+
+
+def ranking(runs: list[dict]) -> tuple[float, list[dict]]:
+    """The algorithms of the plain comparison (labels without grid settings) ranked by exact accuracy at an equal
+    generation budget, the fewest responses any of them generated (so DAPO's extra rounds buy it nothing), on the
+    discovery seeds, with pass@k, t intervals and the rank on the replication seeds."""
+    disc, rep = seed_sets(runs)
+    gd, gr = Groups(disc), Groups(rep) if rep else None
+    labels = [lbl for lbl in gd.labels() if not gd.runs[lbl][0]["params"]
+              and np.isfinite(gd.curve(lbl, "accuracy_exact")).any()
+              and np.isfinite(gd.curve(lbl, "generated")).any()]
+    if len(labels) < 2:
+        return float("nan"), []
+    sets = [g for g in (gd, gr) if g is not None]
+    budget = min(np.nansum(g.curve(lbl, "generated")[:, :-1], axis=1).min() for g in sets for lbl in labels
+                 if lbl in g.runs)
+    rows = []
+    for lbl in labels:
+        row = {"label": lbl, "reward": (gd.runs[lbl][0].get("settings") or {}).get("reward")}
+        for name, g in (("discovery", gd), ("replication", gr)):
+            for key in RANK_KEYS:
+                row[(name, key)] = t_interval(at_budget(g, lbl, key, budget)) if g is not None and lbl in g.runs \
+                    else None
+        rows.append(row)
+    rows.sort(key=lambda r: -r[("discovery", "accuracy_exact")].mean)
+    order = sorted(rows, key=lambda r: -(r[("replication", "accuracy_exact")].mean
+                                         if r[("replication", "accuracy_exact")] else np.nan))
+    for i, row in enumerate(rows):
+        row["rank"] = i + 1
+        row["rank_replication"] = order.index(row) + 1 if row[("replication", "accuracy_exact")] else None
+    return budget, rows
+
+
+def ranking_lines(runs: list[dict]) -> list[str]:
+    """The ranking as a markdown table per environment."""
+    from sim.config import REWARD_SCHEMES
+    lines = []
+    by_env: dict = {}
+    for r in runs:
+        by_env.setdefault(r.get("env"), []).append(r)
+    for env, env_runs in by_env.items():
+        budget, rows = ranking(env_runs)
+        if not rows:
+            continue
+        lines += [f"### {env}: ranking at equal generation budget", "",
+                  f"Exact accuracy and pass@k of each algorithm's policy once it had generated {budget:.0f} "
+                  "responses (the fewest any algorithm generated in its run: equal generation, not equal steps), "
+                  "mean ± 95% t half-width over seeds. Ranked on the discovery seeds; the replication seeds' rank "
+                  "beside. Rewards differ by paper (named beside each algorithm); accuracy is the one scale.", "",
+                  "| rank | algorithm (its reward: correct/wrong/malformed) | accuracy | pass@8 | pass@64 | "
+                  "replication accuracy | replication pass@64 | replication rank |", "|---|---|---|---|---|---|---|---|"]
+        for row in rows:
+            scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(row["reward"], ())) or "coin flips"
+            cells = [str(row["rank"]), f"{row['label']} ({row['reward']}: {scheme})"]
+            for name, key in (("discovery", "accuracy_exact"), ("discovery", "pass@8"), ("discovery", "pass@64"),
+                              ("replication", "accuracy_exact"), ("replication", "pass@64")):
+                iv = row[(name, key)]
+                cells.append(fmt(iv.mean, iv.half) if iv is not None else "-")
+            same = row["rank_replication"] == row["rank"]
+            cells.append("-" if row["rank_replication"] is None else
+                         f"{row['rank_replication']} ({'same' if same else 'differs'})")
+            lines.append("| " + " | ".join(md(c) for c in cells) + " |")
         lines.append("")
     return lines
 
@@ -224,9 +328,9 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
         if not labels:
             continue
         png = out_md.with_name(safe_name(f"{out_md.stem}_{i}_{d.name}") + ".png")
-        plot_curves(groups, labels, png)
         env = groups.runs[labels[0]][0].get("env")
         title = md(f"{env}: {d.name}" if env else d.name)
-        lines += [f"### {title}", "", f"![{title}]({png.name})", ""]
+        lines += [f"### {title}", ""] + [f"![{title}]({p.name})" for p in plot_curves(groups, labels, png)] + [""]
+    lines += ["## Ranking", ""] + (ranking_lines(runs) or ["No plain comparison of several algorithms here.", ""])
     write_text(out_md, "\n".join(lines) + "\n")
     return out_md

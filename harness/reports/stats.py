@@ -129,3 +129,19 @@ def holm(pvalues) -> np.ndarray:
     adjusted = np.maximum.accumulate((m - np.arange(m)) * p[order])
     out[order] = np.minimum(adjusted, 1.0)
     return out
+
+
+def fit(model, x, y, p0) -> list[Interval]:
+    """Least squares of ``y = model(x, *params)`` from ``p0`` (scipy.optimize.curve_fit) over the finite pairs: each
+    parameter with the half-width of its 95% t interval (n - len(params) degrees of freedom), n the pairs used.
+    Under len(params) + 1 pairs the half-widths are NaN."""
+    x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    n, k = int(x.size), len(p0)
+    if n < k:
+        return [Interval(float("nan"), float("nan"), n) for _ in p0]
+    params, cov = optimize.curve_fit(model, x, y, p0=p0)
+    crit = stats.t.ppf(0.5 + LEVEL / 2, n - k) if n > k else float("nan")
+    return [Interval(float(p), float(crit * np.sqrt(c)) if n > k else float("nan"), n)
+            for p, c in zip(params, np.diag(cov))]

@@ -37,7 +37,7 @@ def store(out: Path, task_id: str, files: dict) -> None:
         os.replace(tmp, folder / name)
 
 
-def run_sweep_ray(env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,
+def run_sweep_ray(env: str, algos: list[str], seeds, steps: int, grid: dict | None = None,
                   out: str = "runs/sim", address: str | None = None, num_cpus: int | None = None,
                   progress: bool = True, on_run=None) -> dict:
     """``sim.sweep.run_sweep`` with the runs spread over Ray workers; returns (and writes) the same summary.

@@ -10,7 +10,8 @@ from spec.registry import ALGORITHMS
 from spec.tracking import WandbRun, wandb_ready
 
 BACKENDS = ("process", "ray")
-SHOWN = ("accuracy", "reward", "entropy_final", "clip_frac", "rur", "zero_grad_frac", "gen_per_trained")
+#: Accuracy is the one scale across algorithms (each paper's reward scheme differs: see the ranking).
+SHOWN = ("accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac", "gen_per_trained")
 
 
 def parse_algos(text: str) -> list[str]:
@@ -71,7 +72,7 @@ def wandb_logger(project: str, out: str):
     return log_run
 
 
-def sim_command(env: str, algos: str | list[str], seeds: int, steps: int, sets: list[str] | None, out: str,
+def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[str] | None, out: str,
                 json_out: bool = False, workers: int = 2, progress: bool = True, backend: str = "process",
                 address: str | None = None, wandb: str | None = None) -> dict:
     """Run ``algos`` x ``seeds`` x the ``--set`` grid on ``env`` into ``out``; print the summary (JSON if asked).
@@ -80,5 +81,29 @@ def sim_command(env: str, algos: str | list[str], seeds: int, steps: int, sets: 
     on_run = wandb_logger(wandb, out) if wandb is not None else None
     summary = run_sweep_on(backend, env, names, seeds, steps, parse_sets(sets), out, workers=workers,
                            progress=progress, address=address, on_run=on_run)
-    print(json.dumps(summary["algorithms"], indent=1, sort_keys=True) if json_out else format_table(summary))
+    if json_out:
+        print(json.dumps(summary["algorithms"], indent=1, sort_keys=True))
+    else:
+        print(format_table(summary))
+        print(format_ranking(out))
     return summary
+
+
+def format_ranking(out: str) -> str:
+    """The report's ranking at equal generation budget (``harness.reports.sim.ranking``) as plain text."""
+    from harness.reports.sim import RANK_KEYS, ranking
+    from harness.reports.rundirs import fmt, load_runs
+    from sim.config import REWARD_SCHEMES
+    budget, rows = ranking(load_runs([out]))
+    if not rows:
+        return ""
+    table = [["rank", "algorithm (reward)", *RANK_KEYS, "replication accuracy", "replication rank"]]
+    for row in rows:
+        scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(row["reward"], ())) or "coin flips"
+        ivs = [row[("discovery", k)] for k in RANK_KEYS] + [row[("replication", "accuracy_exact")]]
+        table.append([str(row["rank"]), f"{row['label']} ({row['reward']} {scheme})",
+                      *(fmt(iv.mean, iv.half) if iv else "-" for iv in ivs), str(row["rank_replication"] or "-")])
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return (f"\nranking at an equal generation budget of {budget:.0f} responses (exact, mean ± 95% t half-width over "
+            "the discovery seeds; accuracy is the one scale, rewards differ by paper):\n"
+            + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in table))

@@ -1,0 +1,59 @@
+"""Claims decided on the discovery seeds and re-checked on the replication seeds, with Holm's correction."""
+import numpy as np
+
+from harness.reports.claims import Family, compare, run_claims
+from harness.reports.stats import holm, paired_test
+
+
+def _runs(shift_discovery: float, shift_replication: float, n: int = 10) -> list[dict]:
+    """DCPO under its ternary reward and the binary one; the binary runs' accuracy raised by a shift per set."""
+    rng = np.random.default_rng(0)
+    runs = []
+    for seed in range(2 * n):
+        part = "discovery" if seed < n else "replication"
+        shift = shift_discovery if seed < n else shift_replication
+        base = 0.3 + 0.02 * rng.standard_normal()
+        for label, params, acc in (("dcpo", {}, base), ("dcpo[reward=binary]", {"reward": "binary"},
+                                                        base + shift + 0.01 * rng.standard_normal())):
+            runs.append({"dir": "d", "label": label, "algo": "dcpo", "params": params, "seed": seed, "set": part,
+                         "env": "toy_lm", "settings": None,
+                         "records": [{"step": s, "accuracy_exact": acc, "malformed": 0.0} for s in range(10)]})
+    return runs
+
+
+def _dcpo_reward_row(runs):
+    rows, info = run_claims(runs)
+    return next(r for r in rows if r[0].startswith("DCPO's lower accuracy")), info
+
+
+def test_a_verdict_stands_only_where_both_sets_agree():
+    row, info = _dcpo_reward_row(_runs(0.1, 0.1))
+    assert row[3] == "reproduced" and "REPLICATION" in row[2]
+    assert info["seeds"] == ("0-9", "10-19")
+    row, _ = _dcpo_reward_row(_runs(0.1, 0.0))
+    assert row[3].startswith("not replicated (discovery: reproduced; replication: not detectable with 10 seeds "
+                             "(smallest detectable effect")
+
+
+def test_without_replication_seeds_no_claim_is_reproduced():
+    runs = [r for r in _runs(0.1, 0.1) if r["set"] == "discovery"]
+    row, _ = _dcpo_reward_row(runs)
+    assert row[3].startswith("discovery only: reproduced")
+
+
+def test_the_family_holm_adjusts_in_the_order_of_its_tests():
+    """Two passes over the same tests: the second gets Holm's adjusted p-values back, test by test."""
+    rng = np.random.default_rng(1)
+    pairs = [(rng.standard_normal(10), rng.standard_normal(10) + shift) for shift in (0.0, 0.5, 2.0)]
+    family = Family(paired=True)
+    from harness.reports.claims import FAMILY
+    token = FAMILY.set(family)
+    try:
+        first = [compare(a, b)[2].cmp.p for a, b in pairs]
+        family.adjust()
+        second = [compare(a, b)[2].cmp.p for a, b in pairs]
+    finally:
+        FAMILY.reset(token)
+    assert first == [paired_test(a, b).p for a, b in pairs]
+    assert second == list(holm(first))
+    assert all(s >= f for s, f in zip(second, first))
