@@ -8,7 +8,7 @@ PIP_VERSION := 26.3
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test fuzz bench verify lock targets
+.PHONY: install demo test fuzz bench verify lock targets tiny-model
 
 # requirements.lock pins the whole environment: `make lock` writes it from what pip's resolver chooses for
 # pyproject.toml's pins, so every clone installs exactly that set, package by package (--no-deps: nothing is
@@ -46,6 +46,11 @@ bench: $(STAMP)
 
 verify: $(STAMP)
 	$(VENV)/bin/cliplab verify
+
+# The tiny character-level model (configs/tiny/model.yaml, gpu/tiny_char.py), pretrained here into the model cache
+# (~/.cache/cliplab or $CLIPLAB_CACHE) under a hash of its recipe and code when it is missing; a no-op when present.
+tiny-model: $(STAMP)
+	$(PY) -c "from gpu.models import tiny_char_path; print(tiny_char_path(build=True))"
 
 # Re-resolve pyproject.toml's pins in a scratch environment and write requirements.lock from it.
 lock:
