@@ -8,7 +8,7 @@ PIP_VERSION := 26.3
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test fuzz bench verify lock targets reports
+.PHONY: install demo test fuzz bench verify lock targets reports tiny-model
 
 # requirements.lock pins the whole environment: `make lock` writes it from what pip's resolver chooses for
 # pyproject.toml's pins, so every clone installs exactly that set, package by package (--no-deps: nothing is
@@ -55,6 +55,11 @@ reports: $(STAMP) targets
 	PYTHON=$(abspath $(PY)) reports/sim/regenerate.sh
 	$(PY) -m harness.reports.real
 	$(PY) -m harness.cli conform all --out reports/conformance || test $$? = 1  # 1: the frameworks differ, as the pages say
+
+# The tiny character-level model (configs/tiny/model.yaml, gpu/tiny_char.py), pretrained here into the model cache
+# (~/.cache/cliplab or $CLIPLAB_CACHE) under a hash of its recipe and code when it is missing; a no-op when present.
+tiny-model: $(STAMP)
+	$(PY) -c "from gpu.models import tiny_char_path; print(tiny_char_path(build=True))"
 
 # Re-resolve pyproject.toml's pins in a scratch environment and write requirements.lock from it.
 lock:

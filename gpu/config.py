@@ -52,7 +52,7 @@ class RunCfg:
 
 @dataclass
 class ModelCfg:
-    name: str = setting("smollm2", Rule(str))  # 'smollm2', 'tiny' or a local checkpoint folder
+    name: str = setting("smollm2", Rule(str))  # 'smollm2', 'tiny', 'tiny_char' or a local checkpoint folder
     tiny: dict = setting({}, Rule(dict))  # tiny-model sizes (gpu.models.TINY_DEFAULTS)
     # train only the top N transformer blocks and the final norm
     train_top_layers: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
@@ -191,6 +191,8 @@ def validate(cfg: Config) -> Config:
     _check_fields(cfg)
     r, a, t, d, m = cfg.rollout, cfg.algo, cfg.train, cfg.data, cfg.model
     models.check_model_name(m.name)
+    if m.name == "tiny_char":
+        models.tiny_char_path(m.cache_dir)  # pretrained? else the error names the make target
     models.check_device(m.device)
     models.check_tiny(m.tiny)
     if m.lora is not None:

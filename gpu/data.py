@@ -1,5 +1,5 @@
-"""Prompt sources: a synthetic arithmetic task (offline, tunable difficulty), local GSM8K/MATH files, champ-dataset;
-and a resumable prompt stream."""
+"""Prompt sources: a synthetic arithmetic task (offline, tunable difficulty), column addition with a scratchpad (the
+tiny character-level model's task), local GSM8K/MATH files, champ-dataset; and a resumable prompt stream."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +11,8 @@ from pathlib import Path
 from .rewards import last_boxed
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
-SOURCES = ("arithmetic", "gsm8k", "math", "champ")
+SOURCES = ("arithmetic", "addition", "gsm8k", "math", "champ")
+BOXED_ONLY = ("addition",)  # sources whose answer counts only in \\boxed{} (a scratchpad's numbers are no answer)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,32 @@ def arithmetic(n: int = 256, digits: int = 1, terms: int = 2, ops: str = "+", se
             text += f" {op} {x}"
         out.append(Problem(f"arith-{seed}-{k}", f"What is {text}? {INSTRUCTION}", str(value)))
     return out
+
+
+def column_addition(a: int, b: int, digits: int, writes_carry=None) -> str:
+    """The worked completion of ``a + b`` (``digits``-digit operands): a scratchpad of the columns from the units
+    up, each as its sum digit and the carry it passes on ('347+285': '21', '31', '60'), then the answer read off
+    the written columns, in \\boxed{}: '213160\\boxed{632}'. ``writes_carry(s)`` says whether a column whose sum s
+    (carry in included) is 10 or more writes its carry (default: always, the correct working); a dropped carry is
+    missing from the next column and so from the answer, as in the schoolbook slip."""
+    scratch, carry = "", 0
+    for i in range(digits):
+        s = (a // 10 ** i) % 10 + (b // 10 ** i) % 10 + carry
+        carry = int(s >= 10 and (writes_carry is None or writes_carry(s)))
+        scratch += f"{s % 10}{carry}"
+    answer = ("1" if carry else "") + scratch[-2::-2]
+    return f"{scratch}\\boxed{{{answer.lstrip('0') or '0'}}}"
+
+
+def addition(n: int = 256, digits: int = 3, seed: int = 0) -> list[Problem]:
+    """``n`` problems 'a+b' of two ``digits``-digit operands (no leading zeros): the tiny character-level model's
+    task, whose gold working is ``column_addition``; the answer counts only in \\boxed{} (``BOXED_ONLY``)."""
+    if n < 1 or digits < 1:
+        raise ValueError(f"addition: expected n >= 1, digits >= 1; got {n}, {digits}")
+    rng = random.Random(seed)
+    lo, hi = 10 ** (digits - 1), 10 ** digits - 1
+    pairs = [(rng.randint(lo, hi), rng.randint(lo, hi)) for _ in range(n)]
+    return [Problem(f"add-{seed}-{k}", f"{a}+{b}", str(a + b)) for k, (a, b) in enumerate(pairs)]
 
 
 def check_ops(ops, name: str = "ops") -> None:
@@ -113,9 +140,12 @@ def champ(limit: int | None = None) -> list[Problem]:
 
 
 def load_problems(source: str = "arithmetic", **kw) -> list[Problem]:
-    """Problems from 'arithmetic' (kw: n, digits, terms, ops, seed), 'gsm8k'/'math' (kw: path, limit) or 'champ'."""
+    """Problems from 'arithmetic' (kw: n, digits, terms, ops, seed), 'addition' (kw: n, digits,
+    seed), 'gsm8k'/'math' (kw: path, limit) or 'champ'."""
     if source == "arithmetic":
         return arithmetic(**kw)
+    if source == "addition":
+        return addition(**kw)
     if source in ("gsm8k", "math"):
         return load_local(kw.pop("path"), layout=source, **kw)
     if source == "champ":

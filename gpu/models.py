@@ -17,6 +17,8 @@ from torch import nn
 
 from spec.schema import Rule
 
+from . import tiny_char
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -29,6 +31,7 @@ TINY_RULES = {"hidden": Rule(int, ge=16, le=8192), "layers": Rule(int, ge=1, le=
 LORA_RULES = {"r": Rule(int, ge=1, le=65536), "lora_alpha": Rule(float, gt=0), "lora_dropout": Rule(float, ge=0, lt=1),
               "bias": Rule(str, choices=("none", "all", "lora_only"))}
 DEVICES = ("cpu", "cuda", "mps")
+NAMED = ("smollm2", "tiny", "tiny_char")  # the models resolve_model builds or finds by name
 
 
 def cache_dir(path: str | os.PathLike | None = None) -> Path:
@@ -123,8 +126,8 @@ def check_device(device: str) -> None:
 
 
 def check_model_name(name: str) -> None:
-    """'smollm2', 'tiny', a checkpoint folder (with config.json) or, when online, a hub id 'org/name'."""
-    if name in ("smollm2", "tiny"):
+    """'smollm2', 'tiny', 'tiny_char', a checkpoint folder (with config.json) or, when online, a hub id 'org/name'."""
+    if name in NAMED:
         return
     path = Path(name).expanduser()
     if path.is_dir():
@@ -133,8 +136,8 @@ def check_model_name(name: str) -> None:
         return
     hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~")) and not path.exists()
     if not hub_id or os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise ValueError(f"model.name: no checkpoint folder {name!r}; expected 'smollm2', 'tiny', a folder with "
-                         "config.json, or (online) a hub id 'org/name'")
+        raise ValueError(f"model.name: no checkpoint folder {name!r}; expected 'smollm2', 'tiny', 'tiny_char', a "
+                         "folder with config.json, or (online) a hub id 'org/name'")
 
 
 def _first_line(e: Exception) -> str:
@@ -198,6 +201,22 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
     return out
 
 
+def tiny_char_path(cache: str | os.PathLike | None = None, recipe=tiny_char.RECIPE, build: bool = False) -> Path:
+    """The tiny character-level model pretrained from ``recipe`` (gpu.tiny_char), cached under a hash of the recipe
+    and of its code. Missing, it is built when ``build`` (a few minutes), else a one-line error naming the make
+    target that builds it."""
+    spec = tiny_char.load_recipe(recipe)
+    out = cache_dir(cache) / f"tiny-char-{tiny_char.recipe_key(spec)}"
+    if (out / "model.safetensors").exists():
+        return out
+    if not build:
+        raise ValueError(f"model.name: 'tiny_char' is not pretrained yet (no {out}); build it with `make tiny-model`")
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tiny_char.pretrain(tmp, spec, log_every=50)
+    _publish(tmp, out)
+    return out
+
+
 def _drop_gguf_quantization(config_json: Path) -> None:
     """The converted weights are plain fp32: remove the GGUF quantization entry the loader left in the config."""
     cfg = json.loads(config_json.read_text())
@@ -207,11 +226,13 @@ def _drop_gguf_quantization(config_json: Path) -> None:
 
 
 def resolve_model(name: str, cache: str | os.PathLike | None = None, tiny: dict | None = None) -> Path | str:
-    """'smollm2', 'tiny' or a checkpoint folder / hub id; returns what ``from_pretrained`` accepts."""
+    """'smollm2', 'tiny', 'tiny_char' or a checkpoint folder / hub id; returns what ``from_pretrained`` accepts."""
     if name == "smollm2":
         return smollm2_path(cache)
     if name == "tiny":
         return tiny_model(cache, **(tiny or {}))
+    if name == "tiny_char":
+        return tiny_char_path(cache)
     check_model_name(name)
     return name
 

@@ -39,10 +39,11 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def extract_answer(text: str) -> str | None:
-    """The answer a completion gives: the last \\boxed{} content, else its last number, else None."""
+def extract_answer(text: str, boxed_only: bool = False) -> str | None:
+    """The answer a completion gives: the last \\boxed{} content, else (unless ``boxed_only``) its last number, else
+    None."""
     boxed = last_boxed(text)
-    if boxed is not None:
+    if boxed is not None or boxed_only:
         return boxed
     nums = _NUMBER.findall(text)
     return nums[-1] if nums else None
@@ -268,10 +269,11 @@ def _user_reward(name: str, fn: Reward, text: str, gold: str) -> float:
     return float(value)
 
 
-def score(texts, golds, reward: str = "accuracy", verifier: Verifier = VERIFIER):
+def score(texts, golds, reward: str = "accuracy", verifier: Verifier = VERIFIER, boxed_only: bool = False):
     """(rewards, correct) of each completion, each verified once: ``correct`` (1.0/0.0, the accuracy metric) and,
-    for a built-in reward, the reward from it; a 'module:function' reward is called on (text, gold)."""
-    preds = [extract_answer(t) for t in texts]
+    for a built-in reward, the reward from it; a 'module:function' reward is called on (text, gold). With
+    ``boxed_only`` an answer counts only in \\boxed{}."""
+    preds = [extract_answer(t, boxed_only) for t in texts]
     ok = verifier.many(preds, golds)
     if reward in OUTCOMES:
         rewards = [_outcome_reward(reward, p, c) for p, c in zip(preds, ok)]

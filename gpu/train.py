@@ -23,7 +23,7 @@ from spec.registry import ALGORITHMS
 from spec.records import writable_folder
 
 from .config import Config
-from .data import PromptStream, load_problems, prompt_ids
+from .data import BOXED_ONLY, PromptStream, load_problems, prompt_ids
 from .loggers import StepLoggers
 from .models import ValueModel, load_policy, load_reference, load_tokenizer, resolve_model
 from .rewards import VERIFIER, overlong_filter_mask, score
@@ -81,6 +81,7 @@ class Trainer:
         self.vopt = (torch.optim.AdamW(self.value.parameters(), lr=c.train.value_lr) if self.value else None)
         data_kw = ({"n": c.data.n, "digits": c.data.digits, "terms": c.data.terms, "ops": c.data.ops,
                     "seed": c.run.seed} if c.data.source == "arithmetic" else
+                   {"n": c.data.n, "digits": c.data.digits, "seed": c.run.seed} if c.data.source == "addition" else
                    {"path": c.data.path, "limit": c.data.limit} if c.data.source in ("gsm8k", "math") else
                    {"limit": c.data.limit})
         self.stream = PromptStream(load_problems(c.data.source, **data_kw), seed=c.run.seed)
@@ -148,7 +149,8 @@ class Trainer:
         G = self.cfg.rollout.group_size
         texts = self.tok.batch_decode(ro.completion_ids, skip_special_tokens=True)
         golds = [p.answer for p in probs for _ in range(G)]
-        rewards, correct = score(texts, golds, self.cfg.reward, self.verifier)  # each completion verified once
+        rewards, correct = score(texts, golds, self.cfg.reward, self.verifier,  # each completion verified once
+                                 boxed_only=self.cfg.data.source in BOXED_ONLY)
         a = self.cfg.algo
         if a.overlong_max_len is not None:
             lengths = torch.tensor([len(c) for c in ro.completion_ids], dtype=torch.float32)
