@@ -72,7 +72,8 @@ def test_readme_regenerates_with_claims(evidence, tmp_path):
     sim = tmp_path / "sim"
     sim.mkdir()
     for env, rur in (("toy_lm", 0.98), ("feature_lm", 0.6)):
-        (sim / f"summary_{env}.json").write_text(json.dumps({"env": env, "steps": 300, "algorithms": {
+        (sim / "summaries").mkdir(exist_ok=True)
+        (sim / "summaries" / f"{env}_main.json").write_text(json.dumps({"env": env, "steps": 300, "algorithms": {
             "dcpo": {"rur": rur, "rur_std": 0.01, "seeds": 5}, "grpo": {"rur": 0.3, "rur_std": 0.02, "seeds": 5}}}))
     (sim / "report.md").write_text("### toy_lm\n\n| claim | regime | measured | verdict | why |\n"
                                    "|---|---|---|---|---|\n"

@@ -15,7 +15,7 @@ import pytest
 from harness.conform.targets.remote import envs_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCK = ROOT / "harness" / "targets" / "envs" / "skyrl.lock"
+LOCK = ROOT / "harness" / "conform" / "targets" / "envs" / "skyrl.lock"
 WHEELS = ROOT / ".cache" / "wheels" / "skyrl"  # the lock's wheels, fetched once: pip keeps no HTTP cache here
 SOURCES = ("pyproject.toml", "README.md", "cliplab", "spec", "sim", "gpu", "harness")
 

@@ -391,8 +391,8 @@ def claims_lines(ev: Evidence, sim_dir) -> list[str]:
     its numbers (the simulator's from reports/sim: its summary JSON and its report's claim rows)."""
     sim_dir = Path(sim_dir)
     rows = _sim_rows(sim_dir / "report.md")
-    summaries = {env: (read_json(sim_dir / f"summary_{env}.json") if (sim_dir / f"summary_{env}.json").exists()
-                       else None) for env, _ in SIM_ENVS}
+    main = {env: sim_dir / "summaries" / f"{env}_main.json" for env, _ in SIM_ENVS}  # the plain comparison
+    summaries = {env: read_json(path) if path.exists() else None for env, path in main.items()}
     lines = ["| claim | published | " + " | ".join(t for _, t in SIM_ENVS) + " | real LM (SmolLM2-135M) |",
              "|---|---|---|---|---|"]
     measured = [real(ev) for *_, real in CLAIMS]
@@ -449,7 +449,7 @@ def section(evidence_dir, sim_dir) -> list[str]:
         "### Claims",
         "",
         "Simulator cells: the verdicts of reports/sim/report.md's claim rows for that environment (its regime in "
-        "brackets) and numbers from reports/sim/summary_<env>.json (mean ± sd over seeds). Real cells: these runs.",
+        "brackets) and numbers from reports/sim/summaries/<env>_main.json (mean ± sd over seeds). Real cells: these runs.",
         "",
         *claims_lines(ev, sim_dir),
     ]
