@@ -57,3 +57,26 @@ def test_the_family_holm_adjusts_in_the_order_of_its_tests():
     assert first == [paired_test(a, b).p for a, b in pairs]
     assert second == list(holm(first))
     assert all(s >= f for s, f in zip(second, first))
+
+
+def test_claim_settings_show_what_the_algorithm_reads():
+    """A regime lists the hyper-parameters its algorithm reads: KL-Cov's runs do not show Clip-Cov's share, and a
+    rollout correction's bound shows beside the correction that reads it."""
+    from harness.reports.claims import _setting
+    rest = {"agg": "token_mean", "beta": 0, "clip_cov_ratio": 0.02, "kl_cov_ratio": 0.02, "lr": 0.1}
+    assert _setting("kl_cov", rest) == "agg=token_mean, beta=0, kl_cov_ratio=0.02, lr=0.1"
+    assert _setting("clip_cov", rest) == "agg=token_mean, beta=0, clip_cov_ratio=0.02, lr=0.1"
+    assert _setting("grpo", {"tis_cap": 3.0, "mis_low": 0.2}, rollout_correction="tis") == "tis_cap=3.0"
+    assert _setting("grpo", {"tis_cap": 3.0, "mis_low": 0.2}, rollout_correction="mis") == "mis_low=0.2"
+
+
+def test_the_rollout_correction_claim_runs_on_runs_with_and_without_a_correction():
+    from harness.reports.claims import claim_rollout_correction
+    from harness.reports.rundirs import Groups
+    runs = [{"dir": "d", "label": f"grpo[rollout_correction={rc}]", "algo": "grpo", "env": "toy_lm",
+             "params": {"rollout_correction": rc}, "seed": s,
+             "records": [{"accuracy_exact": 0.2 + 0.01 * t + 0.001 * s, "rc_weight_mean": 1.0, "rc_cut_frac": 0.0}
+                         for t in range(4)]}
+            for rc in (None, "tis") for s in range(3)]
+    rows = claim_rollout_correction(Groups(runs))
+    assert rows and rows[0][0] == "tis, defaults"

@@ -95,10 +95,11 @@ def pairs(g: Groups, algo: str, changes: dict) -> list[tuple[str, str, dict]]:
     return list(out.values())
 
 
-def _setting(algo: str, rest: dict) -> str:
-    """A regime's settings as text: those ``algo`` reads (a loss hyper-parameter it does not read is left out)."""
-    reads = set(ALGORITHMS[algo].reads({k: v for k, v in rest.items() if k in HPARAMS})) if algo in ALGORITHMS \
-        else set(HPARAMS)
+def _setting(algo: str, rest: dict, **compared) -> str:
+    """A regime's settings as text: those ``algo`` reads (a loss hyper-parameter it does not read is left out);
+    ``compared``: settings the claim varies, not shown, that decide what is read (a rollout correction's bounds)."""
+    hp = {k: v for k, v in {**rest, **compared}.items() if k in HPARAMS}
+    reads = set(ALGORITHMS[algo].reads(hp)) if algo in ALGORITHMS else set(HPARAMS)
     shown = {k: v for k, v in rest.items() if k not in HPARAMS or k in reads}
     return "defaults" if not shown else ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
 
@@ -698,7 +699,7 @@ def claim_rollout_correction(g: Groups):
                 verdict, why = "reversed", "accuracy ends lower with the correction; " + cost
             else:
                 verdict, why = undetected(ok), "the differences are within noise; " + cost
-            rows.append((f"{kind}, {_setting(rest)}", meas, verdict, why))
+            rows.append((f"{kind}, {_setting('grpo', rest, rollout_correction=kind)}", meas, verdict, why))
     if not rows:
         return "n/a", *_missing("grpo runs with and without a rollout correction under rollout_noise",
                                 "cliplab sim --algos grpo --set beta=0 --set rollout_noise=0,1 "
