@@ -39,8 +39,8 @@ class Comparison:
     """b - a: the difference, its standard error and interval half-width, the test's degrees of freedom and p-value,
     how many values each side used (pairs for a paired test), and the smallest |difference| the test detects with
     probability ``POWER`` at these n and this spread. ``kind`` is "paired", "welch", "structural" (both sides
-    constant, or a paired difference the same in every pair: nothing to test against: p is 0 when they differ, 1 when not) or "too few" (under two
-    values a side)."""
+    constant, or a paired difference the same in every pair: nothing to test against; p is 0 when they differ, 1
+    when not) or "too few" (under two values a side)."""
     kind: str
     diff: float
     se: float

@@ -158,8 +158,8 @@ def bind(signature: dict, adapter: dict) -> dict:
 def evaluate(fn, how: dict, arrays: dict) -> dict:
     """Call ``fn`` with float64 tensors of ``arrays`` (our names) bound as ``how["binding"]`` and
     ``how["group_size"]``; advantages [B] if ``how["adv_shape"]`` is seq. Returns {"loss", "grad"} (d loss / d logp),
-    {"bad": what is wrong with the result}, or {"raised": [exception type, message, file:line]} when the callable raised,
-    exited, or changed an input in place. Runs in the worker for module:function targets."""
+    {"bad": what is wrong with the result}, or {"raised": [exception type, message, file:line]} when the callable
+    raised, exited, or changed an input in place. Runs in the worker for module:function targets."""
     tensors = {k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in arrays.items()}
     if how.get("adv_shape") == "seq":
         tensors["adv"] = tensors["adv"][:, 0].contiguous()
