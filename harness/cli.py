@@ -111,7 +111,7 @@ def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders,
                                                             "one.")):
     """A markdown report with plots. Simulator sweeps: curves per algorithm with seed bands, a summary, and the
     papers' claims with measurements and verdicts. Real-model runs (cliplab train): curves and a summary per run.
-    Throughput JSON (python -m gpu.bench_h200 --out FILE): tokens/s and MFU per algorithm. Cluster logs (verl's
+    Throughput JSON (python -m gpu.bench_h200 --out DIR): tokens/s and MFU per algorithm. Cluster logs (verl's
     JSONL or console log, TRL's trainer_state.json, TensorBoard event folders of either): the same comparison and
     claims table, runs named with --label and --algo."""
     typer.echo(_user_errors(_report, dirs, out, label, algo))

@@ -37,3 +37,20 @@ def tiny_path():
     """The cached tiny random Qwen2 model folder (built once per machine)."""
     from gpu.models import tiny_model
     return tiny_model()
+
+
+def fake_tier_run(config: str, sets: list) -> None:
+    """Stands in for a tier run in gpu.bench_h200.run_all's tests: ``config`` is the run folder; ``sets`` are
+    [steps, seconds to sleep after them, exit code]. Writes one metrics.jsonl row per step, as gpu/train.py does."""
+    import json
+    import sys
+    import time
+    from pathlib import Path
+    steps, sleep, code = sets
+    Path(config).mkdir(parents=True, exist_ok=True)
+    with open(Path(config) / "metrics.jsonl", "a") as f:
+        for k in range(steps):
+            f.write(json.dumps({"step": k + 1, "step_time_s": 1.0 + k, "rollout_s": 0.5, "gen_tokens_per_s": 100.0,
+                                "accuracy": k / 10}) + "\n")
+    time.sleep(sleep)
+    sys.exit(code)

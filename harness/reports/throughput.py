@@ -1,5 +1,5 @@
-"""Markdown for the training-step throughput JSON of gpu/bench_h200.py: `cliplab report FILE.json` (or a folder
-holding throughput.json) writes a table of tokens/s, model TFLOP/s and MFU per algorithm."""
+"""Markdown for the JSON of gpu/bench_h200.py: `cliplab report FILE.json` (or a folder holding throughput.json)
+writes a table of tokens/s, model TFLOP/s and MFU per algorithm, the generation rate, and a row per tiny-tier run."""
 from __future__ import annotations
 
 import json
@@ -41,18 +41,42 @@ def _cell(key, v):
     return md(v) if isinstance(v, (str, int)) else fmt(v)
 
 
+TIER_COLUMNS = (("algo", "run"), ("seed", "seed"), ("status", "status"), ("steps", "steps"),
+                ("step_time_s_median", "s/step"), ("rollout_s_median", "rollout s"),
+                ("gen_tokens_per_s_median", "generated tokens/s"), ("accuracy_first", "accuracy, first tenth"),
+                ("accuracy_last", "accuracy, last tenth"))
+
+
+def _table(columns, rows) -> list[str]:
+    return (["| " + " | ".join(h for _, h in columns) + " |", "|---" * len(columns) + "|"]
+            + ["| " + " | ".join(_cell(k, r.get(k)) for k, _ in columns) + " |" for r in rows])
+
+
 def render(data: dict, source: str) -> list[str]:
-    """Markdown lines for one result."""
-    b = data["batch"]
-    lines = [f"## {md(data['model'])} on {md(data['device'])} ({md(source)})", "",
-             f"{md(data['precision'])}; gradient checkpointing {data['grad_checkpointing']}; {b['prompts']} prompts x "
-             f"G={b['group']}, prompt {b['prompt_len']} + up to {b['gen_len']} generated tokens; "
-             f"{data['params'] / 1e6:.1f}M parameters; {fmt(data['flops_per_step'] / 1e12)} model TFLOP per step; "
-             f"MFU against {fmt(data['peak_tflops']) if data['peak_tflops'] else 'no'} peak TFLOP/s; "
-             f"{fmt(data['total_s'])} s in all.", "",
-             "| " + " | ".join(h for _, h in COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
-    lines += ["| " + " | ".join(_cell(k, r.get(k)) for k, _ in COLUMNS) + " |" for r in data["rows"]]
-    return lines + [""]
+    """Markdown lines for one result: the throughput part and the tiny tier's sweep, each where it has run."""
+    lines = [f"## {md(data.get('model', 'bench_h200'))} on {md(data['device'])} ({md(source)})", ""]
+    if "batch" in data:
+        b = data["batch"]
+        lines += [f"{md(data['precision'])}; gradient checkpointing {data['grad_checkpointing']}; {b['prompts']} "
+                  f"prompts x G={b['group']}, prompt {b['prompt_len']} + up to {b['gen_len']} generated tokens; "
+                  f"{data['params'] / 1e6:.1f}M parameters; {fmt(data['flops_per_step'] / 1e12)} model TFLOP per "
+                  f"step; MFU against {fmt(data['peak_tflops']) if data['peak_tflops'] else 'no'} peak TFLOP/s, "
+                  f"of the {md(data['mfu_scope'])}; {fmt(data['total_s'])} s in all.", "", *_table(COLUMNS, data["rows"])]
+        if "generation" in data:
+            g = data["generation"]
+            lines += ["", f"Generation ({md(g['engine'])}): {g['sequences']} sequences, {g['tokens']} new tokens in "
+                          f"{fmt(g['s'])} s: {fmt(g['tokens_per_s'])} tokens/s."]
+        lines.append("")
+    if "tier" in data:
+        t, p = data["tier"], data["tier"]["pretrain"]
+        m, task = t["recipe"]["model"], t["recipe"]["task"]
+        lines += ["### The tiny tier's sweep", "",
+                  f"tiny_char at width {m['hidden']}, {m['layers']} layers, on {task['digits']}-digit additions, "
+                  f"pretrained on the device in {fmt(p['wall_s'])} s (loss {fmt(p['loss_first'])} -> "
+                  f"{fmt(p['loss_last'])}); configs/tiny with {md(', '.join(t['sets']))}; {t['seeds']} seeds at once, "
+                  f"{t['steps']} steps each; every run's metrics.jsonl is in its folder.", "", *_table(TIER_COLUMNS,
+                                                                                                    t["runs"]), ""]
+    return lines
 
 
 def write_report(paths, out_md=None) -> Path:
