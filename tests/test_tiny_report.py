@@ -134,6 +134,9 @@ def test_the_claims_table_compares_with_the_simulator_and_names_what_moved(tmp_p
     lines = tiny.claims_lines(tiny.load_tiny(runs_dir), _sim_dir(tmp_path))
     row = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
     assert row[RUR].endswith("| **reproduced** | yes |")
+    # the why is measured: the ablations' RURs (discovery seeds, step 1 included), not a credit to SAS
+    assert "DCPO with the binary reward, SAS kept: RUR 49% ± " in row[RUR]  # (0.3 + 19 x 0.5) / 20
+    assert "DCPO with the +1/0/-1 reward, no SAS: RUR 59.5% ± " in row[RUR]  # (0.5 + 19 x 0.6) / 20
     assert row[GSPO].endswith("| **not reproduced** | no |") and "| **reproduced** |" in row[GSPO]
     text = "\n".join(lines)
     assert "The simulator predicted 1 of the 2 verdicts both tiers measured (50%" in text
@@ -154,6 +157,18 @@ def test_the_readme_regenerates_from_fabricated_runs_and_says_what_is_wrong(tmp_
         tiny.write_readme(tmp_path / "o2" / "README.md", tmp_path / "sim", tmp_path / "sim")
     with pytest.raises(SystemExit, match="error: runs: .*nowhere is missing"):
         tiny.main(["--readme", str(tmp_path / "o3" / "README.md"), "--runs", str(tmp_path / "nowhere")])
+
+
+def test_the_smollm2_verdicts_credit_the_reward_and_call_clip_higher_untestable():
+    """reports/real/README.md: DCPO's RUR gain there is largest at step 1, before SAS has history; clip-higher
+    cannot act in 3 steps."""
+    rows = {line.split(" | ")[0][2:]: line for line in (ROOT / "reports" / "real" / "README.md").read_text()
+            .splitlines() if line.startswith("| ")}
+    rur = rows["DCPO's RUR is well above GRPO's"]
+    assert "the gain is largest at step 1, where SAS has no history yet" in rur and "not from SAS" in rur
+    assert rur.split(" | ")[-1].startswith("**not detectable with 5 seeds")
+    clip = next(v for k, v in rows.items() if k.startswith("Clip-higher"))
+    assert clip.split(" | ")[-1].startswith("**not testable here**") and "no effect" not in clip
 
 
 def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path):
