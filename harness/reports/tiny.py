@@ -169,9 +169,12 @@ def _sim_summaries(sim_dir: Path) -> dict:
     return out
 
 
+MOVED = 4  # the mechanism metrics named per disagreement
+
+
 def what_moved(claim: str, by: dict, sims: dict) -> str:
     """The claim's mechanism metrics (MECHANISMS) in this tier (mean over its seeds) against the simulator's
-    (its summary's mean), the largest relative move named first."""
+    (its summary's mean): the MOVED largest relative moves (|log ratio|), largest first."""
     found = next((m for m in MECHANISMS if claim.startswith(m[0])), None)
     if found is None:
         return ""
@@ -190,8 +193,8 @@ def what_moved(claim: str, by: dict, sims: dict) -> str:
                 move = abs(np.log(tiny / other)) if tiny > 0 and other > 0 else (np.inf if tiny != other else 0.0)
             moves.append((move if np.isfinite(tiny) and np.isfinite(other) else -1.0, label, key, tiny, other))
     moves.sort(key=lambda m: -m[0])
-    parts = [f"{label} {key} {fmt(tiny)} vs {fmt(other)}" for _, label, key, tiny, other in moves]
-    return "what moved (this tier vs the simulator): " + "; ".join(parts) if parts else ""
+    parts = [f"{label} {key} {fmt(tiny)} vs {fmt(other)}" for _, label, key, tiny, other in moves[:MOVED]]
+    return "what moved most (this tier vs the simulator): " + "; ".join(parts) if parts else ""
 
 
 def claims_lines(runs: list[dict], sim_dir) -> list[str]:
