@@ -250,6 +250,19 @@ def _paired_values(by: dict, labels, value) -> tuple[list[int], list[np.ndarray]
     return seeds, [np.array([value(by[lbl][s]) for s in seeds], float) for lbl in labels]
 
 
+def _part(part: np.ndarray, gain: np.ndarray | None = None) -> str:
+    """A paired difference's mean ± 95% t half-width (p: against no difference) and, given the gain, its share of
+    it with a bootstrap interval."""
+    c = paired_test(np.zeros_like(part), part)
+    if c.kind == "too few":
+        return "n/a"
+    out = fmt(c.diff, c.half, pct=True) + (f" (p {c.p:.2g})" if c.kind == "paired" else f" ({c.kind})")
+    if gain is not None:
+        share, lo, hi = share_interval(part, gain)
+        out += f"; share of the gain {fmt(share, pct=True)} [{fmt(lo, pct=True)}, {fmt(hi, pct=True)}]"
+    return out
+
+
 def attribution_lines(runs: list[dict]) -> list[str]:
     """DCPO's RUR gain over GRPO, paired by seed, and the parts of it its +1/0/-1 reward (DCPO minus DCPO with the
     binary reward) and SAS (DCPO minus DCPO without SAS) account for, with 95% intervals: over all steps, and at
@@ -266,14 +279,7 @@ def attribution_lines(runs: list[dict]) -> list[str]:
         seeds, (d, b, n, g) = _paired_values(by, ATTRIBUTION, value)
         gain, reward, sas = d - g, d - b, d - n
         cells = [_cell(x, pct=True) for x in (d, b, n, g)]
-        for part in (gain, reward, sas, gain - reward - sas):
-            c = paired_test(np.zeros_like(part), part)
-            cells.append("n/a" if c.kind == "too few" else fmt(c.diff, c.half, pct=True) + (
-                f" (p {c.p:.2g})" if c.kind == "paired" else f" ({c.kind})"))
-        for part in (reward, sas):
-            share, lo, hi = share_interval(part, gain)
-            cells[-3 if part is reward else -2] += f"; share of the gain {fmt(share, pct=True)} [{fmt(lo, pct=True)}, " \
-                                                   f"{fmt(hi, pct=True)}]"
+        cells += [_part(gain), _part(reward, gain), _part(sas, gain), _part(gain - reward - sas)]
         lines.append(f"| {name} ({len(seeds)} seeds) | " + " | ".join(cells) + " |")
     return lines + ["", "Each cell: mean ± 95% t half-width over the seeds every label ran (paired by seed; p: paired "
                         "t test against no difference). Shares: the part's mean over the gain's mean, with a 95% "
