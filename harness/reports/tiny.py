@@ -321,11 +321,11 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs", 
         _setting(runs), "",
         "Metrics have the simulator's names and definitions (sim/metrics.py; gpu/train.py logs them, "
         "gpu/step_metrics.py): accuracy is the share of sampled responses that are correct (the simulator's "
-        "`accuracy`; where the simulator's claims read its exact expected accuracy, these read this sampled estimate "
-        "of it), entropy the mean per-token entropy of the policy over the sampled responses' positions, averaged over "
-        "the step's micro-batches (a sampled estimate of the simulator's exact expectation), TCR the token-weighted clipped share over the step's "
-        "minibatch updates, RUR the share of trained responses with a non-zero advantage, all-equal groups the "
-        "share of generated groups whose rewards are all equal.", "",
+        "`accuracy`; where the simulator's claims read its exact expected accuracy, these read this sampled "
+        "estimate of it), entropy the mean per-token entropy of the policy over the sampled responses' positions, "
+        "averaged over the step's micro-batches (a sampled estimate of the simulator's exact expectation), TCR the "
+        "token-weighted clipped share over the step's minibatch updates, RUR the share of trained responses with a "
+        "non-zero advantage, all-equal groups the share of generated groups whose rewards are all equal.", "",
         "## Per setting (mean ± 95% t half-width over seeds; the header gives the seeds)", "",
         *summary_table(runs), "",
         "## Claims: this tier beside the simulator", "",
