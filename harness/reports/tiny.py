@@ -138,7 +138,8 @@ def kind(verdict: str) -> str:
     return v
 
 
-UNMEASURED = ("not measured", "not run")
+#: Kinds that are no verdict to compare: nothing measured, or a discovery without its replication seeds.
+UNMEASURED = ("not measured", "not run", "discovery only")
 
 
 def sim_row(sim_rows: list[tuple], claim: str, regime: str) -> tuple | None:
@@ -228,9 +229,9 @@ def claims_lines(runs: list[dict], sim_dir) -> list[str]:
                   f"({fmt(len(agree) / n, pct=True)}; exact 95% interval {fmt(lo, pct=True)} to "
                   f"{fmt(hi, pct=True)}).** A prediction counts where the verdicts have the same kind (reproduced, "
                   f"partly, not reproduced, reversed, not detectable, not testable here, not replicated); rows "
-                  f"either tier did not measure are not compared.", ""]
+                  f"either tier did not measure, or measured on its discovery seeds only, are not compared.", ""]
     else:
-        lines += ["No claim was measured by both tiers: nothing to compare.", ""]
+        lines += ["No claim has a verdict on both seed sets in both tiers yet: nothing to compare.", ""]
     if disagree:
         lines += ["Disagreements, each with what moved (means over this tier's seeds against the simulator's "
                   f"summary in reports/sim/summaries/{SIM_ENV}_*.json; n/a: not logged, or no counterpart run):", ""]
