@@ -48,12 +48,14 @@ verify: $(STAMP)
 	$(VENV)/bin/cliplab verify
 
 # Every committed report, each after what it reads: the simulator's sweeps and report (reports/sim/regenerate.sh,
-# resumable; minutes on many cores), the real-model README (it quotes the simulator's verdicts and summaries), then
-# the conformance pages and matrix (every framework that `make targets` builds). tests/test_report_freshness.py
-# holds the reports that regenerate from committed data in under a minute to what the code writes now.
+# resumable; minutes on many cores), the real-model README and the tiny tier's (they quote the simulator's verdicts
+# and summaries), then the conformance pages and matrix (every framework that `make targets` builds).
+# tests/test_report_freshness.py and tests/test_tiny_report.py hold the reports that regenerate from committed data in
+# under a minute to what the code writes now.
 reports: $(STAMP) targets
 	PYTHON=$(abspath $(PY)) reports/sim/regenerate.sh
 	$(PY) -m harness.reports.real
+	$(PY) -m harness.reports.tiny
 	$(PY) -m harness.cli conform all --out reports/conformance || test $$? = 1  # 1: the frameworks differ, as the pages say
 
 # The tiny character-level model (configs/tiny/model.yaml, gpu/tiny_char.py), pretrained here into the model cache

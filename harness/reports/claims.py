@@ -62,12 +62,27 @@ def claim_dcpo_rur(g: Groups):
     meas = (f"DCPO {fmt(md, sd, True)} vs GRPO {fmt(mg, sg, True)} (paper 71.8% vs 43.8%; diff "
             f"{sig(diff, half, ok)})")
     if ok and diff - half > RUR_MARGIN:  # the whole 95% interval above the margin, not a point estimate
-        return meas, "reproduced", ("SAS gives all-equal groups a non-zero advantage from a prompt's second visit, "
-                                    "so almost every response trains")
+        return meas, "reproduced", "DCPO trains more responses; " + rur_sources(g, d, gr)
     if md > mg:
         return meas, "partly", (f"higher, but the 95% interval of the difference is not all above "
-                                f"{fmt(RUR_MARGIN, pct=True)} (a third of the paper's gap)")
-    return meas, "not reproduced", "DCPO does not use more responses here"
+                                f"{fmt(RUR_MARGIN, pct=True)} (a third of the paper's gap); " + rur_sources(g, d, gr))
+    return meas, "not reproduced", "DCPO does not use more responses here; " + rur_sources(g, d, gr)
+
+
+def rur_sources(g: Groups, dcpo: str, grpo: str) -> str:
+    """Where DCPO's trained responses come from, measured: groups its +1/0/-1 reward leaves unequal (1 - its share
+    of all-equal groups; GRPO's 1/0 reward leaves more groups all-equal), and the responses of all-equal groups
+    that SAS gives an advantage (its RUR beyond that share); with the ablations (DCPO with the binary reward, DCPO
+    without SAS), their RURs."""
+    zd, zg = (mean_se(g.per_seed(lbl, "zero_grad_frac"))[0] for lbl in (dcpo, grpo))
+    beyond = mean_se(g.per_seed(dcpo, "rur"))[0] - (1 - zd)
+    out = (f"all-equal groups DCPO {fmt(zd, pct=True)} (its +1/0/-1 reward) vs GRPO {fmt(zg, pct=True)}; DCPO's RUR "
+           f"beyond the responses of its unequal groups (SAS on all-equal groups) {fmt(beyond, pct=True)}")
+    for name, lbl in (("binary reward, SAS kept", g.find("dcpo", reward="binary")),
+                      ("+1/0/-1 reward, no SAS", g.find("dcpo", adv="grpo"))):
+        if lbl:
+            out += f"; DCPO with the {name}: RUR {_mean_of(g, lbl, 'rur')}"
+    return out
 
 
 def pairs(g: Groups, algo: str, changes: dict) -> list[tuple[str, str, dict]]:
@@ -159,6 +174,13 @@ def undetected(ok: Tested) -> str:
     if c.kind == "too few":
         return "not testable here (under two seeds a side)"
     return f"not detectable with {min(c.n_a, c.n_b)} seeds (smallest detectable effect {fmt(c.detectable)})"
+
+
+def acc_key(g: Groups, label: str) -> str:
+    """The accuracy a claim reads: the exact expected accuracy where the runs log it (the simulator), else the
+    share of sampled responses that are correct (the simulator's ``accuracy``; what real-model runs log), an
+    unbiased estimate of it."""
+    return "accuracy_exact" if np.isfinite(g.curve(label, "accuracy_exact")).any() else "accuracy"
 
 
 def _final(g: Groups, label: str, key: str) -> np.ndarray:
@@ -341,13 +363,13 @@ def claim_entropy_collapse(g: Groups):
             p64 = np.full((len(c), 1), np.nan)
         peak = np.array([np.nanmax(row) if np.isfinite(row).any() else np.nan for row in p64])
         drop = peak - _final(g, lbl, "pass@64")
-        acc = g.per_seed(lbl, "accuracy_exact", "last")
+        acc = g.per_seed(lbl, acc_key(g, lbl), "last")
         n_half = int(np.isfinite(half_steps).sum())
         meas = (f"{algo}: entropy {fmt(*mean_se(e0))} -> {fmt(*mean_se(e1))} ({fmt(mean_se(1 - e1 / e0)[0], pct=True)}"
                 f" fall); half-entropy step {fmt(*mean_se(half_steps))} in {n_half}/{len(c)} seeds; pass@64 initial "
                 f"{fmt(mean_se(p64[:, 0])[0])}, peak {fmt(*mean_se(peak))}, peak-to-final drop {fmt(*mean_se(drop))}; "
                 f"final accuracy {fmt(*mean_se(acc))}")
-        a, b = fit(_entropy_law, c, g.curve(lbl, "accuracy_exact"), p0=(0.1, 0.5))
+        a, b = fit(_entropy_law, c, g.curve(lbl, acc_key(g, lbl)), p0=(0.1, 0.5))
         if a.n:
             meas += (f"; R = -a e^H + b over every step and seed (Cui et al. Eq. 1; {a.n} points): a "
                      f"{fmt(a.mean, a.half)}, b {fmt(b.mean, b.half)}")
@@ -452,9 +474,9 @@ def claim_drgrpo_length(g: Groups):
 
 
 def _instability(g: Groups, label: str):
-    """Per seed: the largest drop of exact accuracy below its running peak (a collapse measure), over the
+    """Per seed: the largest drop of accuracy (``acc_key``) below its running peak (a collapse measure), over the
     evaluated steps."""
-    c = g.curve(label, "accuracy_exact")
+    c = g.curve(label, acc_key(g, label))
     out = np.full(c.shape[0], np.nan)
     for i, row in enumerate(c):
         row = row[np.isfinite(row)]
@@ -477,12 +499,13 @@ def claim_sapo(g: Groups):
     for tp, tn, good, rev, rest in found:
         ig, ir = _instability(g, good), _instability(g, rev)
         d, se, ok = compare(ig, ir)
-        ag, ar = g.per_seed(good, "accuracy_exact", "last"), g.per_seed(rev, "accuracy_exact", "last")
+        key = acc_key(g, good)
+        ag, ar = g.per_seed(good, key, "last"), g.per_seed(rev, key, "last")
         da, sa, oka = compare(ar, ag)
-        fg, fr = (np.nanmax(g.curve(x, "accuracy_exact"), axis=1) - _final(g, x, "accuracy_exact") for x in (good, rev))
+        fg, fr = (np.nanmax(g.curve(x, key), axis=1) - _final(g, x, key) for x in (good, rev))
         df, sf, okf = compare(fg, fr)
         dev = mean_se(g.per_seed(good, "ratio_dev_median"))[0]
-        meas = (f"tau_pos/tau_neg {tp}/{tn} vs {tn}/{tp}: worst drop of exact accuracy {fmt(*mean_se(ig))} vs "
+        meas = (f"tau_pos/tau_neg {tp}/{tn} vs {tn}/{tp}: worst drop of {key} {fmt(*mean_se(ig))} vs "
                 f"{fmt(*mean_se(ir))} (diff {sig(d, se, ok)}); peak minus final accuracy {fmt(*mean_se(fg))} vs "
                 f"{fmt(*mean_se(fr))} (diff {sig(df, sf, okf)}); final accuracy {fmt(*mean_se(ag))} vs "
                 f"{fmt(*mean_se(ar))} (diff {sig(da, sa, oka)}); final entropy "
@@ -503,7 +526,7 @@ def claim_sapo(g: Groups):
             verdict, why = "not testable here", ("at the median ratio the two gates' slopes differ by under 1%, so "
                                                  "the orderings train alike; " + scale)
         elif worst < 0.02:
-            verdict, why = "not testable here", (f"no instability to damp (worst drop of exact accuracy in any run "
+            verdict, why = "not testable here", (f"no instability to damp (worst drop of {key} in any run "
                                                  f"{fmt(worst)}); " + scale)
         elif favour:
             verdict, why = undetected(ok), (f"the measures disagree: better on {', '.join(favour)}, worse on "
@@ -520,12 +543,13 @@ def claim_dcpo_reward(g: Groups):
     tern, binary = g.find("dcpo"), g.find("dcpo", reward="binary")
     if not (tern and binary):
         return "n/a", *_missing("dcpo with the binary reward", "cliplab sim --algos dcpo --set reward=binary ...")
-    at, ab = g.per_seed(tern, "accuracy_exact", "last"), g.per_seed(binary, "accuracy_exact", "last")
+    key = acc_key(g, tern)
+    at, ab = g.per_seed(tern, key, "last"), g.per_seed(binary, key, "last")
     d, se, ok = compare(at, ab)
     meas = f"DCPO ternary {fmt(*mean_se(at))} vs binary {fmt(*mean_se(ab))} (binary - ternary {sig(d, se, ok)})"
     others = {a: g.find(a) for a in ("grpo", "gspo", "dapo") if g.find(a)}
     if others:
-        meas += "; " + ", ".join(f"{a} {fmt(mean_se(g.per_seed(lbl, 'accuracy_exact', 'last'))[0])}"
+        meas += "; " + ", ".join(f"{a} {fmt(mean_se(g.per_seed(lbl, key, 'last'))[0])}"
                                  for a, lbl in others.items())
     mt, mb = g.per_seed(tern, "malformed", "last"), g.per_seed(binary, "malformed", "last")
     fmt_share = f"ternary {fmt(mean_se(mt)[0], pct=True)}, binary {fmt(mean_se(mb)[0], pct=True)}"
@@ -542,7 +566,7 @@ def claim_dcpo_accuracy(g: Groups):
     labels = {n: g.find(n) for n in names}
     if not all(labels.values()):
         return "n/a", *_missing("dcpo, gspo, grpo and dapo runs", "cliplab sim --algos grpo,dapo,gspo,dcpo ...")
-    key = "accuracy_exact" if np.isfinite(g.curve(labels["dcpo"], "accuracy_exact")).any() else "accuracy"
+    key = acc_key(g, labels["dcpo"])
     vals = {n: mean_se(g.per_seed(lbl, key, "last")) for n, lbl in labels.items()}
     meas = ", ".join(f"{n} {fmt(*vals[n])}" for n in sorted(names, key=lambda n: -vals[n][0]))
     meas += f" ({key}, last 10% of steps)"
@@ -618,7 +642,8 @@ def claim_cov_entropy(g: Groups):
     for algo in ("clip_cov", "kl_cov"):
         for lbl, base, params in same_setting(g, algo, "grpo", f"{algo}_ratio"):
             e0, e1 = _final(g, base, "entropy"), _final(g, lbl, "entropy")
-            a0, a1 = _final(g, base, "accuracy_exact"), _final(g, lbl, "accuracy_exact")
+            key = acc_key(g, base)
+            a0, a1 = _final(g, base, key), _final(g, lbl, key)
             de, see, oke = compare(e0, e1)
             da, sea, oka = compare(a0, a1)
             meas = (f"final entropy {algo} {fmt(*mean_se(e1))} vs PPO-clip {fmt(*mean_se(e0))} (diff "
@@ -649,7 +674,8 @@ def claim_cispo(g: Groups):
     for lbl, base, params in same_setting(g, "cispo", "grpo"):
         if params.get("beta") != 0:
             continue
-        a0, a1 = _final(g, base, "accuracy_exact"), _final(g, lbl, "accuracy_exact")
+        key = acc_key(g, base)
+        a0, a1 = _final(g, base, key), _final(g, lbl, key)
         d, se, ok = compare(a0, a1)
         zeroed, trunc = mean_se(g.per_seed(lbl, "ppo_zeroed_frac"))[0], mean_se(g.per_seed(lbl, "trunc_frac"))[0]
         meas = (f"tokens PPO-clip (eps 0.2) would zero, in CISPO's updates: {fmt(zeroed, pct=True)} (GRPO's own "
@@ -676,9 +702,10 @@ def claim_rollout_correction(g: Groups):
     for kind in ("tis", "mis"):
         for off, on, rest in pairs(g, "grpo", {"rollout_correction": (None, kind)}):
             noise = rest.get("rollout_noise", 0)
-            a0, a1 = _final(g, off, "accuracy_exact"), _final(g, on, "accuracy_exact")
+            key = acc_key(g, off)
+            a0, a1 = _final(g, off, key), _final(g, on, key)
             d, se, ok = compare(a0, a1)
-            p0, p1 = (_final(g, x, "accuracy_exact") - np.nanmax(g.curve(x, "accuracy_exact"), axis=1)
+            p0, p1 = (_final(g, x, key) - np.nanmax(g.curve(x, key), axis=1)
                       for x in (off, on))
             dd, sed, okd = compare(p0, p1)
             meas = (f"final accuracy {kind} {fmt(*mean_se(a1))} vs none {fmt(*mean_se(a0))} (diff {sig(d, se, ok)}); "

@@ -273,9 +273,30 @@ def real_dcpo_rur(ev: Evidence):
     if not ev.has("dcpo", "grpo"):
         return Measured("no runs", fixed="not run")
     return Measured(f"RUR dcpo {ev.cell('dcpo', 'rur', True)} vs grpo {ev.cell('grpo', 'rur', True)}; "
-            f"paired {_pd(ev, 'grpo', 'dcpo', 'rur', True)}. SAS has history from a prompt's second visit: pool of "
-            f"{ev.cfg()['data']['n']} prompts, {ev.cfg()['rollout']['prompts_per_step']} a step, "
-            f"{ev.cfg()['run']['steps']} steps", paired(ev.s["grpo"], ev.s["dcpo"], "rur"), +1, pct=True)
+            f"paired {_pd(ev, 'grpo', 'dcpo', 'rur', True)}. {_rur_step1(ev)}",
+                    paired(ev.s["grpo"], ev.s["dcpo"], "rur"), +1, pct=True)
+
+
+def _rur_step1(ev: Evidence) -> str:
+    """DCPO's RUR gain at step 1, where SAS has no history and so gives an all-equal group no advantage, against
+    the later steps: a gain at step 1 is its +1/0/-1 reward's (fewer all-equal groups), not SAS's."""
+    def at(algo, key, steps):
+        return {seed: {key: _mean_over(r["records"], key, steps)} for seed, r in ev.runs[algo].items()}
+    cells = []
+    for name, steps in (("step 1", slice(0, 1)), ("steps 2 on", slice(1, None))):
+        gain = paired(at("grpo", "rur", steps), at("dcpo", "rur", steps), "rur")
+        zero = {a: t_interval([v["zero_grad_frac"] for v in at(a, "zero_grad_frac", steps).values()]).mean
+                for a in ("dcpo", "grpo")}
+        cells.append((name, gain, zero))
+    (_, g1, z1), (_, g2, _) = cells
+    text = "; ".join(f"{name}: dcpo - grpo {ci(g.diff, g.half, True)}, all-equal groups dcpo "
+                     f"{fmt(z['dcpo'], pct=True)} vs grpo {fmt(z['grpo'], pct=True)}" for name, g, z in cells)
+    source = ("the gain is largest at step 1, where SAS has no history yet: it comes mostly from DCPO's +1/0/-1 "
+              "reward, which leaves fewer groups all-equal (an all-wrong group with a malformed response has an "
+              "advantage), not from SAS" if g1.diff >= g2.diff and g1.diff > 0 else
+              "SAS, which has history from a prompt's second visit, acts from step 2")
+    return (f"RUR gain by step ({text}): {source}. Pool of {ev.cfg()['data']['n']} prompts, "
+            f"{ev.cfg()['rollout']['prompts_per_step']} a step, {ev.cfg()['run']['steps']} steps")
 
 
 def real_gspo(ev: Evidence):

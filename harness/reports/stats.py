@@ -145,3 +145,31 @@ def fit(model, x, y, p0) -> list[Interval]:
     crit = stats.t.ppf(0.5 + LEVEL / 2, n - k) if n > k else float("nan")
     return [Interval(float(p), float(crit * np.sqrt(c)) if n > k else float("nan"), n)
             for p, c in zip(params, np.diag(cov))]
+
+
+def proportion_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of a proportion k / n (scipy's binomtest); NaN for n = 0."""
+    if n == 0:
+        return float("nan"), float("nan")
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=level, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def share_interval(part, whole, level: float = LEVEL, seed: int = 0) -> tuple[float, float, float]:
+    """mean(part) / mean(whole) over pairs (seeds) where both are finite, and its percentile bootstrap interval
+    (scipy.stats.bootstrap resampling the pairs together, a fixed ``seed`` so that a report regenerates the same);
+    NaN bounds under three pairs or when a resample's mean(whole) is 0."""
+    part, whole = np.asarray(part, float).ravel(), np.asarray(whole, float).ravel()
+    keep = np.isfinite(part) & np.isfinite(whole)
+    part, whole = part[keep], whole[keep]
+    if not part.size or whole.mean() == 0:
+        return float("nan"), float("nan"), float("nan")
+    share = float(part.mean() / whole.mean())
+    if part.size < 3:
+        return share, float("nan"), float("nan")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        res = stats.bootstrap((part, whole), lambda p, w, axis: p.mean(axis) / w.mean(axis), paired=True,
+                              vectorized=True, confidence_level=level, n_resamples=4999, method="percentile",
+                              rng=np.random.default_rng(seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return share, (low if np.isfinite(low) else float("nan")), (high if np.isfinite(high) else float("nan"))

@@ -1,0 +1,187 @@
+"""The tiny tier's report (harness/reports/tiny.py) on fabricated run folders whose answers are worked by hand: the
+settings the claims compare, DCPO's RUR attribution, the simulator's verdicts read and compared, the agreement rate,
+what moved; and the committed reports/tiny/README.md against what `python -m harness.reports.tiny` writes."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.reports import tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "reports" / "tiny"
+STEPS = 20
+
+
+def _config(name: str, seed: int, algo: dict) -> dict:
+    return {"run": {"out_dir": f"runs/tiny/{name}/seed{seed}", "seed": seed, "steps": STEPS},
+            "model": {"name": "tiny_char"}, "data": {"source": "addition", "n": 512, "digits": 3},
+            "rollout": {"engine": "hf", "prompts_per_step": 16, "group_size": 8, "max_new_tokens": 24,
+                        "temperature": 1.0},
+            "train": {"lr": 2e-4, "epochs": 1, "minibatch_size": 32},
+            "algo": {"reward": "auto", "advantage": "auto", "hp": {}, **algo}}
+
+
+def _write(root: Path, name: str, algo: dict, metrics, seeds=range(10)) -> None:
+    """Run folders root/name/seed<k>/ whose step s logs metrics(seed, s) (the trainer's names)."""
+    for seed in seeds:
+        folder = root / name / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(_config(name, seed, algo)))
+        base = {"accuracy": 0.5, "reward": 0.5, "entropy": 1.0 - 0.01 * seed, "zero_grad_frac": 0.5,
+                "gen_per_trained": 1.0, "len_mean": 20.0, "len_wrong": 22.0, "tcr": 0.0005, "rur": 0.5}
+        lines = [json.dumps({**base, "step": s + 1, **metrics(seed, s)}) for s in range(STEPS)]
+        (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _wiggle(seed: int) -> float:
+    """Zero-mean over seeds 0-9 (and over each of 0-4 and 5-9): +-0.01."""
+    return 0.01 * (1 if seed % 2 else -1) * (1 if seed != 4 and seed != 9 else 0)
+
+
+def _attribution_runs(root: Path) -> None:
+    """RUR per seed: GRPO 0.3, DCPO 0.7, binary-reward DCPO 0.5, DCPO without SAS 0.6 (means over seeds exact):
+    a gain of 0.4 of which the reward scheme is 0.2 (50%) and SAS 0.1 (25%); at step 1 DCPO and its SAS-less
+    variant are equal (no history), the binary one equals GRPO."""
+    def rur(mean, step1, k):  # k: each label's own zero-mean noise, so that the paired differences vary
+        return lambda seed, s: {"rur": (step1 if s == 0 else mean) + k * _wiggle(seed)}
+    _write(root, "grpo", {"name": "grpo"}, rur(0.3, 0.3, 1))
+    _write(root, "dcpo", {"name": "dcpo"}, rur(0.7, 0.5, -2))
+    _write(root, "dcpo_binary_reward", {"name": "dcpo", "reward": "accuracy"}, rur(0.5, 0.3, 3))
+    _write(root, "dcpo_no_sas", {"name": "dcpo", "advantage": "grpo"}, rur(0.6, 0.5, 0.5))
+
+
+def test_the_trainer_rewards_are_the_simulator_schemes_they_are_named_as():
+    from gpu.rewards import OUTCOMES
+    from sim.config import REWARD_SCHEMES
+    assert set(tiny.REWARD_NAMES) == set(OUTCOMES)
+    for name, scheme in tiny.REWARD_NAMES.items():
+        assert OUTCOMES[name] == REWARD_SCHEMES[scheme], name
+
+
+def test_runs_carry_the_settings_their_configs_name_under_the_simulators_names(tmp_path):
+    _attribution_runs(tmp_path)
+    _write(tmp_path, "grpo_beta0_unclipped", {"name": "grpo", "hp": {"beta": 0.0, "eps_high": 1e6}},
+           lambda seed, s: {}, seeds=[0, 7])
+    runs = {(r["label"], r["seed"]): r for r in tiny.load_tiny(tmp_path)}
+    assert runs["dcpo", 0]["params"] == {} and runs["grpo", 3]["set"] == "discovery"
+    assert runs["dcpo_binary_reward", 5]["params"] == {"reward": "binary"}
+    assert runs["dcpo_no_sas", 9]["params"] == {"adv": "grpo"} and runs["dcpo_no_sas", 9]["set"] == "replication"
+    assert runs["grpo_beta0_unclipped", 7]["params"] == {"beta": 0.0, "eps_high": 100.0}
+    # the simulator's summary over these records: RUR is the mean over steps
+    assert runs["grpo", 0]["summary"]["rur"] == pytest.approx(0.3 - 0.01)
+
+
+def test_dcpo_rur_gain_is_split_between_the_reward_and_sas(tmp_path):
+    _attribution_runs(tmp_path)
+    lines = tiny.attribution_lines(tiny.load_tiny(tmp_path))
+    over, step1 = (next(line for line in lines if line.startswith(f"| {w}")) for w in ("mean over steps", "step 1"))
+    cells = [c.strip() for c in over.strip("|").split("|")]
+    # the step-1 value is part of the mean over 20 steps: the hand-worked means are over the other 19 steps too
+    gain = (0.7 * 19 + 0.5 - 0.3 * 20) / 20
+    reward = (0.2 * 19 + 0.2) / 20
+    sas = (0.1 * 19 + 0.0) / 20
+    assert cells[5].startswith(f"{100 * gain:.3g}%")
+    assert f"share of the gain {100 * reward / gain:.3g}%" in cells[6]
+    assert f"share of the gain {100 * sas / gain:.3g}%" in cells[7]
+    s1 = [c.strip() for c in step1.strip("|").split("|")]
+    assert s1[0] == "step 1 (10 seeds)"
+    assert "share of the gain 100%" in s1[6] and "share of the gain 0%" in s1[7]  # no SAS history at step 1
+
+
+def test_missing_ablations_are_named():
+    assert tiny.attribution_lines([{"label": "grpo", "seed": 0}]) == [
+        "Not measured: no runs of dcpo, dcpo_binary_reward, dcpo_no_sas yet."]
+
+
+@pytest.mark.parametrize("here, sim, said", [
+    ("not detectable with 5 seeds (smallest detectable effect 0.1)",
+     "not detectable with 10 seeds (smallest detectable effect 0.05)", "yes"),
+    ("reproduced", "partly", "no"),
+    ("not replicated (discovery: reversed; replication: reproduced)",
+     "not replicated (discovery: partly; replication: reproduced)", "yes"),
+    ("not measured", "reproduced", None), ("reproduced", None, None), ("not testable here", "not testable here", "yes"),
+    ("discovery only: reproduced (no replication seeds)", "reproduced", None),
+])
+def test_a_prediction_is_the_same_kind_of_verdict(here, sim, said):
+    assert tiny.predicted(here, sim) == said
+
+
+RUR = "DCPO's RUR is well above GRPO's: 71.8% vs 43.8% (DCPO Table 2)"
+GSPO = "GSPO clips far more tokens than GRPO, about two orders of magnitude (GSPO 2507.18071, Fig. 2)"
+
+
+def _sim_dir(root: Path) -> Path:
+    """A simulator report whose feature_lm rows give DCPO's RUR "reproduced" and GSPO's clipping "not
+    reproduced"; its summary: GSPO clips 18%, GRPO 5%."""
+    sim = root / "sim"
+    (sim / "summaries").mkdir(parents=True)
+    (sim / "report.md").write_text(
+        "### feature_lm\n\n| claim | regime | measured | verdict | why |\n|---|---|---|---|---|\n"
+        f"| {RUR} |  | x | **reproduced** | y |\n| {GSPO} |  | x | **not reproduced** | y |\n\n### toy_lm\n\n"
+        f"| {GSPO} |  | x | **reproduced** | y |\n")
+    (sim / "summaries" / "feature_lm_main.json").write_text(json.dumps(
+        {"algorithms": {"gspo": {"clip_frac": 0.18}, "grpo": {"clip_frac": 0.05}}}))
+    return sim
+
+
+def test_the_claims_table_compares_with_the_simulator_and_names_what_moved(tmp_path):
+    runs_dir = tmp_path / "runs"
+    _attribution_runs(runs_dir)  # DCPO's RUR 0.7 against GRPO's 0.3: reproduced here, as in the simulator
+    # GSPO clips 1000x GRPO here (50% vs 0.05%): reproduced here, "not reproduced" in the simulator
+    _write(runs_dir, "gspo", {"name": "gspo"}, lambda seed, s: {"tcr": 0.5 + _wiggle(seed)})
+    lines = tiny.claims_lines(tiny.load_tiny(runs_dir), _sim_dir(tmp_path))
+    row = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
+    assert row[RUR].endswith("| **reproduced** | yes |")
+    # the why is measured: the ablations' RURs (discovery seeds, step 1 included), not a credit to SAS
+    assert "DCPO with the binary reward, SAS kept: RUR 49% ± " in row[RUR]  # (0.3 + 19 x 0.5) / 20
+    assert "DCPO with the +1/0/-1 reward, no SAS: RUR 59.5% ± " in row[RUR]  # (0.5 + 19 x 0.6) / 20
+    assert row[GSPO].endswith("| **not reproduced** | no |") and "| **reproduced** |" in row[GSPO]
+    text = "\n".join(lines)
+    assert "The simulator predicted 1 of the 2 verdicts both tiers measured (50%" in text
+    # the disagreement: GRPO's clipping fell 100x from the simulator's (0.05% vs 5%), GSPO's rose under 3x
+    moved = next(line for line in lines if line.startswith(f"- {GSPO}"))
+    assert "what moved most (this tier vs the simulator): grpo clip_frac 0.0005 vs 0.05; gspo clip_frac 0.5 vs 0.18" \
+        in moved
+
+
+def test_the_readme_regenerates_from_fabricated_runs_and_says_what_is_wrong(tmp_path):
+    runs_dir = tmp_path / "runs"
+    _attribution_runs(runs_dir)
+    out = tiny.write_readme(tmp_path / "out" / "README.md", runs_dir, _sim_dir(tmp_path))
+    text = out.read_text()
+    assert "## DCPO's RUR gain: its reward scheme against SAS" in text and "40 runs" in text
+    assert (tmp_path / "out" / "tiny_curves.png").exists()
+    with pytest.raises(ValueError, match="runs: no <config>/seed<k>/ folders"):
+        tiny.write_readme(tmp_path / "o2" / "README.md", tmp_path / "sim", tmp_path / "sim")
+    with pytest.raises(SystemExit, match="error: runs: .*nowhere is missing"):
+        tiny.main(["--readme", str(tmp_path / "o3" / "README.md"), "--runs", str(tmp_path / "nowhere")])
+
+
+def test_the_smollm2_verdicts_credit_the_reward_and_call_clip_higher_untestable():
+    """reports/real/README.md: DCPO's RUR gain there is largest at step 1, before SAS has history; clip-higher
+    cannot act in 3 steps."""
+    rows = {line.split(" | ")[0][2:]: line for line in (ROOT / "reports" / "real" / "README.md").read_text()
+            .splitlines() if line.startswith("| ")}
+    rur = rows["DCPO's RUR is well above GRPO's"]
+    assert "the gain is largest at step 1, where SAS has no history yet" in rur and "not from SAS" in rur
+    assert rur.split(" | ")[-1].startswith("**not detectable with 5 seeds")
+    clip = next(v for k, v in rows.items() if k.startswith("Clip-higher"))
+    assert clip.split(" | ")[-1].startswith("**not testable here**") and "no effect" not in clip
+
+
+def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path):
+    """Once the tiny tier's report or its runs are committed, both must be, and the report must be what
+    `python -m harness.reports.tiny` writes from the runs, plots included."""
+    readme, runs = TINY / "README.md", TINY / "runs"
+    if not readme.exists() and not runs.exists():
+        pytest.skip("the tiny tier's runs are not committed yet (reports/tiny/run_sweep.sh)")
+    assert readme.exists(), "reports/tiny/runs is committed without its report: python -m harness.reports.tiny"
+    assert runs.is_dir(), "reports/tiny/README.md is committed without its runs (reports/tiny/runs)"
+    out = tiny.write_readme(tmp_path / "README.md", runs, ROOT / "reports" / "sim")
+    assert out.read_text() == readme.read_text(), "reports/tiny/README.md is stale: python -m harness.reports.tiny"
+    for png in sorted(tmp_path.glob("*.png")):
+        assert png.read_bytes() == (TINY / png.name).read_bytes(), f"reports/tiny/{png.name} is stale"
+    shutil.rmtree(tmp_path)
