@@ -200,13 +200,14 @@ ENTROPY_PARTS = ("entropy_relevant", "entropy_decision", "entropy_within", "entr
 ENTROPY_SHARES = ("entropy_ordinary", "entropy_fork", "entropy_end", "entropy_offtrack")
 
 
-def attribution(g: Groups, a: str, b: str) -> str:
+def attribution(g: Groups, a: str, b: str, tested=()) -> str:
     """Which parts of the entropy moved between labels a and b at the end: the exact split by decision type
     (reward-relevant vs interchangeable tokens, entropy among correct continuations), by prompt difficulty, and
-    (feature_lm) the contributions by kind of context, which add up to the gap; the largest is named."""
+    (feature_lm) the contributions by kind of context, which add up to the gap; the largest is named. Parts in
+    ``tested`` (a claim's own test) are left out, so that no test counts twice in Holm's family."""
     parts, shares = [], {}
     for key in ENTROPY_PARTS + ENTROPY_SHARES:
-        if np.isfinite(g.curve(a, key)).any():
+        if key not in tested and np.isfinite(g.curve(a, key)).any():
             d, se, ok = compare(_final(g, a, key), _final(g, b, key))
             parts.append(f"{key[8:]} {fmt(d)} ± {fmt(se)}")
             if key in ENTROPY_SHARES:
@@ -220,6 +221,17 @@ def attribution(g: Groups, a: str, b: str) -> str:
         out += (f"; of the contributions by context (total {fmt(total)}), the largest is {top} "
                 f"({fmt(shares[top][0])}, {'significant' if shares[top][1] else 'not significant'})")
     return out
+
+
+#: DAPO 2503.14476 Sec. 3.1, Fig. 3a: below this sampling probability a token is an exploration token, the kind whose
+#: growth the upper clip stops.
+EXPLORATION_P = 0.2
+#: Why clip-higher acts (DAPO Sec. 3.1, Fig. 3a), and so the regime it needs.
+CLIP_HIGHER_PRINCIPLE = ("the upper clip stops the growth of tokens with positive advantage and low probability "
+                         "(exploration tokens, pi_old < 0.2; DAPO Fig. 3a), so clip-higher acts only where such "
+                         "tokens sit in reward-relevant contexts (forks) and ratios reach the bound (off-policy "
+                         "updates: several minibatches per rollout batch, stale rollouts, a large enough learning "
+                         "rate)")
 
 
 def _clip_profile(g: Groups, label: str) -> str:
@@ -240,58 +252,95 @@ def _beta(g: Groups, label: str) -> float:
     return float(run["params"].get("beta", 0.0))
 
 
-def claim_clip_higher(g: Groups):
-    """One row per regime (the settings besides eps_high): final entropy at eps_high 0.2, 0.28 and no upper clip."""
-    rows = []
+def _entropy_keys(g: Groups, label: str) -> tuple[str, ...]:
+    """The final entropies an entropy claim reads: the reward-relevant contexts' (ordinary answer positions and
+    forks, where the runs log them: the verdict's) and the total."""
+    return ("entropy_relevant", "entropy") if np.isfinite(g.curve(label, "entropy_relevant")).any() else ("entropy",)
+
+
+def _clip_regimes(g: Groups) -> dict:
+    """{(algo, its regime's settings): {"base": the eps_high 0.2 label, 0.28: its label, 100: the unclipped one,
+    "n": how many settings the regime names}}, KL penalty off and the true reward (the claim as stated)."""
     regimes: dict = {}
     for algo in ("dapo", "grpo", "dr_grpo", "ppo"):
         for hi in (0.28, 100):
             for base, high, rest in pairs(g, algo, {"eps_high": (0.2, hi)}):
-                if rest.get("reward") == "random" or _beta(g, base) != 0:  # the claim is stated with KL off
+                if rest.get("reward") == "random" or _beta(g, base) != 0:
                     continue
-                regimes.setdefault((algo, _setting(algo, rest)), {"base": base, "rest": rest})[hi] = high
+                regimes.setdefault((algo, _setting(algo, rest)), {"base": base, "n": len(rest)})[hi] = high
+    return dict(sorted(regimes.items(), key=lambda kv: kv[1]["n"]))  # the default regime (fewest settings) first
+
+
+def claim_clip_higher(g: Groups):
+    """DAPO 2503.14476 Sec. 3.1, Fig. 2: a looser upper bound keeps entropy higher. Two rows per regime (the settings
+    besides eps_high): final entropy at eps_high 0.2, 0.28 and no upper clip, on the reward-relevant contexts (the
+    verdict's, where logged) and in total; then the regime's mechanism (``clip_mechanism``)."""
+    regimes = _clip_regimes(g)
     if not regimes:
         return "n/a", *_missing("an eps_high ablation with the KL penalty off (beta 0)",
                                 "cliplab sim --algos dapo --set eps_high=0.2,0.28,100 ...")
+    rows = []
     for (algo, setting), r in regimes.items():
         base = r["base"]
-        e0 = _final(g, base, "entropy")
-        cells = [f"{algo} ({setting}): final entropy eps_high 0.2 {fmt(*mean_se(e0))}"]
-        verdicts = []
-        for hi, name in ((0.28, "0.28"), (100, "no upper clip")):
-            if hi not in r:
-                continue
-            d, se, ok = compare(e0, _final(g, r[hi], "entropy"))
-            cells.append(f"{name} {fmt(*mean_se(_final(g, r[hi], 'entropy')))} (diff {sig(d, se, ok)})")
-            verdicts.append((name, d, ok, r[hi]))
-        cells.append(_clip_profile(g, base))
-        top = verdicts[-1]
-        freed = mean_se(g.per_seed(top[3], "freed_frac"))[0], mean_se(g.per_seed(top[3], "freed_pold_median"))[0]
+        looser = [(name, r[hi]) for hi, name in ((0.28, "0.28"), (100, "no upper clip")) if hi in r]
+        keys = _entropy_keys(g, base)
+        cells, tests = [], {}
+        for key in keys:
+            e0 = _final(g, base, key)
+            what = "reward-relevant entropy" if key == "entropy_relevant" else "entropy"
+            cell = f"final {what} eps_high 0.2 {fmt(*mean_se(e0))}"
+            for name, lbl in looser:
+                tests[key, name] = compare(e0, _final(g, lbl, key))
+                cell += f"; {name} {fmt(*mean_se(_final(g, lbl, key)))} (diff {sig(*tests[key, name])})"
+            cells.append(cell)
+        top_name, top = looser[-1]
+        d, se, ok = tests[keys[0], top_name]
         up = mean_se(g.per_seed(base, "clip_up_frac"))[0]
         if not np.isfinite(up):  # a log without the upper/lower split (verl, TRL): the whole clipped share bounds it
             up = mean_se(g.per_seed(base, "clip_frac"))[0]
-        why_parts = [f"tokens freed by removing the bound (A > 0, 1.2 < r): {fmt(freed[0], pct=True)} per update, "
-                     f"median pi_old {fmt(freed[1])}", attribution(g, base, top[3])]
-        why = "; ".join(p for p in why_parts if p)
+        why = attribution(g, base, top, tested=keys)
         if not up or not np.isfinite(up) or up < 1e-4:
             verdict, why = "not testable here", (f"the upper bound is almost never active (up-clipped share "
                                                  f"{fmt(up, pct=True)}): ratios stay near 1, so eps_high cannot act; "
                                                  + why)
-        elif not np.isfinite(compare(e0, _final(g, top[3], "entropy"))[1]):
-            direction = "higher" if np.nanmean(_final(g, top[3], "entropy")) > np.nanmean(e0) else "lower"
+        elif not np.isfinite(se):
+            direction = "higher" if np.nanmean(_final(g, top, keys[0])) > np.nanmean(_final(g, base, keys[0])) \
+                else "lower"
             verdict, why = "not testable here", (f"one run per setting, so the difference has no standard error; "
                                                  f"entropy ends {direction} with the looser bound; " + why)
-        elif top[2] and top[1] > 0:
-            verdict = "reproduced"
-            why = "a looser upper bound keeps entropy higher; " + why
-        elif top[2] and top[1] < 0:
-            verdict = "reversed"
-            why = "entropy ends lower without the upper bound; " + why
+        elif ok and d > 0:
+            verdict, why = "reproduced", "a looser upper bound keeps entropy higher; " + why
+        elif ok:
+            verdict, why = "reversed", "entropy ends lower without the upper bound; " + why
         else:
-            verdict = undetected(top[2])
-            why = "the differences are within noise; " + why
-        rows.append((f"{algo}, {setting}", "; ".join(cells), verdict, why))
+            verdict, why = undetected(ok), "the differences are within noise; " + why
+        rows.append((f"{algo}, {setting}", f"{algo} ({setting}): " + "; ".join(cells), verdict, why.rstrip("; ")))
+        rows.append(clip_mechanism(g, f"{algo}, {setting}", base, looser[-1]))
     return rows
+
+
+def clip_mechanism(g: Groups, regime: str, base: str, looser: tuple[str, str]) -> tuple:
+    """A regime's mechanism row (DAPO Fig. 3a): the tokens the upper clip holds in the eps_high 0.2 run (A > 0,
+    r > 1.2; the ones a looser bound frees): their share of trained tokens, median pi_old, share below
+    EXPLORATION_P and share at forks; and those the looser run trains past 1.2. "reproduced" where most of the
+    held tokens are exploration tokens, as in DAPO Fig. 3a."""
+    name, free = looser
+    up, low = (mean_se(g.per_seed(base, k))[0] for k in ("clip_up_frac", "upclip_pold_lt02"))
+    freed, freed_p = (mean_se(g.per_seed(free, k))[0] for k in ("freed_frac", "freed_pold_median"))
+    meas = (f"eps_high 0.2: {_clip_profile(g, base)}; {name}: trained past 1.2 (A > 0) {fmt(freed, pct=True)} of "
+            f"tokens, their median pi_old {fmt(freed_p)}")
+    why = f"the principle: {CLIP_HIGHER_PRINCIPLE}"
+    if not np.isfinite(up):  # a log without the simulator's clip metrics (verl, TRL)
+        return (f"{regime}: mechanism", "n/a", *_missing("the up-clipped tokens' share and pi_old (clip_up_frac, "
+                                                           "upclip_pold_lt02)", "cliplab sim --set eps_high=0.2,100 ..."))
+    if up < 1e-4 or not np.isfinite(low):
+        return f"{regime}: mechanism", meas, "not testable here", "the upper bound almost never binds; " + why
+    if low > 0.5:
+        return f"{regime}: mechanism", meas, "reproduced", "most tokens the upper clip holds are exploration tokens; " \
+            + why
+    return (f"{regime}: mechanism", meas, "not reproduced",
+            f"most tokens the upper clip holds have pi_old >= {EXPLORATION_P} (they are being sharpened, not "
+            f"explored), so a looser bound speeds their growth rather than the exploration tokens'; " + why)
 
 
 def claim_random_reward(g: Groups):
@@ -496,7 +545,7 @@ def claim_sapo(g: Groups):
         return "n/a", *_missing("SAPO with tau_neg > tau_pos and its mirror",
                                 "cliplab sim --algos sapo --set tau_pos=1.0,1.05 --set tau_neg=1.0,1.05 ...")
     rows = []
-    for tp, tn, good, rev, rest in found:
+    for tp, tn, good, rev, rest in sorted(found, key=lambda f: len(f[4])):  # the default regime first
         ig, ir = _instability(g, good), _instability(g, rev)
         d, se, ok = compare(ig, ir)
         key = acc_key(g, good)
@@ -535,7 +584,32 @@ def claim_sapo(g: Groups):
             verdict, why = undetected(okf), ("instability appears but the orderings do not differ beyond noise; "
                                              + scale)
         rows.append((_setting("sapo", rest), meas, verdict, why))
+        rows.append(sapo_mechanism(g, _setting("sapo", rest), (tp, tn), good, rev))
     return rows
+
+
+#: Why SAPO's temperatures matter (SAPO 2511.20347, Eq. 5-6), and so the regime they need.
+SAPO_PRINCIPLE = ("with tau_neg > tau_pos the soft gate of a negative-advantage token decays faster as its ratio "
+                  "leaves 1, damping the large negative updates that destabilise; the temperatures act only where "
+                  "ratios leave 1 (stale, off-policy updates)")
+#: |r - 1| at which ``sapo_mechanism`` states the gates' weights: PPO's eps, where a clip would begin to act.
+SAPO_GATE_AT = 0.2
+
+
+def sapo_mechanism(g: Groups, regime: str, taus: tuple[float, float], good: str, rev: str) -> tuple:
+    """A regime's mechanism row for SAPO: how far ratios leave 1 (median |r - 1| of tokens with A != 0, and the
+    share of tokens whose ratio left [0.8, 1.2] in their advantage's direction: where the gates damp) in both
+    orderings, and the gates' weights sech^2(tau (r - 1) / 2) there (SAPO Eq. 6's gradient weight)."""
+    tp, tn = taus
+    dev = [mean_se(g.per_seed(x, "ratio_dev_median"))[0] for x in (good, rev)]
+    far = [mean_se(g.per_seed(x, "ppo_zeroed_frac"))[0] for x in (good, rev)]
+    weight = [1 / np.cosh(t * SAPO_GATE_AT / 2) ** 2 for t in (tp, tn)]
+    meas = (f"tau_pos/tau_neg {tp}/{tn} vs {tn}/{tp}: median |r - 1| (A != 0) {fmt(dev[0])} vs {fmt(dev[1])}; tokens "
+            f"whose ratio left [0.8, 1.2] in their advantage's direction {fmt(far[0], pct=True)} vs "
+            f"{fmt(far[1], pct=True)}; gate weights at |r - 1| = {SAPO_GATE_AT}: tau {tp} {fmt(weight[0])}, tau {tn} "
+            f"{fmt(weight[1])}")
+    verdict = "measured" if np.isfinite(dev[0]) else "not measured"
+    return f"{regime}: mechanism", meas, verdict, f"the principle: {SAPO_PRINCIPLE}"
 
 
 def claim_dcpo_reward(g: Groups):
@@ -740,12 +814,15 @@ CLAIMS = (
      "Eq. 4)", claim_entropy_law),
     ("DCPO's TCR is an order of magnitude below GRPO's and DAPO's (DCPO 2509.02333, Table 2)", claim_dcpo_tcr),
     ("DCPO's RUR is well above GRPO's: 71.8% vs 43.8% (DCPO Table 2)", claim_dcpo_rur),
-    ("Clip-higher slows entropy collapse (DAPO 2503.14476, Sec. 3.1, Fig. 2); KL penalty off", claim_clip_higher),
+    ("Clip-higher slows entropy collapse (DAPO 2503.14476, Sec. 3.1, Fig. 2); KL penalty off; it acts where "
+     "exploration tokens (pi_old < 0.2) with positive advantage sit at forks and ratios reach the upper bound",
+     claim_clip_higher),
     ("Under random rewards the upper clip still lowers entropy (Park et al. 2509.26114)", claim_random_reward),
     ("GSPO clips far more tokens than GRPO, about two orders of magnitude (GSPO 2507.18071, Fig. 2)",
      claim_gspo_clips),
     ("Dr.GRPO removes GRPO's length bias on wrong answers (Dr.GRPO 2503.20783, Sec. 3.1)", claim_drgrpo_length),
-    ("SAPO with tau_neg > tau_pos is more stable than the reverse (SAPO 2511.20347)", claim_sapo),
+    ("SAPO with tau_neg > tau_pos is more stable than the reverse (SAPO 2511.20347); it acts where stale, "
+     "off-policy updates move ratios away from 1", claim_sapo),
     ("DAPO's dynamic sampling costs extra generations (DAPO Sec. 3.2)", claim_dynamic_sampling),
     ("DCPO reaches the best accuracy, then GSPO, GRPO, DAPO (DCPO Table 1, AIME24 Avg@32 38.8 / 34.9 / 32.1 / "
      "31.6)", claim_dcpo_accuracy),

@@ -138,8 +138,9 @@ def kind(verdict: str) -> str:
     return v
 
 
-#: Kinds that are no verdict to compare: nothing measured, or a discovery without its replication seeds.
-UNMEASURED = ("not measured", "not run", "discovery only")
+#: Kinds that are no verdict to compare: nothing measured, a discovery without its replication seeds, or a mechanism
+#: row's measurements (SAPO's: no verdict of its own).
+UNMEASURED = ("not measured", "not run", "discovery only", "measured")
 
 
 def sim_row(sim_rows: list[tuple], claim: str, regime: str) -> tuple | None:

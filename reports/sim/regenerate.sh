@@ -34,13 +34,22 @@ sweep feature_lm main --algos $ALGOS
 sweep toy_lm main --algos $ALGOS
 # feature LM (shared parameters; rollouts 2 steps old, 8 minibatches): clip-higher as DAPO's ladder states it
 # (naive GRPO, KL penalty off: beta 0), the random-reward control, the collapse claims' controls (random reward, a
-# learning rate near 0, SGD instead of Adam), SAPO's mirrored temperatures in a stressed regime (rollouts 6 steps
-# old, 16 minibatches), DCPO under the binary reward
+# learning rate near 0, SGD instead of Adam), SAPO's mirrored temperatures at the defaults and in a stressed regime
+# (its principle: the negative side's gate decays faster, damping large negative updates, so stale, off-policy
+# updates: rollouts 6 steps old, 16 minibatches, lr 0.06), DCPO under the binary reward
 sweep feature_lm clip_higher --algos grpo --set beta=0 --set eps_high=0.2,0.28,100
+# clip-higher's regime, from its principle (the upper clip stops the growth of positive-advantage tokens at pi_old
+# < 0.2, DAPO Fig. 3a): a confident prior, as an instruct model's (dominant tokens near 0.92, above 1 / 1.2, so that
+# only improbable tokens can reach the bound), and one fork per prompt whose correct token is an exploration token
+# (difficulty -4..0: pi_old 0.03-0.38, median 0.11); the off-policy updates of the defaults
+sweep feature_lm clip_higher_regime --algos grpo --set beta=0 --set eps_high=0.2,0.28,100 --set confidence=4 \
+  --set forks=1 --set difficulty_low=-4 --set difficulty_high=0
 sweep feature_lm random_reward --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100
 sweep feature_lm control_random --algos grpo --set reward=random
 sweep feature_lm control_lr --algos grpo --set lr=0.0001
 sweep feature_lm control_sgd --algos grpo --set optimizer=sgd --set lr=1.0
+sweep feature_lm sapo_default_a --algos sapo --set tau_pos=1.0 --set tau_neg=4.0
+sweep feature_lm sapo_default_b --algos sapo --set tau_pos=4.0 --set tau_neg=1.0
 SAPO_STRESS=(--set staleness=6 --set minibatches=16 --set lr=0.06)
 sweep feature_lm sapo_stress_a --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=1.0 --set tau_neg=4.0
 sweep feature_lm sapo_stress_b --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=4.0 --set tau_neg=1.0

@@ -1,0 +1,103 @@
+"""Clip-higher and SAPO's temperatures per regime, each verdict with its mechanism row (fabricated runs with
+hand-worked values): the clip-higher verdict reads the reward-relevant entropy where the runs log it, and the
+mechanism row says whether the tokens the upper clip holds are exploration tokens (DAPO Fig. 3a)."""
+import numpy as np
+
+from harness.reports.claims import claim_clip_higher, claim_sapo, run_claims
+from harness.reports.rundirs import Groups
+
+#: Per-seed noise of the fabricated entropies: mean 0, sample SD 0.01 * sqrt(10 / 9) over the 10 seeds.
+WIGGLE = np.array([0.01, -0.01] * 5)
+
+
+def _run(label, params, seed, records):
+    return {"dir": "d", "label": label, "algo": params.get("algo", "grpo"),
+            "params": {k: v for k, v in params.items() if k != "algo"}, "seed": seed, "set": "discovery",
+            "env": "feature_lm", "settings": None, "records": records}
+
+
+def _clip_runs(regime: dict, relevant_gain: float, total_noise: float, clip: dict) -> list[dict]:
+    """GRPO with beta 0 at eps_high 0.2 and with no upper clip, 10 seeds: the unclipped runs' final reward-relevant
+    entropy is the base's plus ``relevant_gain`` plus WIGGLE; the total entropy is 1 plus ``total_noise`` times a
+    seed-dependent sign, alike in both; ``clip``: the eps_high 0.2 runs' up-clip metrics."""
+    runs = []
+    for seed in range(10):
+        base_rel = 0.3 + 0.02 * (seed % 3)
+        for hi, rel in ((0.2, base_rel), (100, base_rel + relevant_gain + WIGGLE[seed])):
+            total = 1.0 + total_noise * (-1) ** (seed // 2) * (1 if hi == 0.2 else -1)
+            stats = clip if hi == 0.2 else {"clip_up_frac": 0.0, "freed_frac": 0.02, "freed_pold_median": 0.12}
+            records = [{"entropy": total, "entropy_relevant": rel, **stats} for _ in range(3)]
+            params = {**regime, "beta": 0, "eps_high": hi}
+            label = "grpo[" + ",".join(f"{k}={v}" for k, v in sorted(params.items())) + "]"
+            runs.append(_run(label, params, seed, records))
+    return runs
+
+
+EXPLORING = {"clip_up_frac": 0.01, "upclip_pold_median": 0.1, "upclip_pold_lt02": 0.8, "upclip_fork_share": 0.9}
+SHARPENING = {"clip_up_frac": 0.002, "upclip_pold_median": 0.45, "upclip_pold_lt02": 0.2, "upclip_fork_share": 0.4}
+
+
+def test_clip_higher_reads_the_relevant_entropy_and_states_each_regimes_mechanism():
+    """Regime forks=1: +0.05 on the relevant entropy in every seed (differences 0.05 +- 0.01: mean 0.05, SD
+    0.01 sqrt(10/9), t interval half-width t_{0.975, 9} 0.01 sqrt(10/9) / sqrt(10) = 2.2622 x 0.0033333 = 0.00754),
+    while the total moves by +-0.2 (noise): reproduced, on the relevant entropy. Default regime: no relevant gain."""
+    runs = _clip_runs({"forks": 1}, 0.05, 0.2, EXPLORING) + _clip_runs({}, 0.0, 0.2, SHARPENING)
+    found = claim_clip_higher(Groups(runs))
+    assert [row[0] for row in found] == ["grpo, beta=0", "grpo, beta=0: mechanism", "grpo, beta=0, forks=1",
+                                         "grpo, beta=0, forks=1: mechanism"]  # the default regime first
+    rows = {row[0]: row for row in found}
+    _, meas, verdict, _ = rows["grpo, beta=0, forks=1"]
+    assert verdict == "reproduced"
+    assert "final reward-relevant entropy eps_high 0.2 0.318 ± " in meas  # 0.3 + 0.02 (4 x 0 + 3 x 1 + 3 x 2) / 10
+    assert "no upper clip 0.368 ± " in meas
+    assert rows["grpo, beta=0"][2].startswith("not detectable with 10 seeds (smallest detectable effect ")
+    _, meas, verdict, why = rows["grpo, beta=0, forks=1: mechanism"]
+    assert verdict == "reproduced"
+    assert ("up-clipped 1% of tokens, their median pi_old 0.1, share with pi_old < 0.2 80%, 90% of them at forking "
+            "positions") in meas
+    assert "no upper clip: trained past 1.2 (A > 0) 2% of tokens, their median pi_old 0.12" in meas
+    assert why.startswith("most tokens the upper clip holds are exploration tokens; the principle: ")
+    assert rows["grpo, beta=0: mechanism"][2] == "not reproduced"
+    assert "pi_old >= 0.2" in rows["grpo, beta=0: mechanism"][3]
+
+
+def test_clip_higher_on_paired_seeds_gives_the_hand_worked_interval():
+    """Within run_claims every label has the same seeds, so the difference is a paired t test."""
+    runs = _clip_runs({"forks": 1}, 0.05, 0.2, EXPLORING)
+    rows, _ = run_claims(runs)
+    row = next(r for r in rows if r[0].startswith("Clip-higher") and r[1] == "grpo, beta=0, forks=1")
+    assert "no upper clip 0.368 ± " in row[2] and "(diff 0.05 ± 0.00754 (paired" in row[2]
+    assert row[3] == "discovery only: reproduced (no replication seeds)"
+
+
+def test_a_bound_that_never_binds_leaves_the_mechanism_untestable():
+    runs = _clip_runs({}, 0.0, 0.0, {"clip_up_frac": 0.0})
+    rows = {row[0]: row for row in claim_clip_higher(Groups(runs))}
+    assert rows["grpo, beta=0"][2] == "not testable here"
+    assert rows["grpo, beta=0: mechanism"][2] == "not testable here"
+
+
+def _sapo_runs(regime: dict) -> list[dict]:
+    """SAPO at tau_pos/tau_neg 1/4 and 4/1: accuracy rises to 0.5 then falls 0.1 (1/4) or 0.2 (4/1) by the end."""
+    runs = []
+    for seed in range(10):
+        for tp, tn, fall in ((1.0, 4.0, 0.1), (4.0, 1.0, 0.2)):
+            acc = [0.3, 0.5, 0.5 - fall + 0.001 * WIGGLE[seed] * 100]
+            records = [{"accuracy_exact": a, "entropy": 0.5, "ratio_dev_median": 0.1, "ppo_zeroed_frac": 0.03}
+                       for a in acc]
+            params = {"algo": "sapo", **regime, "tau_pos": tp, "tau_neg": tn}
+            label = "sapo[" + ",".join(f"{k}={v}" for k, v in sorted(params.items()) if k != "algo") + "]"
+            runs.append(_run(label, params, seed, records))
+    return runs
+
+
+def test_sapo_states_each_regimes_mechanism_beside_its_verdict():
+    """Gate weights at |r - 1| = 0.2: sech^2(0.1) = 0.990 (tau 1) and sech^2(0.4) = 1 / 1.0811^2 = 0.856 (tau 4)."""
+    rows = claim_sapo(Groups(_sapo_runs({"staleness": 6}) + _sapo_runs({})))
+    assert [row[0] for row in rows] == ["defaults", "defaults: mechanism", "staleness=6", "staleness=6: mechanism"]
+    by = {row[0]: row for row in rows}
+    assert by["staleness=6"][2] == "reproduced"  # the paper's ordering falls 0.1 less from its peak
+    _, meas, verdict, why = by["staleness=6: mechanism"]
+    assert verdict == "measured" and why.startswith("the principle: with tau_neg > tau_pos")
+    assert "median |r - 1| (A != 0) 0.1 vs 0.1" in meas and "[0.8, 1.2] in their advantage's direction 3% vs 3%" in meas
+    assert "gate weights at |r - 1| = 0.2: tau 1.0 0.99, tau 4.0 0.856" in meas
