@@ -41,7 +41,8 @@ sweep feature_lm clip_higher --algos grpo --set beta=0 --set eps_high=0.2,0.28,1
 # clip-higher's regime, from its principle (the upper clip stops the growth of positive-advantage tokens at pi_old
 # < 0.2, DAPO Fig. 3a): a confident prior, as an instruct model's (dominant tokens near 0.92, above 1 / 1.2, so that
 # only improbable tokens can reach the bound), and one fork per prompt whose correct token is an exploration token
-# (difficulty -4..0: pi_old 0.03-0.38, median 0.11); the off-policy updates of the defaults
+# (difficulty -4..0: pi_old 0.03-0.38, median 0.11); the off-policy updates of the defaults. Chosen among six
+# candidates on the discovery seeds by its mechanism (the most up-clipped tokens at forks), not by its effect
 sweep feature_lm clip_higher_regime --algos grpo --set beta=0 --set eps_high=0.2,0.28,100 --set confidence=4 \
   --set forks=1 --set difficulty_low=-4 --set difficulty_high=0
 sweep feature_lm random_reward --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100
