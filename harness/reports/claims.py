@@ -265,7 +265,7 @@ def _clip_regimes(g: Groups) -> dict:
     for algo in ("dapo", "grpo", "dr_grpo", "ppo"):
         for hi in (0.28, 100):
             for base, high, rest in pairs(g, algo, {"eps_high": (0.2, hi)}):
-                if rest.get("reward") == "random" or _beta(g, base) != 0:
+                if rest.get("reward") == "random" or _beta(g, base) != 0:  # the claim is stated with KL off
                     continue
                 regimes.setdefault((algo, _setting(algo, rest)), {"base": base, "n": len(rest)})[hi] = high
     return dict(sorted(regimes.items(), key=lambda kv: kv[1]["n"]))  # the default regime (fewest settings) first
@@ -331,16 +331,16 @@ def clip_mechanism(g: Groups, regime: str, base: str, looser: tuple[str, str]) -
             f"tokens, their median pi_old {fmt(freed_p)}")
     why = f"the principle: {CLIP_HIGHER_PRINCIPLE}"
     if not np.isfinite(up):  # a log without the simulator's clip metrics (verl, TRL)
-        return (f"{regime}: mechanism", "n/a", *_missing("the up-clipped tokens' share and pi_old (clip_up_frac, "
-                                                           "upclip_pold_lt02)", "cliplab sim --set eps_high=0.2,100 ..."))
+        needs = "the up-clipped tokens' share and pi_old (clip_up_frac, upclip_pold_lt02)"
+        return f"{regime}: mechanism", "n/a", *_missing(needs, "cliplab sim --set eps_high=0.2,100 ...")
     if up < 1e-4 or not np.isfinite(low):
         return f"{regime}: mechanism", meas, "not testable here", "the upper bound almost never binds; " + why
     if low > 0.5:
         return f"{regime}: mechanism", meas, "reproduced", "most tokens the upper clip holds are exploration tokens; " \
             + why
     return (f"{regime}: mechanism", meas, "not reproduced",
-            f"most tokens the upper clip holds have pi_old >= {EXPLORATION_P} (they are being sharpened, not "
-            f"explored), so a looser bound speeds their growth rather than the exploration tokens'; " + why)
+            f"most tokens the upper clip holds have pi_old >= {EXPLORATION_P}: a looser bound speeds tokens that are "
+            f"already likely, not the exploration tokens; " + why)
 
 
 def claim_random_reward(g: Groups):
