@@ -101,3 +101,17 @@ def test_sapo_states_each_regimes_mechanism_beside_its_verdict():
     assert verdict == "measured" and why.startswith("the principle: with tau_neg > tau_pos")
     assert "median |r - 1| (A != 0) 0.1 vs 0.1" in meas and "[0.8, 1.2] in their advantage's direction 3% vs 3%" in meas
     assert "gate weights at |r - 1| = 0.2: tau 1.0 0.99, tau 4.0 0.856" in meas
+
+
+def test_logs_without_the_up_clip_split_leave_the_mechanism_unmeasured():
+    """verl's and TRL's logs have the clipped share but not its upper part or pi_old: no mechanism to state."""
+    runs = _clip_runs({}, 0.0, 0.0, {"clip_frac": 0.05})
+    rows = {row[0]: row for row in claim_clip_higher(Groups(runs))}
+    assert rows["grpo, beta=0"][2] != "not testable here"  # the clipped share stands in for the upper one
+    assert rows["grpo, beta=0: mechanism"][2] == "not measured"
+
+
+def test_a_mechanism_rows_measurements_are_no_verdict_for_the_tiny_tier_to_match():
+    from harness.reports.tiny import predicted
+    assert predicted("measured", "measured") is None
+    assert predicted("reproduced", "reproduced") == "yes"
