@@ -326,10 +326,16 @@ def test_a_sweep_stacked_across_draws_writes_the_bytes_of_one_stacked_trainer_pe
     for draw in ("0-4", "5-9"):  # each draw's seeds as a sweep of their own: one stacked trainer per draw
         run_sweep("feature_lm", ["grpo", "dapo"], draw, 7, grid, out=str(tmp_path / "per_draw"), workers=1,
                   progress=False)
-    runs = {p.relative_to(tmp_path / "across") for p in (tmp_path / "across" / "runs").rglob("*") if p.is_file()}
-    assert len(runs) == 2 * 10 * 3
-    for path in runs:
-        assert (tmp_path / "across" / path).read_bytes() == (tmp_path / "per_draw" / path).read_bytes(), path
+    runs = sorted((tmp_path / "across" / "runs").iterdir())
+    assert len(runs) == 2 * 10
+    for run_dir in runs:
+        other = tmp_path / "per_draw" / "runs" / run_dir.name
+        for name in ("metrics.jsonl", "done.json"):
+            assert (run_dir / name).read_bytes() == (other / name).read_bytes(), run_dir.name
+        across, per_draw = (json.loads((d / "config.json").read_text()) for d in (run_dir, other))
+        assert across.pop("set") == ("discovery" if int(run_dir.name[-1]) < 5 else "replication")
+        per_draw.pop("set")  # each per-draw sweep splits its own seeds into two sets
+        assert across == per_draw
 
 
 def test_a_run_in_a_sweep_is_the_run_alone_in_its_environment_draw(tmp_path):
