@@ -3,9 +3,9 @@
 # and each sweep's summary.json into reports/sim/summaries/ (the test suite checks the report against them); prints
 # the wall time of each sweep. Every sweep runs 20 seeds (0-9 discovery, 10-19 replication; blocks of 5 seeds share
 # an environment draw, so each set spans 2 draws; a label's 20 seeds are one stacked trainer) x STEPS steps (default
-# 150). Sweeps run JOBS at a time (default: the number of cores), one process each, the largest first. Usage: reports/sim/regenerate.sh [RUNS_DIR] (default runs/sim);
-# SEEDS=1000-1009:1010-1019 OUT=/tmp/heldout reports/sim/regenerate.sh runs/heldout rebuilds it on other seeds
-# (and environment draws) into a scratch folder.
+# 150). Sweeps run JOBS at a time (default: the number of cores), one process each, the largest first. Usage:
+# reports/sim/regenerate.sh [RUNS_DIR] (default runs/sim); SEEDS=1000-1009:1010-1019 OUT=/tmp/heldout
+# reports/sim/regenerate.sh runs/heldout rebuilds it on other seeds (and environment draws) into a scratch folder.
 set -euo pipefail
 RUNS=${1:-runs/sim}
 PY=${PYTHON:-python}
