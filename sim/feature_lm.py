@@ -326,7 +326,8 @@ class FeatureLM:
         prompt_entropy = ((o * ent[:self.off0].reshape(P, K + 1)).sum(1) + dot(f, ent[self.off0:])) / per_prompt_tokens
         # entropy among the acceptable tokens of answer positions reached on track
         pl_on = (pi * logp)[:self.off0].reshape(P, K + 1, -1)[:, :K]
-        h_good = -(pl_on * self.accept[copy * P:(copy + 1) * P]).sum(-1) / np.maximum(acc, 1e-300) + np.log(np.maximum(acc, 1e-300))
+        accept = self.accept[copy * P:(copy + 1) * P]
+        h_good = -(pl_on * accept).sum(-1) / np.maximum(acc, 1e-300) + np.log(np.maximum(acc, 1e-300))
         accuracy = float(success.mean())
         truncated = f[:, -1] * (1.0 - pi[-1, EOS])  # alive at the last position without ending there
         tokens = total / P

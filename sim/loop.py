@@ -40,7 +40,7 @@ def build_env(env: str, cfg: dict, draws: tuple[int, ...] | None = None):
     return _stacked_env(env, tuple((k, cfg[k]) for k in keys), tuple(draws or (cfg["env_seed"],)))
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=2)  # a stacked environment holds every copy's arrays: only the latest ones kept
 def _stacked_env(env: str, settings: tuple, draws: tuple[int, ...]):
     if len(draws) == 1:
         return _one_draw(env, settings, draws[0])
