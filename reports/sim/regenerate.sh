@@ -54,9 +54,13 @@ SAPO_STRESS=(--set staleness=6 --set minibatches=16 --set lr=0.06)
 sweep feature_lm sapo_stress_a --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=1.0 --set tau_neg=4.0
 sweep feature_lm sapo_stress_b --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=4.0 --set tau_neg=1.0
 sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
-# toy LM (tabular): DCPO with the binary reward; clip-higher with the KL penalty off (GRPO beta=0)
+# toy LM (tabular): DCPO with the binary reward; clip-higher with the KL penalty off (GRPO beta=0), and under the
+# random reward; SAPO's mirrored temperatures at the defaults
 sweep toy_lm dcpo_binary --algos dcpo --set reward=binary
 sweep toy_lm clip_higher --algos grpo --set beta=0 --set eps_high=0.2,0.28,100
+sweep toy_lm random_reward --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100
+sweep toy_lm sapo_a --algos sapo --set tau_pos=1.0 --set tau_neg=4.0
+sweep toy_lm sapo_b --algos sapo --set tau_pos=4.0 --set tau_neg=1.0
 wait
 if [[ -s $FAILED ]]; then echo "failed (rerun to resume):" >&2; cat "$FAILED" >&2; exit 1; fi
 $PY -m harness.cli report "${DIRS[@]}" --out "$OUT/report.md"
