@@ -254,8 +254,8 @@ def _ranges(seeds) -> str:
 
 
 def env_draw(cfg: dict, seed: int) -> int:
-    """The environment draw of a sweep's ``seed``: seeds in blocks of SEEDS_PER_DRAW share one (so they stack in
-    one trainer), and a sweep of 20 seeds spans 4 draws, 2 for each set."""
+    """The environment draw of a sweep's ``seed``: seeds in blocks of SEEDS_PER_DRAW share one, so a sweep of 20
+    seeds spans 4 draws, 2 for each set (a label's seeds stack in one trainer whatever their draws)."""
     return cfg["env_seed"] + seed // SEEDS_PER_DRAW
 
 

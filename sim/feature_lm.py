@@ -22,9 +22,10 @@ dominant token at position K (one more per later position), so a wrong answer en
 Rows of the logit table: on-track context (p, t <= K) is row p (K + 1) + t; off-track position t is row
 P (K + 1) + t. Exact expectations come from a forward recursion over positions of the on- and off-track masses.
 
-``copies`` > 1 stacks that many independent policies (one per simulated seed) over the same environment: the
-parameters are the copies' ``theta`` one under the other, copy c's contexts and prompts are numbered from
-c R and c P (R contexts, P prompts), and ``rows`` and ``grad`` serve every copy's tokens in one call.
+``FeatureLM.stack`` stacks independent policies (one per simulated seed), each in its own environment draw or in
+a shared one: the parameters are the copies' ``theta`` one under the other, copy c's contexts and prompts are
+numbered from c R and c P (R contexts, P prompts) and its prior, features and acceptable tokens are its draw's, and
+``rows`` and ``grad`` serve every copy's tokens in one call.
 """
 from __future__ import annotations
 
@@ -78,8 +79,7 @@ class FeatureLM:
     """The environment and its log-linear policy; ``theta`` is the trained parameter array."""
 
     def __init__(self, n_prompts=256, vocab=128, answer_len=4, max_len=8, n_correct=2, forks=2, n_features=32,
-                 zipf=1.1, confidence=2.0, offtrack_eos=1.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0,
-                 copies=1):
+                 zipf=1.1, confidence=2.0, offtrack_eos=1.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0):
         if max_len < answer_len + 1:
             raise ValueError(f"max_len: expected at least answer_len + 1 ({answer_len + 1}), got {max_len}")
         if n_correct + 2 > vocab:
@@ -131,17 +131,36 @@ class FeatureLM:
         rand = np.rint(rand / np.linalg.norm(rand, axis=1, keepdims=True) * 2.0 ** PHI_BITS) / 2.0 ** PHI_BITS
         self.phi = np.concatenate([np.ones((self.n_rows, 1)), np.eye(T)[pos], on_track[:, None].astype(float),
                                    rand], axis=1)
-        self.copies, self.n_states, self.n_features = copies, copies * self.n_rows, self.phi.shape[1]
+        self.copies, self.n_states, self.n_features = 1, self.n_rows, self.phi.shape[1]
         # slices of theta (a product over the features) and of a gradient (a product over one copy's contexts)
         self.theta_bits, self.grad_bits = product_bits(self.n_features), product_bits(self.n_rows)
-        self.init = np.zeros((copies * self.n_features, V))
+        self.init = np.zeros((self.n_features, V))
         self.ref = tables(base)[0]
         self.info = {"delta": self.delta, "fork": fork}
 
+    @classmethod
+    def stack(cls, draws: list[FeatureLM]) -> FeatureLM:
+        """One environment of ``len(draws)`` copies, copy c in ``draws[c]``'s environment (one draw each, built
+        with the same sizes; a draw may repeat): the per-context arrays (prior, features, reference, kinds) one
+        copy under the other, the per-prompt ones (acceptable tokens, difficulty, forks) likewise."""
+        first = draws[0]
+        sizes = ("P", "K", "T", "vocab", "n_features")
+        if any(getattr(d, k) != getattr(first, k) for d in draws for k in sizes):
+            raise ValueError("draws: expected environment draws of the same sizes (" + ", ".join(sizes) + ")")
+        out = cls.__new__(cls)
+        out.__dict__.update(vars(first))
+        for name in ("base", "phi", "ref", "part", "accept", "delta", "fork"):
+            setattr(out, name, np.concatenate([getattr(d, name) for d in draws]))
+        out.copies, out.n_states = len(draws), len(draws) * first.n_rows
+        out.init = np.zeros((len(draws) * first.n_features, first.vocab))
+        out.info = {"delta": out.delta, "fork": out.fork}
+        return out
+
     # ---- the policy ---------------------------------------------------------------------------------------
-    def logits(self, theta: np.ndarray, rows=None) -> np.ndarray:
-        """b(c) + phi(c) theta of one copy's ``theta`` for ``rows`` (all rows if None)."""
-        return self._logits(theta, [(0, np.arange(self.n_rows) if rows is None else np.asarray(rows))])
+    def logits(self, theta: np.ndarray, rows=None, copy: int = 0) -> np.ndarray:
+        """b(c) + phi(c) theta of one copy's ``theta`` for that copy's local ``rows`` (all rows if None)."""
+        local = np.arange(self.n_rows) if rows is None else np.asarray(rows)
+        return self._logits(theta, [(0, copy * self.n_rows + local)])
 
     def _copy(self, theta, c):
         """Copy c's ``theta`` in the stacked parameters."""
@@ -153,9 +172,9 @@ class FeatureLM:
         return [(c, slice(a, b)) for c, (a, b) in enumerate(zip(cuts, cuts[1:])) if b > a]
 
     def _logits(self, theta, blocks) -> np.ndarray:
-        """The logits of each (copy c, its local rows) of ``blocks``, one under the other, each copy with its own
-        ``theta``: phi theta by fixed-point slices (``fixed_point``, split once for every copy, one quantum per
-        copy) with one BLAS product per copy, the same bits on every CPU."""
+        """The logits of each (copy c of ``theta``, stacked context ids) of ``blocks``, one under the other, each
+        copy with its own ``theta``: phi theta by fixed-point slices (``fixed_point``, split once for every copy,
+        one quantum per copy) with one BLAS product per copy, the same bits on every CPU."""
         F = self.n_features
         top = np.abs(theta).reshape(len(theta) // F, -1).max(1)
         parts = fixed_point(theta, np.repeat(top, F), self.theta_bits)
@@ -165,8 +184,7 @@ class FeatureLM:
 
     def _stacked_logits(self, theta, ids):
         """``logits`` of sorted stacked context ids, each copy's with its own ``theta``."""
-        local = ids % self.n_rows
-        return self._logits(theta, [(c, local[part]) for c, part in self._by_copy(ids)])
+        return self._logits(theta, [(c, ids[part]) for c, part in self._by_copy(ids)])
 
     def rows(self, theta, states, tokens, mask):
         """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi):
@@ -187,7 +205,7 @@ class FeatureLM:
         n, V = len(uniq), self.vocab
         dz = np.bincount(inv * V + tokens[on], weights=g, minlength=n * V).reshape(n, V)
         dz -= np.bincount(inv, weights=g, minlength=n)[:, None] * pi_u
-        phi_t = self.phi[uniq % self.n_rows].T
+        phi_t = self.phi[uniq].T
         F, blocks = self.n_features, self._by_copy(uniq)
         # phi^T dz by fixed-point slices of dz (``fixed_point``), one quantum per copy: the same bits on every CPU
         starts = [part.start for _, part in blocks]
@@ -199,11 +217,11 @@ class FeatureLM:
         return combine(out), None
 
     def ref_logp(self, states, tokens, mask):
-        return np.where(mask > 0, self.ref[states % self.n_rows, tokens], 0.0)
+        return np.where(mask > 0, self.ref[states, tokens], 0.0)
 
     def at_fork(self, states):
         """Which tokens sit at forking positions."""
-        return self.part[states % self.n_rows] == 1
+        return self.part[states] == 1
 
     # ---- sampling -----------------------------------------------------------------------------------------
     def sample(self, theta, prompts, group_size, rng) -> Rollout:
@@ -220,8 +238,9 @@ class FeatureLM:
         width = n * (K + 1) + T  # rows of one copy's table: its prompts' on-track contexts, then the off-track ones
         copy_of = prompts // self.P
         pid = prompts % self.P
-        on_rows = (pid[:, None] * (K + 1) + np.arange(K + 1)).reshape(copies, -1)
-        logp_t, pi_t = tables(self._logits(theta, [(c, np.concatenate([on_rows[i], self.off0 + np.arange(T)]))
+        on_rows = (prompts[:, None] * (K + 1) + copy_of[:, None] * T + np.arange(K + 1)).reshape(copies, -1)
+        logp_t, pi_t = tables(self._logits(theta, [(c, np.concatenate([on_rows[i], c * self.n_rows + self.off0
+                                                                       + np.arange(T)]))
                                                    for i, c in enumerate(copy_of[::n])]))
         cdf = np.cumsum(pi_t, axis=1)
         cdf[:, -1] = 1.0
@@ -242,7 +261,7 @@ class FeatureLM:
         # on track at position t: every earlier answer token acceptable (never after the answer); alive: no EOS yet
         on = np.zeros((copies * batch, T), dtype=bool)
         on[:, 0] = True
-        good = self.accept[row_pid[:, None], np.arange(K), tok_on[:, :K]] > 0
+        good = self.accept[np.repeat(prompts, group_size)[:, None], np.arange(K), tok_on[:, :K]] > 0
         on[:, 1:K + 1] = np.logical_and.accumulate(good, axis=1)[:, :T - 1]
         tok = np.where(on, tok_on, tok_off)
         eos = tok == EOS
@@ -263,11 +282,12 @@ class FeatureLM:
         return Rollout(prompts, states, tokens, mask, old_logp, outcome, mask.sum(1).astype(np.int64), alive)
 
     # ---- exact expectations -------------------------------------------------------------------------------
-    def masses(self, pi):
-        """Forward recursion: o[p, t] on-track and f[p, t] off-track probability of emitting token t."""
+    def masses(self, pi, copy: int = 0):
+        """Forward recursion: o[p, t] on-track and f[p, t] off-track probability of emitting token t, of one copy's
+        policy ``pi``."""
         P, K, T = self.P, self.K, self.T
         pi_on = pi[:self.off0].reshape(P, K + 1, -1)
-        acc = (pi_on[:, :K] * self.accept).sum(-1)
+        acc = (pi_on[:, :K] * self.accept[copy * P:(copy + 1) * P]).sum(-1)
         eos_on, eos_off = pi_on[:, :, EOS], pi[self.off0:, EOS]
         o, f = np.zeros((P, K + 1)), np.zeros((P, T))
         o[:, 0] = 1.0
@@ -283,16 +303,17 @@ class FeatureLM:
 
     def snapshots(self, theta) -> list[Snapshot]:
         """Each copy's exact metrics."""
-        return [self.snapshot(self._copy(theta, c)) for c in range(self.copies)]
+        return [self.snapshot(self._copy(theta, c), c) for c in range(self.copies)]
 
-    def snapshot(self, theta) -> Snapshot:
-        """Exact metrics of one copy's policy ``theta`` over the pool (each prompt equally likely)."""
+    def snapshot(self, theta, copy: int = 0) -> Snapshot:
+        """Exact metrics of one copy's policy ``theta`` over its pool (each prompt equally likely)."""
         P, K = self.P, self.K
-        z = self.logits(theta)
+        rows = slice(copy * self.n_rows, (copy + 1) * self.n_rows)
+        z = self.logits(theta, copy=copy)
         logp, pi = tables(z)
         ent = -(pi * logp).sum(1)
-        kl = (pi * (logp - self.ref)).sum(1)
-        o, f, acc, success = self.masses(pi)
+        kl = (pi * (logp - self.ref[rows])).sum(1)
+        o, f, acc, success = self.masses(pi, copy)
         eos = pi[:, EOS]
         decision = -(xlogx(eos) + xlogx(1.0 - eos))
         dec_on = decision[:self.off0].reshape(P, K + 1).copy()
@@ -305,7 +326,8 @@ class FeatureLM:
         prompt_entropy = ((o * ent[:self.off0].reshape(P, K + 1)).sum(1) + dot(f, ent[self.off0:])) / per_prompt_tokens
         # entropy among the acceptable tokens of answer positions reached on track
         pl_on = (pi * logp)[:self.off0].reshape(P, K + 1, -1)[:, :K]
-        h_good = -(pl_on * self.accept).sum(-1) / np.maximum(acc, 1e-300) + np.log(np.maximum(acc, 1e-300))
+        accept = self.accept[copy * P:(copy + 1) * P]
+        h_good = -(pl_on * accept).sum(-1) / np.maximum(acc, 1e-300) + np.log(np.maximum(acc, 1e-300))
         accuracy = float(success.mean())
         truncated = f[:, -1] * (1.0 - pi[-1, EOS])  # alive at the last position without ending there
         tokens = total / P
@@ -315,7 +337,7 @@ class FeatureLM:
                   "entropy_correct": float((o[:, :K] * h_good).sum() / o[:, :K].sum()),
                   "malformed_exact": float(truncated.mean())}
         values["entropy_within"] = values["entropy"] - values["entropy_decision"]
-        share = np.bincount(self.part, weights=weight * ent, minlength=len(PARTS))
+        share = np.bincount(self.part[rows], weights=weight * ent, minlength=len(PARTS))
         values.update({f"entropy_{name}": float(v) for name, v in zip(PARTS, share)})
         values["entropy_relevant"] = values["entropy_ordinary"] + values["entropy_fork"]
         return Snapshot(z, logp, pi, weight, success, prompt_entropy, ent, values)

@@ -31,21 +31,32 @@ ENV_KEYS = {"bandit": ("n_arms",), "toy_lm": ("max_len", "n_think", "n_answers")
                            "offtrack_eos")}
 
 
-def build_env(env: str, cfg: dict, copies: int = 1):
+def build_env(env: str, cfg: dict, draws: tuple[int, ...] | None = None):
     """The environment object of ``env`` under the settings ``cfg`` (sampling, exact metrics, policy rows), with
-    ``copies`` stacked policies (one per seed of a stacked trainer). Built once per process for each distinct
-    setting: runs only read it, and its arrays are read-only."""
-    keys = ("n_prompts", "difficulty_low", "difficulty_high", "env_seed", *ENV_KEYS[env])
-    return _build_env(env, tuple((k, cfg[k]) for k in keys), copies)
+    one stacked policy per entry of ``draws`` (the environment draw, an ``env_seed``, of each seed of a stacked
+    trainer; default one policy in ``cfg``'s draw). Built once per process for each distinct setting and draws:
+    runs only read it, and its arrays are read-only."""
+    keys = ("n_prompts", "difficulty_low", "difficulty_high", *ENV_KEYS[env])
+    return _stacked_env(env, tuple((k, cfg[k]) for k in keys), tuple(draws or (cfg["env_seed"],)))
 
 
-@functools.lru_cache(maxsize=8)
-def _build_env(env: str, settings: tuple, copies: int):
-    kw = dict(settings)
+@functools.lru_cache(maxsize=2)  # a stacked environment holds every copy's arrays: only the latest ones kept
+def _stacked_env(env: str, settings: tuple, draws: tuple[int, ...]):
+    if len(draws) == 1:
+        return _one_draw(env, settings, draws[0])
+    stack = FeatureLM.stack if env == "feature_lm" else TableEnv.stack
+    return _read_only(stack([_one_draw(env, settings, draw) for draw in draws]))
+
+
+@functools.lru_cache(maxsize=32)
+def _one_draw(env: str, settings: tuple, env_seed: int):
+    kw = {**dict(settings), "env_seed": env_seed}
     if env == "feature_lm":
-        built = FeatureLM(**kw, copies=copies)
-    else:
-        built = TableEnv(*(bandit if env == "bandit" else toy_lm).build(**kw), copies=copies)
+        return _read_only(FeatureLM(**kw))
+    return _read_only(TableEnv(*(bandit if env == "bandit" else toy_lm).build(**kw)))
+
+
+def _read_only(built):
     owners = [built] + ([built.aut] if isinstance(built, TableEnv) else [])
     for value in (v for owner in owners for v in vars(owner).values()):
         if isinstance(value, np.ndarray):
@@ -102,20 +113,32 @@ def _check_seeds(seeds) -> list[int]:
     return [int(s) for s in seeds]
 
 
+def _check_draws(draws, seeds: list[int], default: int) -> tuple[int, ...]:
+    """Each seed's environment draw: ``draws`` (one integer >= 0 per seed), or ``default`` for every seed."""
+    if draws is None:
+        return (default,) * len(seeds)
+    if not isinstance(draws, (list, tuple)) or len(draws) != len(seeds) or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in draws):
+        raise ValueError(f"draws: expected one integer >= 0 per seed ({len(seeds)}), got {draws!r}")
+    return tuple(int(d) for d in draws)
+
+
 class Trainer:
     """Runs of one setting: an environment, the policies' parameters, reference, optimiser and advantage state.
 
     ``seeds``: a seed, or a list of them run as one stacked trainer: copies of the environment and
     the parameters, a random stream per seed, so each seed's numbers are those of its run alone while every array
-    operation serves all of them. ``steps`` (if known) makes the last step an exact evaluation whatever
-    ``eval_every``.
+    operation serves all of them. ``draws``: each seed's environment draw (its ``env_seed``; default the
+    setting's for every seed), so one trainer serves seeds of different environment instances. ``steps`` (if
+    known) makes the last step an exact evaluation whatever ``eval_every``.
     """
 
-    def __init__(self, env: str, algo: str, seeds, overrides: dict | None = None, steps: int | None = None):
+    def __init__(self, env: str, algo: str, seeds, overrides: dict | None = None, steps: int | None = None,
+                 draws: list[int] | None = None):
         self.seeds = _check_seeds([seeds] if isinstance(seeds, (int, np.integer)) else seeds)
         self.env_name, self.algo, self.copies = env, algo, len(self.seeds)
         self.cfg = cfg = resolve(env, algo, overrides)
-        self.env = build_env(env, cfg, self.copies)
+        self.env = build_env(env, cfg, _check_draws(draws, self.seeds, cfg["env_seed"]))
         self.info = self.env.info
         self.params = self.env.init.copy()
         if isinstance(self.env, TableEnv):  # the tabular policy's parameters are its logit table
@@ -130,9 +153,9 @@ class Trainer:
         self.step_no, self.last_step = 0, None if steps is None else steps - 1
         self.history = deque(maxlen=cfg["staleness"] + 1)  # parameters at the start of the last steps
         self.snaps = self.env.snapshots(self.params)
-        order = np.argsort(self.snaps[0].success, kind="stable")  # every copy starts from the same policy
-        third = max(1, len(order) // 3)
-        self.hard, self.easy = order[:third], order[-third:]
+        orders = [np.argsort(snap.success, kind="stable") for snap in self.snaps]  # each copy's draw's prompts
+        third = max(1, len(orders[0]) // 3)
+        self.hard, self.easy = [order[:third] for order in orders], [order[-third:] for order in orders]
         self.cov_sum = np.zeros(self.copies)
         if algo not in POLICY_ALGORITHMS:
             self._build_pairs()
@@ -208,8 +231,8 @@ class Trainer:
         recs = [{} for _ in self.seeds]
         if self.step_no % self.cfg["eval_every"] == 0 or self.step_no == self.last_step:
             snaps = self.env.snapshots(self.params) if self.step_no else self.snaps
-            for rec, old, snap, cov in zip(recs, self.snaps, snaps, self.cov_sum):
-                rec.update(exact_metrics(snap, self.hard, self.easy))
+            for rec, old, snap, cov, hard, easy in zip(recs, self.snaps, snaps, self.cov_sum, self.hard, self.easy):
+                rec.update(exact_metrics(snap, hard, easy))
                 if self.step_no:
                     rec.update(entropy_law(old, snap), cov_interval=cov)
             self.snaps, self.cov_sum = snaps, np.zeros(self.copies)
@@ -375,12 +398,13 @@ def run(env: str, algo: str, seed: int, steps: int, overrides: dict | None = Non
 
 
 def run_stack(env: str, algo: str, seeds: list[int], steps: int, overrides: dict | None = None,
-              on_step: Callable[[int, dict], None] | None = None) -> list[list[dict]]:
-    """``run`` of each seed, all in one stacked trainer; ``on_step(i, rec)`` gets the i-th
-    seed's steps as they come. Each seed's metrics are those of its run alone."""
+              on_step: Callable[[int, dict], None] | None = None, draws: list[int] | None = None) -> list[list[dict]]:
+    """``run`` of each seed, all in one stacked trainer, the i-th seed in environment draw ``draws[i]`` (default:
+    the setting's ``env_seed``); ``on_step(i, rec)`` gets the i-th seed's steps as they come. Each seed's metrics
+    are those of its run alone (with ``{"env_seed": draws[i]}`` among its overrides)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected a positive integer, got {steps!r}")
-    trainer = Trainer(env, algo, seeds, overrides, steps)
+    trainer = Trainer(env, algo, seeds, overrides, steps, draws)
     records: list[list[dict]] = [[] for _ in trainer.seeds]
     for _ in range(steps):
         for i, rec in enumerate(trainer.step()):

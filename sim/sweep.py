@@ -10,8 +10,8 @@ Layout (shared with the real-model harness, which the report also reads)::
 
 A run writes its steps to ``metrics.jsonl.part`` as it goes; on completion the part file is renamed and
 ``done.json`` is written atomically (temp file, then ``os.replace``). A resumed sweep skips done runs and restarts
-unfinished ones from scratch, so no run is lost or counted twice. A label's seeds run together as one stacked
-trainer (``sim.loop.run_stack``), each still into its own run folder.
+unfinished ones from scratch, so no run is lost or counted twice. A label's seeds, over all their environment draws,
+run together as one stacked trainer (``sim.loop.run_stack``), each still into its own run folder.
 
 A rerun in the same folder with other algorithms, grid values or seeds adds its runs: sweep.json keeps the history of
 commands and summary.json covers every done run. One live sweep owns a folder at a time (``DIR/sweep.lock``, see
@@ -151,19 +151,26 @@ def plan(env: str, algos: list[str], seeds, steps: int, grid: dict) -> list[dict
 
 
 def jobs(todo: list[dict], workers: int = 1) -> list[list[dict]]:
-    """The tasks to run, grouped by label and environment draw: those seeds run as one stacked trainer. The
-    costliest start first
-    (more seeds; then dynamic sampling, which generates several rounds a step), and the last label's seeds are
-    shared among the ``workers``, so that they end together."""
+    """The tasks to run, grouped by label: a label's seeds, whatever their environment draws, run as one stacked
+    trainer. The costliest start first (more seeds; then dynamic sampling, which generates several rounds a step).
+    With fewer labels than ``workers``, each label's seeds are shared evenly among the workers; with more, the last
+    label's seeds are, so that the workers end together."""
     groups: dict[str, list[dict]] = {}
     for t in todo:
-        groups.setdefault((t["label"], t["settings"]["env_seed"]), []).append(t)
+        groups.setdefault(t["label"], []).append(t)
     out = sorted(groups.values(), key=lambda job: (len(job), job[0]["settings"]["dynamic_sampling"]), reverse=True)
-    if len(out) > workers > 1:
-        last = out.pop()
-        cuts = [i * len(last) // workers for i in range(workers + 1)]
-        out += [last[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
-    return out
+    if workers <= 1:
+        return out
+    if len(out) < workers:
+        parts = -(-workers // len(out))
+        return [part for job in out for part in _shares(job, parts)]
+    return out[:-1] + _shares(out[-1], workers) if len(out) > workers else out
+
+
+def _shares(job: list[dict], parts: int) -> list[list[dict]]:
+    """``job``'s tasks in ``parts`` consecutive shares as even as can be (no empty one)."""
+    cuts = [i * len(job) // parts for i in range(parts + 1)]
+    return [job[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def run_tasks(tasks: list[dict], out: str) -> list[dict]:
@@ -183,8 +190,8 @@ def run_tasks(tasks: list[dict], out: str) -> list[dict]:
             files[i].write(json.dumps(rec) + "\n")
             files[i].flush()
         first = tasks[0]
-        records = run_stack(first["env"], first["algo"], [t["seed"] for t in tasks], first["steps"],
-                            {**first["params"], "env_seed": first["settings"]["env_seed"]}, on_step)
+        records = run_stack(first["env"], first["algo"], [t["seed"] for t in tasks], first["steps"], first["params"],
+                            on_step, [t["settings"]["env_seed"] for t in tasks])
         for f in files:
             os.fsync(f.fileno())
     summaries = []

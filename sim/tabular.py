@@ -78,15 +78,20 @@ class Automaton:
     state_prompt: np.ndarray  # [S] the prompt each state belongs to (states are never shared)
     copies: int = 1  # disjoint copies stacked (one per simulated seed): copy c holds states c S/copies onwards
 
-    def stack(self, copies: int) -> "Automaton":
-        """``copies`` disjoint copies of this automaton in one: copy c's states and prompts are offset by c times
-        this one's counts."""
-        n, p = self.n_states, self.n_prompts
-        nxt = np.concatenate([np.where(self.next_state >= 0, self.next_state + c * n, -1) for c in range(copies)])
-        return Automaton(nxt, np.tile(self.outcome, (copies, 1)), np.concatenate([self.start + c * n
-                                                                                  for c in range(copies)]),
-                         self.max_len, np.concatenate([self.state_prompt + c * p for c in range(copies)]),
-                         copies * self.copies)
+    @classmethod
+    def stack(cls, auts: list["Automaton"]) -> "Automaton":
+        """The automata ``auts`` (one per copy: environment draws of the same sizes, or one repeated) as disjoint
+        copies in one: copy c's states and prompts are offset by c times one's counts."""
+        n, p = auts[0].n_states, auts[0].n_prompts
+        if any((a.n_states, a.n_prompts, a.vocab, a.max_len) != (n, p, auts[0].vocab, auts[0].max_len)
+               for a in auts):
+            raise ValueError("draws: expected environment draws of the same sizes (states, prompts, vocabulary, "
+                             "max_len)")
+        nxt = np.concatenate([np.where(a.next_state >= 0, a.next_state + c * n, -1) for c, a in enumerate(auts)])
+        return cls(nxt, np.concatenate([a.outcome for a in auts]), np.concatenate([a.start + c * n
+                                                                                   for c, a in enumerate(auts)]),
+                   auts[0].max_len, np.concatenate([a.state_prompt + c * p for c, a in enumerate(auts)]),
+                   sum(a.copies for a in auts))
 
     def __post_init__(self):
         self.n_states, self.vocab = self.next_state.shape
@@ -326,16 +331,23 @@ class TableEnv:
 
     Tokens that lead to the same next state (or end with the same outcome) are interchangeable for the reward:
     the entropy of the choice among them is ``entropy_within``, the rest ``entropy_decision`` (chain rule).
-    ``copies`` > 1 stacks that many disjoint copies (one per simulated seed, see ``Automaton.stack``): the
-    parameters are the copies' tables one under the other, and ``snapshots`` evaluates every copy in one pass.
+    ``TableEnv.stack`` stacks disjoint copies (one per simulated seed, each in its environment draw, see
+    ``Automaton.stack``): the parameters are the copies' tables one under the other, and ``snapshots`` evaluates
+    every copy in one pass.
     """
 
-    def __init__(self, aut: Automaton, init: np.ndarray, info: dict, copies: int = 1):
-        self.aut = aut.stack(copies) if copies > 1 else aut
-        self.init, self.info, self.copies = np.tile(init, (copies, 1)), info, copies
-        self.n_states, self.n_prompts = self.aut.n_states, aut.n_prompts  # n_prompts: per copy
-        self._local_prompt = aut.state_prompt
-        self.ref = tables(self.init)[0]
+    def __init__(self, aut: Automaton, init: np.ndarray, info: dict):
+        self.aut, self.init, self.info, self.copies = aut, init, info, aut.copies
+        self.n_states, self.n_prompts = aut.n_states, aut.n_prompts // aut.copies  # n_prompts: per copy
+        self._local_prompt = aut.state_prompt[:aut.n_states // aut.copies]
+        self.ref = tables(init)[0]
+
+    @classmethod
+    def stack(cls, draws: list[TableEnv]) -> TableEnv:
+        """One environment of ``len(draws)`` copies, copy c in ``draws[c]``'s (one draw each, a draw may repeat):
+        automata, initial tables and descriptions one copy after the other."""
+        return cls(Automaton.stack([d.aut for d in draws]), np.concatenate([d.init for d in draws]),
+                   {k: np.concatenate([d.info[k] for d in draws]) for k in draws[0].info})
 
     def sample(self, table, prompts, group_size, rng) -> Rollout:
         """G responses per prompt; with copies, ``prompts`` are stacked ids (copy c's prompt p is c P + p)."""

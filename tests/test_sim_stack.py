@@ -1,6 +1,9 @@
-"""Stacked seeds: a trainer over several seeds gives each seed exactly the numbers of its run alone, and each part it
-is built from (per-block aggregation and loss terms, StepClips, optimisers, stacked automata and environments,
-per-copy random draws, the sweep's jobs) equals the same part applied to each block alone."""
+"""Stacked seeds: a trainer over several seeds, in one environment draw or several, gives each seed exactly the
+numbers of its run alone, and each part it is built from (per-block aggregation and loss terms, StepClips,
+optimisers, stacked automata and environments, per-copy random draws, the sweep's jobs) equals the same part applied
+to each block alone."""
+import json
+
 import numpy as np
 import pytest
 
@@ -10,7 +13,7 @@ from sim.aggregation import agg_weights
 from sim.feature_lm import FeatureLM
 from sim.losses import policy_terms
 from sim.metrics import StepClips
-from sim.tabular import exact, exact_copies, tables, uniforms
+from sim.tabular import Automaton, exact, exact_copies, tables, uniforms
 from spec.contract import resolve_hparams
 from spec.registry import AGG_MODES, ALGORITHMS, POLICY_ALGORITHMS, get_algorithm
 
@@ -23,6 +26,22 @@ def test_stacked_seeds_equal_their_runs_alone(env, algo):
     seeds = [3, 0, 7]
     alone = [loop.run(env, algo, s, 5, SMALL) for s in seeds]
     assert loop.run_stack(env, algo, seeds, 5, SMALL) == alone
+
+
+@pytest.mark.parametrize("env", ["toy_lm", "feature_lm", "bandit"])
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "ppo", "dpo", "sapo"])
+def test_seeds_stacked_across_environment_draws_have_the_bytes_of_their_runs_in_each_draw(env, algo):
+    seeds, draws = [3, 0, 7, 4], [2, 0, 2, 1]
+    alone = [loop.run(env, algo, s, 5, {**SMALL, "env_seed": d}) for s, d in zip(seeds, draws)]
+    stacked = loop.run_stack(env, algo, seeds, 5, SMALL, draws=draws)
+    assert [json.dumps(run) for run in stacked] == [json.dumps(run) for run in alone]
+    assert json.dumps(alone[1]) != json.dumps(loop.run(env, algo, 0, 5, {**SMALL, "env_seed": 2}))  # draws differ
+
+
+@pytest.mark.parametrize("draws", [[0], [0, 1, -1], [0.5, 1, 2], "012"])
+def test_bad_draws_name_the_argument(draws):
+    with pytest.raises(ValueError, match="^draws:"):
+        loop.run_stack("toy_lm", "grpo", [0, 1, 2], 2, SMALL, draws=draws)
 
 
 @pytest.mark.parametrize("env,algo,over,differ", [
@@ -97,30 +116,31 @@ def test_blocked_optimisers_step_only_the_copies_listed_each_with_its_own_count(
         assert both.t.tolist() == [4, 4, 5]
 
 
-def test_a_stacked_automaton_evaluates_each_copy_exactly():
-    aut, init, _ = toy_lm.build(n_prompts=5, max_len=7, env_seed=2)
+def test_a_stacked_automaton_evaluates_each_copy_exactly_in_its_own_draw():
+    built = [toy_lm.build(n_prompts=5, max_len=7, env_seed=draw) for draw in (2, 3, 2)]
     rng = np.random.default_rng(1)
-    per_copy = [init + rng.standard_normal(init.shape) for _ in range(3)]
-    stacked = exact_copies(aut.stack(3), tables(np.concatenate(per_copy)))
-    for ex, logits in zip(stacked, per_copy):
+    per_copy = [init + rng.standard_normal(init.shape) for _, init, _ in built]
+    stacked = exact_copies(Automaton.stack([aut for aut, _, _ in built]), tables(np.concatenate(per_copy)))
+    for ex, logits, (aut, _, _) in zip(stacked, per_copy, built):
         one = exact(aut, tables(logits))
         for field in ("entropy", "accuracy", "length", "len_correct", "len_wrong"):
             assert getattr(ex, field) == pytest.approx(getattr(one, field), rel=1e-12)
         assert np.array_equal(ex.visits, one.visits) and np.array_equal(ex.success, one.success)
 
 
-def test_a_stacked_feature_lm_samples_and_differentiates_each_copy_as_alone():
-    alone, both = FeatureLM(n_prompts=6, vocab=16, n_features=4), FeatureLM(n_prompts=6, vocab=16, n_features=4,
-                                                                              copies=2)
+def test_a_stacked_feature_lm_samples_differentiates_and_evaluates_each_copy_as_alone_in_its_draw():
+    draws = [FeatureLM(n_prompts=6, vocab=16, n_features=4, env_seed=s) for s in (0, 1)]
+    both = FeatureLM.stack(draws)
     rng = np.random.default_rng(0)
-    thetas = [0.5 * rng.standard_normal(alone.init.shape) for _ in range(2)]
+    thetas = [0.5 * rng.standard_normal(draws[0].init.shape) for _ in range(2)]
     prompts = [np.array([4, 1]), np.array([0, 5])]
     ro = both.sample(np.concatenate(thetas), np.concatenate([prompts[0], prompts[1] + 6]), 3,
                      [np.random.default_rng(s) for s in (7, 8)])
     g = np.random.default_rng(3).standard_normal(ro.mask.shape) * ro.mask
     logp, rows = both.rows(np.concatenate(thetas), ro.states, ro.tokens, ro.mask)
     grad, _ = both.grad(np.concatenate(thetas), ro.states, ro.tokens, ro.mask, rows, g)
-    for c in range(2):
+    snaps = both.snapshots(np.concatenate(thetas))
+    for c, alone in enumerate(draws):
         one = alone.sample(thetas[c], prompts[c], 3, np.random.default_rng(7 + c))
         part = slice(6 * c, 6 * (c + 1))
         assert np.array_equal(one.tokens, ro.tokens[part]) and np.array_equal(one.old_logp, ro.old_logp[part])
@@ -129,6 +149,13 @@ def test_a_stacked_feature_lm_samples_and_differentiates_each_copy_as_alone():
         assert np.array_equal(lp1, logp[part])
         g1, _ = alone.grad(thetas[c], one.states, one.tokens, one.mask, rows1, g[part])
         assert np.array_equal(g1, grad[len(g1) * c:len(g1) * (c + 1)])
+        assert np.array_equal(alone.ref_logp(one.states, one.tokens, one.mask),
+                              both.ref_logp(ro.states[part], ro.tokens[part], ro.mask[part]))
+        on = one.mask > 0  # padding sits at state 0, copy 0's first context
+        assert np.array_equal(alone.at_fork(one.states)[on], both.at_fork(ro.states[part])[on])
+        snap = alone.snapshot(thetas[c])
+        assert snaps[c].values == snap.values and np.array_equal(snaps[c].success, snap.success)
+    assert not np.array_equal(draws[0].base, draws[1].base)  # two environments, not one
 
 
 def test_uniforms_draw_each_copys_block_from_its_own_generator():
@@ -137,15 +164,25 @@ def test_uniforms_draw_each_copys_block_from_its_own_generator():
     assert np.array_equal(uniforms(np.random.default_rng(4), 5), np.random.default_rng(4).random(5))
 
 
-def test_a_sweep_runs_each_labels_seeds_as_one_job_dynamic_sampling_first():
-    tasks = sweep.plan("toy_lm", ["grpo", "dapo", "dpo"], 3, 5, {})
+def test_a_sweep_runs_each_labels_seeds_over_every_draw_as_one_job_dynamic_sampling_first():
+    tasks = sweep.plan("toy_lm", ["grpo", "dapo", "dpo"], 12, 5, {})  # seeds 0-11: three environment draws
     grouped = sweep.jobs(tasks)
     assert [job[0]["label"] for job in grouped] == ["dapo", "grpo", "dpo"]
     for job in grouped:
-        assert len({t["label"] for t in job}) == 1 and [t["seed"] for t in job] == [0, 1, 2]
+        assert len({t["label"] for t in job}) == 1 and [t["seed"] for t in job] == list(range(12))
+        assert {t["settings"]["env_seed"] for t in job} == {0, 1, 2}
     shared = sweep.jobs(tasks, workers=2)  # the last label's seeds shared by the two workers
-    assert [[t["id"] for t in job] for job in shared] == [[t["id"] for t in job] for job in grouped[:2]] + [
-        [grouped[2][0]["id"]], [grouped[2][1]["id"], grouped[2][2]["id"]]]
+    assert [[t["seed"] for t in job] for job in shared] == [list(range(12))] * 2 + [list(range(6)),
+                                                                                    list(range(6, 12))]
+
+
+@pytest.mark.parametrize("labels,workers,sizes", [(1, 2, [10, 10]), (1, 3, [6, 7, 7]), (2, 3, [10, 10, 10, 10]),
+                                                  (3, 3, [20, 20, 20])])
+def test_fewer_labels_than_workers_share_each_labels_seeds_among_them(labels, workers, sizes):
+    tasks = sweep.plan("bandit", ["grpo", "dr_grpo", "gspo"][:labels], 20, 5, {})
+    grouped = sweep.jobs(tasks, workers)
+    assert [len(job) for job in grouped] == sizes
+    assert sorted(t["id"] for job in grouped for t in job) == sorted(t["id"] for t in tasks)  # each task once
 
 
 @pytest.mark.parametrize("seeds", [[], [1, -1], [0.5], "0"])

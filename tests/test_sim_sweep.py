@@ -316,7 +316,26 @@ def test_seeds_in_blocks_share_an_environment_draw_and_each_run_records_its_set(
     draws = {t["seed"]: t["settings"]["env_seed"] for t in tasks}
     assert draws == {s: 100 + s // 5 for s in range(3, 13)}
     assert [t["set"] for t in tasks] == ["discovery"] * 5 + ["replication"] * 5
-    assert sorted(len(job) for job in jobs(tasks)) == [2, 3, 5]  # one stacked trainer per label and draw
+    assert [len(job) for job in jobs(tasks)] == [10]  # one stacked trainer per label, over its draws
+
+
+def test_a_sweep_stacked_across_draws_writes_the_bytes_of_one_stacked_trainer_per_draw(tmp_path):
+    grid = {"n_prompts": [16], "batch_prompts": [4], "minibatches": [2], "eval_every": [3]}
+    run_sweep("feature_lm", ["grpo", "dapo"], "0-9", 7, grid, out=str(tmp_path / "across"), workers=1,
+              progress=False)
+    for draw in ("0-4", "5-9"):  # each draw's seeds as a sweep of their own: one stacked trainer per draw
+        run_sweep("feature_lm", ["grpo", "dapo"], draw, 7, grid, out=str(tmp_path / "per_draw"), workers=1,
+                  progress=False)
+    runs = sorted((tmp_path / "across" / "runs").iterdir())
+    assert len(runs) == 2 * 10
+    for run_dir in runs:
+        other = tmp_path / "per_draw" / "runs" / run_dir.name
+        for name in ("metrics.jsonl", "done.json"):
+            assert (run_dir / name).read_bytes() == (other / name).read_bytes(), run_dir.name
+        across, per_draw = (json.loads((d / "config.json").read_text()) for d in (run_dir, other))
+        assert across.pop("set") == ("discovery" if int(run_dir.name[-1]) < 5 else "replication")
+        per_draw.pop("set")  # each per-draw sweep splits its own seeds into two sets
+        assert across == per_draw
 
 
 def test_a_run_in_a_sweep_is_the_run_alone_in_its_environment_draw(tmp_path):

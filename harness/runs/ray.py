@@ -1,9 +1,9 @@
 """Run the simulator's sweeps on a Ray cluster (``cliplab sim ... --backend ray``); local processes stay the default.
 
-Each job (a run, or a label's seeds stacked, as ``sim.sweep.jobs`` groups them) is ``sim.sweep.run_tasks`` executed
-on a Ray worker into a worker-local folder; the worker returns the runs' files and the driver writes them into
-``OUT/runs/<run>/`` (``done.json`` last, atomically), so nodes need no shared file system and the folder is
-byte-for-byte what the process backend writes. Resuming skips done runs as before."""
+Each job (a label's seeds stacked, or a share of them, as ``sim.sweep.jobs`` groups them for the cluster's CPUs) is
+``sim.sweep.run_tasks`` executed on a Ray worker into a worker-local folder; the worker returns the runs' files and
+the driver writes them into ``OUT/runs/<run>/`` (``done.json`` last, atomically), so nodes need no shared file system
+and the folder is byte-for-byte what the process backend writes. Resuming skips done runs as before."""
 from __future__ import annotations
 
 import os
@@ -56,7 +56,8 @@ def run_sweep_ray(env: str, algos: list[str], seeds, steps: int, grid: dict | No
                      log_to_driver=False)
         try:
             remote = ray.remote(num_cpus=1)(run_remote)
-            pending = [remote.remote(job) for job in jobs(todo)]
+            cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))  # a job per CPU at least, as workers
+            pending = [remote.remote(job) for job in jobs(todo, cpus)]
             bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"sim {env} (ray)", unit="run",
                        disable=not progress)
             while pending:

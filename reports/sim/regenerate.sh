@@ -2,10 +2,10 @@
 # Regenerate reports/sim/report.md: every sweep of the report (each resumable: rerun to continue), then the report,
 # and each sweep's summary.json into reports/sim/summaries/ (the test suite checks the report against them); prints
 # the wall time of each sweep. Every sweep runs 20 seeds (0-9 discovery, 10-19 replication; blocks of 5 seeds share
-# an environment draw, so each set spans 2 draws) x STEPS steps (default 150). Sweeps run JOBS at a time (default: the number of
-# cores), one process each, the largest first. Usage: reports/sim/regenerate.sh [RUNS_DIR] (default runs/sim);
-# SEEDS=1000-1009:1010-1019 OUT=/tmp/heldout reports/sim/regenerate.sh runs/heldout rebuilds it on other seeds
-# (and environment draws) into a scratch folder.
+# an environment draw, so each set spans 2 draws; a label's 20 seeds are one stacked trainer) x STEPS steps (default
+# 150). Sweeps run JOBS at a time (default: the number of cores), one process each, the largest first. Usage:
+# reports/sim/regenerate.sh [RUNS_DIR] (default runs/sim); SEEDS=1000-1009:1010-1019 OUT=/tmp/heldout
+# reports/sim/regenerate.sh runs/heldout rebuilds it on other seeds (and environment draws) into a scratch folder.
 set -euo pipefail
 RUNS=${1:-runs/sim}
 PY=${PYTHON:-python}
@@ -32,6 +32,15 @@ sweep() {  # sweep ENV NAME ARGS...: one `cliplab sim` into RUNS/ENV/NAME, timed
 # the two comparisons first (the largest sweeps)
 sweep feature_lm main --algos $ALGOS
 sweep toy_lm main --algos $ALGOS
+# then, largest first: on both LMs, Clip-Cov, KL-Cov and CISPO beside PPO-clip (GRPO) at the same settings (KL
+# penalty off, token mean, 2% of tokens selected); TIS and MIS against no correction under a rollout/trainer mismatch
+# (the sampler's parameters plus N(0, 0.2^2) noise each step)
+COV=(--set beta=0 --set agg=token_mean --set clip_cov_ratio=0.02 --set kl_cov_ratio=0.02)
+MISMATCH=(--set beta=0 --set rollout_noise=0.2 --set rollout_correction=None,tis,mis)
+for env in feature_lm toy_lm; do
+  sweep $env cov --algos grpo,clip_cov,kl_cov,cispo "${COV[@]}"
+  sweep $env rollout_correction --algos grpo "${MISMATCH[@]}"
+done
 # feature LM (shared parameters; rollouts 2 steps old, 8 minibatches): clip-higher as DAPO's ladder states it
 # (naive GRPO, KL penalty off: beta 0), the random-reward control, the collapse claims' controls (random reward, a
 # learning rate near 0, SGD instead of Adam), SAPO's mirrored temperatures at the defaults and in a stressed regime
@@ -55,9 +64,13 @@ SAPO_STRESS=(--set staleness=6 --set minibatches=16 --set lr=0.06)
 sweep feature_lm sapo_stress_a --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=1.0 --set tau_neg=4.0
 sweep feature_lm sapo_stress_b --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=4.0 --set tau_neg=1.0
 sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
-# toy LM (tabular): DCPO with the binary reward; clip-higher with the KL penalty off (GRPO beta=0)
+# toy LM (tabular): DCPO with the binary reward; clip-higher with the KL penalty off (GRPO beta=0), and under the
+# random reward; SAPO's mirrored temperatures at the defaults
 sweep toy_lm dcpo_binary --algos dcpo --set reward=binary
 sweep toy_lm clip_higher --algos grpo --set beta=0 --set eps_high=0.2,0.28,100
+sweep toy_lm random_reward --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100
+sweep toy_lm sapo_a --algos sapo --set tau_pos=1.0 --set tau_neg=4.0
+sweep toy_lm sapo_b --algos sapo --set tau_pos=4.0 --set tau_neg=1.0
 wait
 if [[ -s $FAILED ]]; then echo "failed (rerun to resume):" >&2; cat "$FAILED" >&2; exit 1; fi
 $PY -m harness.cli report "${DIRS[@]}" --out "$OUT/report.md"
