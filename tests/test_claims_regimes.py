@@ -115,3 +115,32 @@ def test_a_mechanism_rows_measurements_are_no_verdict_for_the_tiny_tier_to_match
     from harness.reports.tiny import predicted
     assert predicted("measured", "measured") is None
     assert predicted("reproduced", "reproduced") == "yes"
+
+
+def _cov_runs(relevant_gain: float, total_gain: float) -> list[dict]:
+    """GRPO and Clip-Cov at the same settings (beta 0, token mean), 10 seeds: Clip-Cov's final reward-relevant
+    entropy is GRPO's plus ``relevant_gain`` plus WIGGLE, its total GRPO's plus ``total_gain`` (every seed); equal
+    accuracy."""
+    runs = []
+    for seed in range(10):
+        base_rel = 0.3 + 0.02 * (seed % 3)
+        for algo, rel, total in (("grpo", base_rel, 1.0),
+                                 ("clip_cov", base_rel + relevant_gain + WIGGLE[seed], 1.0 + total_gain)):
+            params = {"algo": algo, "beta": 0, "agg": "token_mean", "clip_cov_ratio": 0.02}  # one sweep's grid point
+            label = f"{algo}[agg=token_mean,beta=0,clip_cov_ratio=0.02]"
+            records = [{"entropy": total, "entropy_relevant": rel, "accuracy_exact": 0.5, "cov_frac": 0.01}] * 3
+            runs.append(_run(label, params, seed, records))
+    return runs
+
+
+def test_the_cov_claim_reads_the_relevant_entropy_with_the_total_beside_it():
+    """Clip-Cov raises the total entropy by 0.3 on every seed (off-track, format contexts) but the reward-relevant
+    entropy only by 0 +- WIGGLE (mean 0, half-width 0.00754): the verdict follows the relevant entropy, not the total;
+    with +0.05 there it is reproduced."""
+    from harness.reports.claims import claim_cov_entropy
+    (row,) = claim_cov_entropy(Groups(_cov_runs(0.0, 0.3)))
+    _, meas, verdict, _ = row
+    assert verdict.startswith("not detectable with 10 seeds") and "final reward-relevant entropy clip_cov 0.318" in meas
+    assert "final entropy clip_cov 1.3 ± " in meas and "(diff 0.3 (structural))" in meas  # the total, beside it
+    (row,) = claim_cov_entropy(Groups(_cov_runs(0.05, 0.0)))
+    assert row[2] == "reproduced"
