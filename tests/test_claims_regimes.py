@@ -3,7 +3,8 @@ hand-worked values): the clip-higher verdict reads the reward-relevant entropy w
 mechanism row says whether the tokens the upper clip holds are exploration tokens (DAPO Fig. 3a)."""
 import numpy as np
 
-from harness.reports.claims import claim_clip_higher, claim_sapo, run_claims
+from harness.reports.claims import (CLIP_ACTIVE, claim_clip_higher, claim_dcpo_tcr, claim_gspo_clips, claim_sapo,
+                                    run_claims)
 from harness.reports.rundirs import Groups
 
 #: Per-seed noise of the fabricated entropies: mean 0, sample SD 0.01 * sqrt(10 / 9) over the 10 seeds.
@@ -144,3 +145,23 @@ def test_the_cov_claim_reads_the_relevant_entropy_with_the_total_beside_it():
     assert "final entropy clip_cov 1.3 ± " in meas and "(diff 0.3 (structural))" in meas  # the total, beside it
     (row,) = claim_cov_entropy(Groups(_cov_runs(0.05, 0.0)))
     assert row[2] == "reproduced"
+
+
+def _clip_share_runs(shares: dict) -> Groups:
+    """One label per algorithm, 10 seeds, each step clipping shares[algo] of tokens (+-10% by seed)."""
+    return Groups([_run(algo, {"algo": algo}, seed, [{"clip_frac": share * (1 + 0.1 * WIGGLE[seed] / 0.01)}] * 3)
+                   for algo, share in shares.items() for seed in range(10)])
+
+
+def test_clip_share_claims_on_ratios_that_never_reach_the_clip_are_not_testable():
+    """GRPO clips 1e-5 of its tokens (the tiny tier at lr 2e-5): DCPO's 1e-6 is 10x below it and GSPO's 6% is 6000x
+    above it, ratios of noise; from a baseline share of CLIP_ACTIVE (1e-4) up the ratios decide."""
+    g = _clip_share_runs({"grpo": 1e-5, "dapo": 2e-5, "dcpo": 1e-6, "gspo": 0.06})
+    for claim in (claim_dcpo_tcr, claim_gspo_clips):
+        _, verdict, why = claim(g)
+        assert verdict == "not testable here", claim.__name__
+        assert why.startswith("PPO-clip's ratios stay inside [1 - eps, 1 + eps]: GRPO clips 0.001% of its tokens")
+    assert "DAPO clips 0.002% of its tokens (under 0.01%)" in claim_dcpo_tcr(g)[2]
+    g = _clip_share_runs({"grpo": CLIP_ACTIVE, "dapo": 2e-3, "dcpo": 5e-6, "gspo": 0.06})
+    assert claim_dcpo_tcr(g)[1] == "reproduced"  # min(1e-4, 2e-3) / 5e-6 = 20
+    assert claim_gspo_clips(g)[1] == "reproduced"  # 0.06 / 1e-4 = 600

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from harness.reports import tiny
+from harness.reports.claims import run_claims
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "reports" / "tiny"
@@ -185,3 +186,63 @@ def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path):
     for png in sorted(tmp_path.glob("*.png")):
         assert png.read_bytes() == (TINY / png.name).read_bytes(), f"reports/tiny/{png.name} is stale"
     shutil.rmtree(tmp_path)
+
+
+CLIP_HIGHER = ("Clip-higher slows entropy collapse (DAPO 2503.14476, Sec. 3.1, Fig. 2); KL penalty off; it acts where "
+               "exploration tokens (pi_old < 0.2) with positive advantage sit at forks and ratios reach the upper bound")
+#: The simulator's rows of one claim in several regimes, its default regime first (as reports/sim/report.md).
+SIM_ROWS = [(CLIP_HIGHER, "grpo, beta=0", "x", "not detectable"),
+            (CLIP_HIGHER, "grpo, beta=0: mechanism", "x", "not reproduced"),
+            (CLIP_HIGHER, "grpo, beta=0, forks=1", "x", "reproduced"),
+            (CLIP_HIGHER, "grpo, beta=0, forks=1: mechanism", "x", "reproduced"),
+            ("SAPO", "defaults", "x", "not testable here"), ("SAPO", "defaults: mechanism", "x", "measured"),
+            ("SAPO", "lr=0.06, staleness=6", "x", "reproduced"),
+            ("Cov", "clip_cov, beta=0, clip_cov_ratio=0.02", "x", "a"),
+            ("Cov", "kl_cov, beta=0, kl_cov_ratio=0.02", "x", "b")]
+
+
+@pytest.mark.parametrize("claim, regime, found", [
+    (CLIP_HIGHER, "grpo, beta=0, forks=1", "grpo, beta=0, forks=1"),  # the same regime
+    (CLIP_HIGHER, "", "grpo, beta=0"),  # not measured here: the simulator's default regime
+    (CLIP_HIGHER, "grpo, beta=0.0", "grpo, beta=0"),  # the same algorithm, the default regime
+    (CLIP_HIGHER, "grpo, beta=0.0: mechanism", "grpo, beta=0: mechanism"),  # a mechanism row with a mechanism row
+    (CLIP_HIGHER, "dapo, beta=0.0", None),  # another algorithm's verdict predicts nothing
+    ("SAPO", "beta=0.0", "defaults"), ("SAPO", "beta=0.0: mechanism", "defaults: mechanism"),
+    ("Cov", "", "clip_cov, beta=0, clip_cov_ratio=0.02"), ("Cov", "kl_cov, beta=0.0", "kl_cov, beta=0, kl_cov_ratio=0.02"),
+    ("no such claim", "", None),
+])
+def test_the_simulator_row_is_the_same_claim_kind_and_algorithm_in_its_default_regime(claim, regime, found):
+    row = tiny.sim_row(SIM_ROWS, claim, regime)
+    assert (row[1] if row else None) == found
+
+
+def _pair_runs(root: Path) -> None:
+    """The tiny configs CISPO's and clip-higher's claims pair, as configs/tiny names them: cispo leaves beta at its
+    registry default 0; GRPO at beta 0 with eps_high 0.2, 0.28 and no upper clip; GRPO at its defaults (beta 0.04).
+    CISPO's updates hold 1% of tokens PPO-clip would zero; every label's accuracy is 0.5 + _wiggle (no difference);
+    the unclipped runs' final entropy is 0.05 + _wiggle above the eps_high 0.2 runs' (seeds 0-4: 0.05 +- 0.01, and
+    0.05 in seed 4)."""
+    def metrics(entropy_gain=0.0, k=1):
+        return lambda seed, s: {"accuracy": 0.5 + _wiggle(seed), "ppo_zeroed_frac": 0.01, "trunc_frac": 0.001,
+                                "entropy": 0.5 + (entropy_gain + k * _wiggle(seed) if s == STEPS - 1 else 0.0),
+                                "clip_up_frac": 0.001}
+    _write(root, "cispo", {"name": "cispo"}, metrics())
+    _write(root, "grpo", {"name": "grpo"}, metrics())
+    _write(root, "grpo_beta0", {"name": "grpo", "hp": {"beta": 0.0}}, metrics())
+    _write(root, "grpo_beta0_eps_high028", {"name": "grpo", "hp": {"beta": 0.0, "eps_high": 0.28}}, metrics())
+    _write(root, "grpo_beta0_unclipped", {"name": "grpo", "hp": {"beta": 0.0, "eps_high": 1e6}}, metrics(0.05, 2))
+
+
+def test_cispo_and_clip_higher_pair_the_tiny_configs_that_differ_only_by_the_compared_setting(tmp_path):
+    _pair_runs(tmp_path)
+    runs = tiny.load_tiny(tmp_path)
+    params = {r["label"]: r["params"] for r in runs}
+    assert params["cispo"] == params["grpo_beta0"] == {"beta": 0.0} and params["grpo"] == {}
+    rows = {(text[:11], regime): (verdict, why) for text, regime, _, verdict, why in run_claims(runs)[0]}
+    # CISPO beside GRPO at beta 0, not beside GRPO's beta 0.04: on both seed sets equal accuracy, 1% of tokens kept
+    verdict, why = rows["CISPO keeps", "beta=0.0"]
+    assert verdict == "reproduced" and why.startswith("CISPO's gradient on those 1% of tokens is -sg(w) A")
+    # clip-higher: the unclipped runs end higher by 0.05 (paired differences over seeds 0-4: t = 0.05 / (SD 0.0089 /
+    # sqrt 5) = 12.5, p < 0.001, significant after Holm's correction)
+    assert rows["Clip-higher", "grpo, beta=0.0"][0] == "reproduced"
+    assert ("Clip-higher", "grpo, beta=0.0: mechanism") in rows

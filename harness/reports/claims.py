@@ -28,6 +28,18 @@ def _missing(what: str, command: str) -> tuple:
     return ("not measured", f"needs {what}; run `{command}`")
 
 
+#: Below this share of tokens a bound is not active: a claim about the tokens a clip (or CISPO's truncation) acts
+#: on has nothing to read, however large the ratio of two such shares.
+CLIP_ACTIVE = 1e-4
+
+
+def _clip_inactive(shares: dict) -> str:
+    """The reason a clip-share claim is not testable: PPO-clip's baselines ({name: clipped share}) clip almost no
+    token."""
+    named = ", ".join(f"{k} clips {fmt(v, pct=True)} of its tokens" for k, v in shares.items())
+    return f"PPO-clip's ratios stay inside [1 - eps, 1 + eps]: {named} (under {fmt(CLIP_ACTIVE, pct=True)})"
+
+
 def claim_dcpo_tcr(g: Groups):
     d, gr, da = g.find("dcpo"), g.find("grpo"), g.find("dapo")
     if not (d and gr and da):
@@ -37,8 +49,8 @@ def claim_dcpo_tcr(g: Groups):
     lo = min(vals["grpo"][0], vals["dapo"][0])
     ratio = lo / vals["dcpo"][0] if vals["dcpo"][0] > 0 else float("inf")
     meas += f"; min(GRPO, DAPO) / DCPO = {ratio:.3g}x" if np.isfinite(ratio) else "; DCPO clipped no token"
-    if not lo > 0:
-        return meas, "not reproduced", "GRPO or DAPO clipped no token either: nothing to compare"
+    if not lo >= CLIP_ACTIVE:
+        return meas, "not testable here", _clip_inactive({"GRPO": vals["grpo"][0], "DAPO": vals["dapo"][0]})
     if ratio >= 10:
         why = "consistent with DCPO's bound widening as the sampling probability q falls (q = 0.1: [0.5, 2.0])"
         if vals["dcpo"][0] == 0:
@@ -299,7 +311,7 @@ def claim_clip_higher(g: Groups):
         if not np.isfinite(up):  # a log without the upper/lower split (verl, TRL): the whole clipped share bounds it
             up = mean_se(g.per_seed(base, "clip_frac"))[0]
         why = attribution(g, base, top, tested=keys)
-        if not up or not np.isfinite(up) or up < 1e-4:
+        if not up >= CLIP_ACTIVE:
             verdict, why = "not testable here", (f"the upper bound is almost never active (up-clipped share "
                                                  f"{fmt(up, pct=True)}): ratios stay near 1, so eps_high cannot act; "
                                                  + why)
@@ -333,7 +345,7 @@ def clip_mechanism(g: Groups, regime: str, base: str, looser: tuple[str, str]) -
     if not np.isfinite(up):  # a log without the simulator's clip metrics (verl, TRL)
         needs = "the up-clipped tokens' share and pi_old (clip_up_frac, upclip_pold_lt02)"
         return f"{regime}: mechanism", "n/a", *_missing(needs, "cliplab sim --set eps_high=0.2,100 ...")
-    if up < 1e-4 or not np.isfinite(low):
+    if up < CLIP_ACTIVE or not np.isfinite(low):
         return f"{regime}: mechanism", meas, "not testable here", "the upper bound almost never binds; " + why
     if low > 0.5:
         return f"{regime}: mechanism", meas, "reproduced", "most tokens the upper clip holds are exploration tokens; " \
@@ -485,6 +497,8 @@ def claim_gspo_clips(g: Groups):
     (ms_, ss), (mg, sg) = mean_se(g.per_seed(gs, "clip_frac")), mean_se(g.per_seed(gr, "clip_frac"))
     ratio = ms_ / mg if mg > 0 else float("inf")
     meas = f"GSPO {fmt(ms_, ss, True)} vs GRPO {fmt(mg, sg, True)}: {ratio:.3g}x (paper: about 100x)"
+    if not mg >= CLIP_ACTIVE:
+        return meas, "not testable here", _clip_inactive({"GRPO": mg})
     if not ms_ > 0:
         return meas, "not reproduced", "GSPO clipped no token"
     if ratio >= 100:
@@ -762,7 +776,7 @@ def claim_cispo(g: Groups):
         meas = (f"tokens PPO-clip (eps 0.2) would zero, in CISPO's updates: {fmt(zeroed, pct=True)} (GRPO's own "
                 f"run clips {_mean_of(g, base, 'clip_frac')}); CISPO's truncated weights {fmt(trunc, pct=True)}; "
                 f"accuracy {fmt(*mean_se(a1))} vs GRPO {fmt(*mean_se(a0))} (diff {sig(d, se, ok)})")
-        if not zeroed or not np.isfinite(zeroed) or zeroed < 1e-4:
+        if not zeroed >= CLIP_ACTIVE:
             verdict, why = "not testable here", "no token leaves PPO's clip range: ratios stay near 1"
         else:
             verdict = "reproduced" if not (ok and d < 0) else "partly"

@@ -16,6 +16,7 @@ import numpy as np
 
 from sim.metrics import summarise_run
 from spec.records import read_json, write_text
+from spec.registry import ALGORITHMS
 
 from harness.reports.claims import category, run_claims
 from harness.reports.evidence import _sim_rows
@@ -28,6 +29,11 @@ SIM_ENV = "feature_lm"  # the simulator's environment whose verdicts are the pre
 #: The trainer's reward names under the simulator's: the same (correct, wrong, malformed) rewards
 #: (gpu.rewards.OUTCOMES, sim.config.REWARD_SCHEMES; tests/test_tiny_report.py holds it).
 REWARD_NAMES = {"accuracy": "binary", "dapo": "pm1", "dcpo": "ternary"}
+#: Per algorithm, the settings its claims compare with GRPO's at a stated value, which the simulator's sweep names for
+#: both algorithms (CISPO against GRPO with the KL penalty off: `cliplab sim --algos grpo,cispo --set beta=0`;
+#: claims.same_setting pairs labels whose params are equal) while a tiny config names only what departs from its
+#: algorithm's registry defaults (cispo.yaml leaves beta at CISPO's 0, grpo_beta0.yaml names GRPO's beta 0).
+SHARED_WITH_GRPO = {"cispo": ("beta",)}
 NO_UPPER_CLIP = 100.0  # the simulator's eps_high for "no upper clip"; a larger one bounds nothing more either
 #: Each tiny label's counterpart in the simulator's summaries (reports/sim/summaries/<SIM_ENV>_<sweep>.json).
 SIM_LABELS = {**{a: ("main", a) for a in ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo")},
@@ -63,8 +69,12 @@ VARIANT_PANELS = ("entropy", "clip_up_frac", "rur", "zero_grad_frac", "accuracy"
 # ---- runs -------------------------------------------------------------------------------------------------------
 def _params(algo: dict) -> dict:
     """The settings a run's config names, under the simulator's names (what the claims compare): its loss
-    hyper-parameters, and its reward scheme and advantage where it chose them (not "auto")."""
-    params = dict(algo.get("hp") or {})
+    hyper-parameters, and its reward scheme and advantage where it chose them (not "auto"); and the settings
+    (``SHARED_WITH_GRPO``) that the simulator's sweep names for both sides of a comparison with GRPO, at the
+    registry default where the config leaves them."""
+    defaults = ALGORITHMS[algo["name"]].defaults if algo.get("name") in ALGORITHMS else {}
+    params = {k: defaults[k] for k in SHARED_WITH_GRPO.get(algo.get("name"), ()) if k in defaults}
+    params.update(algo.get("hp") or {})
     if params.get("eps_high", 0) >= NO_UPPER_CLIP:
         params["eps_high"] = NO_UPPER_CLIP
     if algo.get("reward", "auto") != "auto":
@@ -143,17 +153,28 @@ def kind(verdict: str) -> str:
 UNMEASURED = ("not measured", "not run", "discovery only", "measured")
 
 
+MECHANISM = ": mechanism"  # the end of a mechanism row's regime (claims.clip_mechanism, claims.sapo_mechanism)
+
+
+def _algorithm(regime: str) -> str | None:
+    """The algorithm a regime names first ("grpo, beta=0" and "feature_lm: grpo" -> grpo); None where it starts
+    with a setting or reads "defaults"."""
+    first = regime.removesuffix(MECHANISM).split(",")[0].split(": ")[-1].strip()
+    return first if first and "=" not in first and first != "defaults" else None
+
+
 def sim_row(sim_rows: list[tuple], claim: str, regime: str) -> tuple | None:
-    """The simulator's row for a claim and regime: the same regime, else the claim's only row, else the row of the
-    same algorithm (a regime's first word)."""
+    """The simulator's row for a claim and regime: the same regime; else the first (the simulator's default regime)
+    of the claim's rows of the same kind (a verdict or a mechanism row) and, where both name algorithms, the same
+    algorithm."""
     rows = [r for r in sim_rows if r[0] == claim]
     same = [r for r in rows if r[1] == md(regime)]
     if same:
         return same[0]
-    if len(rows) == 1:
-        return rows[0]
-    algo = [r for r in rows if r[1].split(",")[0] == regime.split(",")[0]]
-    return algo[0] if algo else None
+    rows = [r for r in rows if r[1].endswith(MECHANISM) == regime.endswith(MECHANISM)]
+    if _algorithm(regime) and any(_algorithm(r[1]) for r in rows):
+        rows = [r for r in rows if _algorithm(r[1]) == _algorithm(regime)]
+    return rows[0] if rows else None
 
 
 def predicted(tiny_verdict: str, sim_verdict: str | None) -> str | None:
