@@ -188,8 +188,9 @@ def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path):
     shutil.rmtree(tmp_path)
 
 
-CLIP_HIGHER = ("Clip-higher slows entropy collapse (DAPO 2503.14476, Sec. 3.1, Fig. 2); KL penalty off; it acts where "
-               "exploration tokens (pi_old < 0.2) with positive advantage sit at forks and ratios reach the upper bound")
+CLIP_HIGHER = ("Clip-higher slows entropy collapse (DAPO 2503.14476, Sec. 3.1, Fig. 2); KL penalty off; it acts "
+               "where exploration tokens (pi_old < 0.2) with positive advantage sit at forks and ratios reach the "
+               "upper bound")
 #: The simulator's rows of one claim in several regimes, its default regime first (as reports/sim/report.md).
 SIM_ROWS = [(CLIP_HIGHER, "grpo, beta=0", "x", "not detectable"),
             (CLIP_HIGHER, "grpo, beta=0: mechanism", "x", "not reproduced"),
@@ -208,7 +209,8 @@ SIM_ROWS = [(CLIP_HIGHER, "grpo, beta=0", "x", "not detectable"),
     (CLIP_HIGHER, "grpo, beta=0.0: mechanism", "grpo, beta=0: mechanism"),  # a mechanism row with a mechanism row
     (CLIP_HIGHER, "dapo, beta=0.0", None),  # another algorithm's verdict predicts nothing
     ("SAPO", "beta=0.0", "defaults"), ("SAPO", "beta=0.0: mechanism", "defaults: mechanism"),
-    ("Cov", "", "clip_cov, beta=0, clip_cov_ratio=0.02"), ("Cov", "kl_cov, beta=0.0", "kl_cov, beta=0, kl_cov_ratio=0.02"),
+    ("Cov", "", "clip_cov, beta=0, clip_cov_ratio=0.02"),
+    ("Cov", "kl_cov, beta=0.0", "kl_cov, beta=0, kl_cov_ratio=0.02"),
     ("no such claim", "", None),
 ])
 def test_the_simulator_row_is_the_same_claim_kind_and_algorithm_in_its_default_regime(claim, regime, found):
