@@ -159,7 +159,7 @@ def jobs(todo: list[dict], workers: int = 1) -> list[list[dict]]:
     for t in todo:
         groups.setdefault(t["label"], []).append(t)
     out = sorted(groups.values(), key=lambda job: (len(job), job[0]["settings"]["dynamic_sampling"]), reverse=True)
-    if workers <= 1:
+    if workers <= 1 or not out:
         return out
     if len(out) < workers:
         parts = -(-workers // len(out))

@@ -369,6 +369,7 @@ def test_throughput_and_evidence_reports_escape_names(tmp_path):
     from harness.reports.throughput import write_report as throughput_report
     bench = {"kind": "cliplab-throughput", "model": "m|<b>", "device": "d`x`", "precision": "bf16", "params": 1e6,
              "grad_checkpointing": False, "flops_per_step": 1e12, "peak_tflops": None, "total_s": 1.0,
+             "mfu_scope": "training step only",
              "batch": {"prompts": 1, "group": 2, "prompt_len": 3, "gen_len": 4},
              "rows": [{"algo": "grpo|<i>", "steps": 2, "step_s": 0.5}]}
     (tmp_path / "t.json").write_text(json.dumps(bench))

@@ -185,6 +185,11 @@ def test_fewer_labels_than_workers_share_each_labels_seeds_among_them(labels, wo
     assert sorted(t["id"] for job in grouped for t in job) == sorted(t["id"] for t in tasks)  # each task once
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_sweep_with_every_run_done_has_no_job(workers):
+    assert sweep.jobs([], workers) == []  # a resumed sweep whose runs are all done
+
+
 @pytest.mark.parametrize("seeds", [[], [1, -1], [0.5], "0"])
 def test_bad_seed_lists_name_the_argument(seeds):
     with pytest.raises(ValueError, match="^seeds:"):

@@ -107,6 +107,8 @@ def run_killed(raw: dict, event: int, torn: bool) -> bool:
     (after cutting the last 5 bytes off the file it was about to fsync, when ``torn``). False if the run ended
     first."""
     folder = str(Path(raw["run"]["out_dir"]).resolve())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # no OpenMP pool crosses the fork: a forked child of a live pool can crash (SIGSEGV)
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         code = 0
@@ -131,6 +133,7 @@ def run_killed(raw: dict, event: int, torn: bool) -> bool:
             code = 1
         os._exit(code)
     _, status = os.waitpid(pid, 0)
+    torch.set_num_threads(threads)
     if os.WIFEXITED(status):
         assert os.WEXITSTATUS(status) == 0, "the run failed before the kill"
         return False
