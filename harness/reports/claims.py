@@ -731,14 +731,14 @@ def claim_cov_entropy(g: Groups):
     rows = []
     for algo in ("clip_cov", "kl_cov"):
         for lbl, base, params in same_setting(g, algo, "grpo", f"{algo}_ratio"):
-            cells, tests = [], {}
-            for ekey in _entropy_keys(g, base):
+            cells, tests, keys = [], {}, _entropy_keys(g, base)
+            for ekey in keys:
                 e0, e1 = _final(g, base, ekey), _final(g, lbl, ekey)
                 tests[ekey] = compare(e0, e1)
                 what = "reward-relevant entropy" if ekey == "entropy_relevant" else "entropy"
                 cells.append(f"final {what} {algo} {fmt(*mean_se(e1))} vs PPO-clip {fmt(*mean_se(e0))} (diff "
                              f"{sig(*tests[ekey])})")
-            de, see, oke = tests[_entropy_keys(g, base)[0]]
+            de, see, oke = tests[keys[0]]
             key = acc_key(g, base)
             a0, a1 = _final(g, base, key), _final(g, lbl, key)
             da, sea, oka = compare(a0, a1)
