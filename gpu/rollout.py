@@ -45,7 +45,10 @@ def _check(prompts, n, max_new_tokens, temperature):
 
 
 class HFEngine:
-    """Sampling with transformers ``generate`` on the trained model itself (so new weights need no copy)."""
+    """Batched sampling on the trained model itself (so new weights need no copy), through its KV cache: each prompt
+    runs once, its cache is repeated for its ``n`` samples, then one token per forward for every row. It draws what
+    transformers ``generate`` draws with the same seed (the same forwards, softmax and ``torch.multinomial``; a test
+    holds them equal), without ``generate``'s per-token bookkeeping (``harness.runs.bench`` times the two)."""
 
     name = "hf"
 
@@ -65,40 +68,50 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            shared = self._prompt_cache(ids, att, n) if n > 1 and width > 1 else {}
-            if shared:  # each row starts from its prompt's cache: generate runs only the prompts' last tokens
-                ids, att = ids.repeat_interleave(n, 0), att.repeat_interleave(n, 0)
-            out = self.model.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature,
-                                      top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                                      num_return_sequences=1 if shared else n, output_scores=True,
-                                      return_dict_in_generate=True, pad_token_id=pad, eos_token_id=eos,
-                                      use_cache=True, **shared)
+            seq, lp = self._sample(ids, att, n, max_new_tokens, temperature, pad, eos)
         self.model.train(was_training)
-        seq = out.sequences[:, width:]
-        scores = torch.stack(out.scores, 1).float()  # [B, T, V], processed (temperature applied)
-        lp = torch.log_softmax(scores, -1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)
         res = Rollouts([], [], [], [])
-        for i, row in enumerate(seq.tolist()):
+        for i, (row, row_lp) in enumerate(zip(seq.tolist(), lp.tolist())):
             end = row.index(eos) + 1 if eos in row else len(row)
             res.prompt_ids.append(list(prompts[i // n]))
             res.completion_ids.append(row[:end])
-            res.logprobs.append(lp[i, :end].tolist())
+            res.logprobs.append(row_lp[:end])
             res.truncated.append(eos not in row)
         return res
 
-    def _prompt_cache(self, ids, att, n) -> dict:
-        """The KV cache of every left-padded prompt but its last token, computed once per prompt and repeated for
-        its ``n`` samples (at the positions ``generate`` gives left-padded rows), as a ``generate`` keyword."""
+    def _sample(self, ids, att, n, max_new_tokens, temperature, pad, eos):
+        """Tokens and their sampling log-probs [P*n, T] from left-padded prompts ``ids`` [P, W]: positions count
+        real tokens only, a finished row gets ``pad``, and sampling stops when every row has ended."""
         from transformers import DynamicCache
-        body, cache = backbone(self.model), DynamicCache()
+        kw = cache_kwarg(backbone(self.model))
         pos = (att.cumsum(1) - 1).clamp(min=0)
-        body(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=True,
-             **{cache_kwarg(body): cache})
+        cache = DynamicCache()
+        if ids.shape[1] > 1:  # every prompt token but the last, once per prompt
+            backbone(self.model)(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1],
+                                 use_cache=True, **{kw: cache})
         cache.batch_repeat_interleave(n)
-        return {cache_kwarg(body): cache}
+        att, step_ids, step_pos = (t.repeat_interleave(n, 0) for t in (att, ids[:, -1:], pos[:, -1:]))
+        unfinished = torch.ones(att.shape[0], dtype=torch.long, device=att.device)
+        tokens, logps = [], []
+        for _ in range(max_new_tokens):
+            out = self.model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True,
+                             logits_to_keep=1, **{kw: cache})
+            scores = out.logits[:, -1].float()
+            if temperature != 1.0:
+                scores = scores / temperature
+            nxt = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1)
+            nxt = nxt * unfinished + pad * (1 - unfinished)
+            tokens.append(nxt)
+            logps.append(torch.log_softmax(scores, -1).gather(1, nxt[:, None]).squeeze(1))
+            unfinished = unfinished * (nxt != eos).long()
+            if not unfinished.any():
+                break
+            att = torch.cat([att, att.new_ones(att.shape[0], 1)], 1)
+            step_ids, step_pos = nxt[:, None], step_pos + 1
+        return torch.stack(tokens, 1), torch.stack(logps, 1)
 
     def update(self, model) -> None:
-        """Nothing to copy: ``generate`` runs on the trained model."""
+        """Nothing to copy: sampling runs on the trained model."""
         self.model = model
 
 

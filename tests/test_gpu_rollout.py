@@ -44,23 +44,16 @@ def test_rollout_correction_acts_on_the_engine_gap(tmp_path, tiny_path, kind):
     assert m["rc_weight_mean"] == pytest.approx(1.0, abs=1e-2) and m["rc_cut_frac"] == 0.0
 
 
-def test_shared_prompt_cache_samples_what_plain_generate_samples(tiny_path):
-    """The engine runs each prompt once and repeats its KV cache for its n samples; with the same seed it draws the
-    tokens that transformers' own expansion (num_return_sequences) draws, with the same log-probs."""
+def test_the_sampler_draws_what_transformers_generate_draws(tiny_path):
+    """The engine runs each prompt once, repeats its KV cache for its n samples and samples token by token; with the
+    same seed it draws the tokens transformers ``generate`` draws with its own expansion (num_return_sequences),
+    with the same log-probs."""
+    from harness.runs.bench import transformers_generate
     model, tok = load_policy(tiny_path), load_tokenizer(tiny_path)
     prompts = [[1, 20, 21], [1, 30, 31, 32, 33], [1, 40]]
-    ro = HFEngine(model, tok).generate(prompts, n=3, max_new_tokens=12, temperature=0.8, seed=0)
-    width = max(map(len, prompts))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
-    att = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        out = model.eval().generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=0.8, top_k=0,
-                                    top_p=1.0, max_new_tokens=12, num_return_sequences=3, output_scores=True,
-                                    return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
-                                    eos_token_id=tok.eos_token_id)
-    seq = out.sequences[:, width:]
-    lp = torch.log_softmax(torch.stack(out.scores, 1).float(), -1).gather(-1, seq[..., None]).squeeze(-1)
-    for i, (c, l) in enumerate(zip(ro.completion_ids, ro.logprobs)):
-        assert c == seq[i, :len(c)].tolist()
-        torch.testing.assert_close(torch.tensor(l), lp[i, :len(c)], rtol=1e-5, atol=1e-5)
+    for temperature, seed in ((0.8, 0), (1.0, 3)):
+        ro = HFEngine(model, tok).generate(prompts, n=3, max_new_tokens=12, temperature=temperature, seed=seed)
+        seq, lp = transformers_generate(model, tok, prompts, 3, 12, temperature, seed)
+        for i, (c, l) in enumerate(zip(ro.completion_ids, ro.logprobs)):
+            assert c == seq[i, :len(c)].tolist()
+            torch.testing.assert_close(torch.tensor(l), lp[i, :len(c)], rtol=1e-5, atol=1e-5)

@@ -148,6 +148,16 @@ def test_the_claims_table_compares_with_the_simulator_and_names_what_moved(tmp_p
         in moved
 
 
+def test_a_collapse_without_the_entropy_split_says_so(tmp_path):
+    """This tier logs the total entropy only: the collapse row's why says that, not an empty list of contexts."""
+    runs_dir = tmp_path / "runs"
+    _write(runs_dir, "grpo", {"name": "grpo"}, lambda seed, s: {"entropy": 1.0 / (1 + s) + 0.001 * seed})
+    lines = tiny.claims_lines(tiny.load_tiny(runs_dir), _sim_dir(tmp_path))
+    row = next(line for line in lines if line.startswith("| Entropy collapses early"))
+    assert "| these runs log the total entropy only, not its split by context |" in row
+    assert "which entropy fell" not in row
+
+
 def test_the_readme_regenerates_from_fabricated_runs_and_says_what_is_wrong(tmp_path):
     runs_dir = tmp_path / "runs"
     _attribution_runs(runs_dir)

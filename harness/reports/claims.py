@@ -460,7 +460,8 @@ def claim_entropy_collapse(g: Groups):
             verdict = "partly"
         else:
             verdict = "not reproduced"
-        rows.append((algo, meas, verdict, "which entropy fell (first -> last): " + parts))
+        rows.append((algo, meas, verdict, "which entropy fell (first -> last): " + parts if parts else
+                     "these runs log the total entropy only, not its split by context"))
     if not rows:
         return "n/a", *_missing("grpo or dapo runs", "cliplab sim --algos grpo,dapo ...")
     return rows

@@ -185,3 +185,49 @@ def logprob_compare(n: int = 2048, vocab: int = 151936, hidden: int = 896, round
             "weight_grad_mib": grad_mib, "extra_peak_mib": peak, "seconds": times, **by_clock,
             "time_ratio": by_clock[clock]["ratio_median"], "peak_ratio": peak["chunked"] / peak["plain"],
             "peak_over_weight_grad": peak["chunked"] / grad_mib}
+
+
+def transformers_generate(model, tok, prompts, n, max_new_tokens, temperature, seed):
+    """The reference sampler: transformers ``generate`` on the left-padded prompts, ``n`` samples each
+    (num_return_sequences, as TRL calls it); tokens [P*n, T] and their log-probs from its processed scores."""
+    import torch
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.eval().generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature,
+                                    top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, num_return_sequences=n,
+                                    output_scores=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
+                                    eos_token_id=tok.eos_token_id)
+    seq = out.sequences[:, width:]
+    return seq, torch.log_softmax(torch.stack(out.scores, 1).float(), -1).gather(-1, seq[..., None]).squeeze(-1)
+
+
+def sampler_compare(path, prompts: int = 16, n: int = 8, max_new_tokens: int = 24, rounds: int = 6) -> dict:
+    """Our batched KV-cache sampler (gpu.rollout.HFEngine) against transformers ``generate`` on the same model,
+    prompts (the addition task's), seeds and budget, alternating in one process with one thread (round k runs ours
+    first when k is even): CPU seconds per batch of each, and generate's over ours, the median of the per-round
+    ratios."""
+    import torch
+
+    from gpu.data import load_problems, prompt_ids
+    from gpu.models import load_policy, load_tokenizer
+    from gpu.rollout import HFEngine
+    torch.set_num_threads(1)
+    model, tok = load_policy(path), load_tokenizer(path)
+    ids = [prompt_ids(tok, p, None, 64) for p in load_problems("addition", n=prompts, digits=3)]
+    engine = HFEngine(model, tok)
+    runs = {"ours": lambda s: engine.generate(ids, n, max_new_tokens, 1.0, seed=s),
+            "generate": lambda s: transformers_generate(model, tok, ids, n, max_new_tokens, 1.0, s)}
+    cpu = {k: [] for k in runs}
+    for k in range(rounds + 1):  # round 0 warms up
+        for name in (("ours", "generate") if k % 2 == 0 else ("generate", "ours")):
+            t0 = time.process_time()
+            runs[name](k)
+            if k:
+                cpu[name].append(time.process_time() - t0)
+    ratios = [g / o for g, o in zip(cpu["generate"], cpu["ours"])]
+    return {"prompts": prompts, "group_size": n, "max_new_tokens": max_new_tokens, "rounds": rounds,
+            "cpu_s": cpu, "median_s": {k: float(np.median(v)) for k, v in cpu.items()},
+            "generate_over_ours": float(np.median(ratios))}
