@@ -105,6 +105,7 @@ def test_missing_ablations_are_named():
      "not replicated (discovery: partly; replication: reproduced)", "yes"),
     ("not measured", "reproduced", None), ("reproduced", None, None), ("not testable here", "not testable here", "yes"),
     ("discovery only: reproduced (no replication seeds)", "reproduced", None),
+    ("not replicated (discovery: not testable here; replication: not run)", "not testable here", None),
 ])
 def test_a_prediction_is_the_same_kind_of_verdict(here, sim, said):
     assert tiny.predicted(here, sim) == said

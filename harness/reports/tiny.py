@@ -140,8 +140,11 @@ def summary_table(runs: list[dict]) -> list[str]:
 # ---- claims against the simulator ---------------------------------------------------------------------------------
 def kind(verdict: str) -> str:
     """A verdict's kind: its category without the seed count ("not detectable with 5 seeds" and "... 10 seeds"
-    are one kind) or the sets' two verdicts ("not replicated (...)")."""
+    are one kind) or the sets' two verdicts ("not replicated (...)"); "discovery only" where the replication seeds
+    were not run."""
     v = category(verdict)
+    if v.startswith("not replicated") and verdict.endswith("replication: not run)"):
+        return "discovery only"  # the replication seeds have no runs yet: no verdict to compare
     for head in ("not detectable", "not replicated", "discovery only"):
         if v.startswith(head):
             return head
