@@ -96,3 +96,16 @@ def test_fit_recovers_the_entropy_law_and_its_interval():
     cov = res[0] / (h.size - 2) * np.linalg.inv(design.T @ design)
     assert a.mean == pytest.approx(coef[0], rel=1e-6) and a.half == pytest.approx(2.228139 * np.sqrt(cov[0, 0]), rel=1e-4)
     assert abs(a.mean - 0.2) < a.half
+
+
+def test_a_share_with_one_value_in_every_resample_is_that_value_without_a_warning():
+    """SAS adds nothing at step 1 (no history): the share is 0 in every resample, and scipy's warning that the
+    bootstrap distribution is degenerate does not reach the report's output."""
+    import warnings
+
+    from harness.reports.stats import share_interval
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert share_interval(np.zeros(10), np.arange(1.0, 11.0)) == (0.0, 0.0, 0.0)
+        share, low, high = share_interval(np.arange(10.0), np.arange(1.0, 11.0))
+    assert share == 45 / 55 and low < share < high

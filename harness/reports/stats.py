@@ -1,5 +1,6 @@
 """The statistics every report uses, on scipy.stats: t intervals at the true degrees of freedom, paired and Welch
 tests, Holm's correction across a report's claims, and the smallest effect the seeds could detect."""
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,7 +159,7 @@ def proportion_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, fl
 def share_interval(part, whole, level: float = LEVEL, seed: int = 0) -> tuple[float, float, float]:
     """mean(part) / mean(whole) over pairs (seeds) where both are finite, and its percentile bootstrap interval
     (scipy.stats.bootstrap resampling the pairs together, a fixed ``seed`` so that a report regenerates the same);
-    NaN bounds under three pairs or when a resample's mean(whole) is 0."""
+    NaN bounds under three pairs, when a resample's mean(whole) is 0, or when every resample gives one value."""
     part, whole = np.asarray(part, float).ravel(), np.asarray(whole, float).ravel()
     keep = np.isfinite(part) & np.isfinite(whole)
     part, whole = part[keep], whole[keep]
@@ -167,7 +168,8 @@ def share_interval(part, whole, level: float = LEVEL, seed: int = 0) -> tuple[fl
     share = float(part.mean() / whole.mean())
     if part.size < 3:
         return share, float("nan"), float("nan")
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)  # a degenerate resample: the bounds read NaN
         res = stats.bootstrap((part, whole), lambda p, w, axis: p.mean(axis) / w.mean(axis), paired=True,
                               vectorized=True, confidence_level=level, n_resamples=4999, method="percentile",
                               rng=np.random.default_rng(seed))
