@@ -237,6 +237,8 @@ def claims_lines(runs: list[dict], sim_dir) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     agree, disagree = [], []
     for text, regime, meas, verdict, why in rows:
+        if verdict == "not measured":  # the simulator's command to run is no help here
+            why = why.split("; run `")[0] + "; not in this tier's sweep (configs/tiny)"
         sim = sim_row(sim_rows, text, regime)
         said = predicted(verdict, sim[3] if sim else None)
         sim_cell = f"**{sim[3]}**" + (f" ({sim[1]})" if sim[1] else "") if sim else "no row"
