@@ -44,6 +44,14 @@ def _check(prompts, n, max_new_tokens, temperature):
         raise ValueError(f"temperature: expected > 0 (sampling), got {temperature}")
 
 
+def left_pad(prompts, pad: int, device=None):
+    """Token-id lists as one left-padded batch: ids [P, W] and their attention mask (0 on the padding)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
+    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, att
+
+
 class HFEngine:
     """Batched sampling on the trained model itself (so new weights need no copy), through its KV cache: each prompt
     runs once, its cache is repeated for its ``n`` samples, then one token per forward for every row. It draws what
@@ -61,10 +69,7 @@ class HFEngine:
         if seed is not None:
             torch.manual_seed(seed)
         pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
-        width = max(map(len, prompts))
-        dev = next(self.model.parameters()).device
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)
-        att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
+        ids, att = left_pad(prompts, pad, next(self.model.parameters()).device)
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
@@ -83,12 +88,13 @@ class HFEngine:
         """Tokens and their sampling log-probs [P*n, T] from left-padded prompts ``ids`` [P, W]: positions count
         real tokens only, a finished row gets ``pad``, and sampling stops when every row has ended."""
         from transformers import DynamicCache
-        kw = cache_kwarg(backbone(self.model))
+        body = backbone(self.model)
+        kw = cache_kwarg(body)
         pos = (att.cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache()
         if ids.shape[1] > 1:  # every prompt token but the last, once per prompt
-            backbone(self.model)(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1],
-                                 use_cache=True, **{kw: cache})
+            body(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=True,
+                 **{kw: cache})
         cache.batch_repeat_interleave(n)
         att, step_ids, step_pos = (t.repeat_interleave(n, 0) for t in (att, ids[:, -1:], pos[:, -1:]))
         unfinished = torch.ones(att.shape[0], dtype=torch.long, device=att.device)

@@ -24,8 +24,12 @@ def mean_se(x) -> tuple[float, float | None]:
     iv = t_interval(x)
     return iv.mean, (iv.half if iv.n > 1 else None)
 
+#: What follows a missing claim's needs: the simulator's command that measures it (another tier drops it).
+RUN_HINT = "; run `"
+
+
 def _missing(what: str, command: str) -> tuple:
-    return ("not measured", f"needs {what}; run `{command}`")
+    return ("not measured", f"needs {what}{RUN_HINT}{command}`")
 
 
 #: Below this share of tokens a bound is not active: a claim about the tokens a clip (or CISPO's truncation) acts
@@ -270,6 +274,11 @@ def _entropy_keys(g: Groups, label: str) -> tuple[str, ...]:
     return ("entropy_relevant", "entropy") if np.isfinite(g.curve(label, "entropy_relevant")).any() else ("entropy",)
 
 
+def _entropy_name(key: str) -> str:
+    """How a claim's cell names an entropy key of ``_entropy_keys``."""
+    return "reward-relevant entropy" if key == "entropy_relevant" else "entropy"
+
+
 def _clip_regimes(g: Groups) -> dict:
     """{(algo, its regime's settings): {"base": the eps_high 0.2 label, 0.28: its label, 100: the unclipped one,
     "n": how many settings the regime names}}, KL penalty off and the true reward (the claim as stated)."""
@@ -299,8 +308,7 @@ def claim_clip_higher(g: Groups):
         cells, tests = [], {}
         for key in keys:
             e0 = _final(g, base, key)
-            what = "reward-relevant entropy" if key == "entropy_relevant" else "entropy"
-            cell = f"final {what} eps_high 0.2 {fmt(*mean_se(e0))}"
+            cell = f"final {_entropy_name(key)} eps_high 0.2 {fmt(*mean_se(e0))}"
             for name, lbl in looser:
                 tests[key, name] = compare(e0, _final(g, lbl, key))
                 cell += f"; {name} {fmt(*mean_se(_final(g, lbl, key)))} (diff {sig(*tests[key, name])})"
@@ -434,9 +442,8 @@ def claim_entropy_collapse(g: Groups):
         if a.n:
             meas += (f"; R = -a e^H + b over every step and seed (Cui et al. Eq. 1; {a.n} points): a "
                      f"{fmt(a.mean, a.half)}, b {fmt(b.mean, b.half)}")
-        relevant = np.isfinite(g.curve(lbl, "entropy_relevant")).any()
-        keys = ("entropy", "entropy_relevant") if relevant else ("entropy",)
-        if relevant:
+        keys = _entropy_keys(g, lbl)[::-1]  # the total first
+        if "entropy_relevant" in keys:
             meas += (f"; reward-relevant entropy (ordinary + fork) {fmt(*mean_se(g.curve(lbl, 'entropy_relevant')[:, 0]))}"
                      f" -> {fmt(*mean_se(_final(g, lbl, 'entropy_relevant')))}")
         controls = []
@@ -736,9 +743,8 @@ def claim_cov_entropy(g: Groups):
             for ekey in keys:
                 e0, e1 = _final(g, base, ekey), _final(g, lbl, ekey)
                 tests[ekey] = compare(e0, e1)
-                what = "reward-relevant entropy" if ekey == "entropy_relevant" else "entropy"
-                cells.append(f"final {what} {algo} {fmt(*mean_se(e1))} vs PPO-clip {fmt(*mean_se(e0))} (diff "
-                             f"{sig(*tests[ekey])})")
+                cells.append(f"final {_entropy_name(ekey)} {algo} {fmt(*mean_se(e1))} vs PPO-clip "
+                             f"{fmt(*mean_se(e0))} (diff {sig(*tests[ekey])})")
             de, see, oke = tests[keys[0]]
             key = acc_key(g, base)
             a0, a1 = _final(g, base, key), _final(g, lbl, key)
@@ -754,7 +760,7 @@ def claim_cov_entropy(g: Groups):
             else:
                 verdict, why = undetected(oke), "the entropy difference is within noise"
             why += ("; the selected tokens are those of largest Cov(log pi, A), the ones whose updates lower entropy "
-                    "most (Lemma 1); " + attribution(g, base, lbl, tested=tuple(tests)))
+                    "most (Lemma 1); " + attribution(g, base, lbl, tested=keys))
             rows.append((f"{algo}, {_setting(algo, params)}", meas, verdict, why))
     if not rows:
         return "n/a", *_missing("clip_cov / kl_cov runs beside grpo with the same settings",

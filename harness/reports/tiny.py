@@ -18,7 +18,7 @@ from sim.metrics import summarise_run
 from spec.records import read_json, write_text
 from spec.registry import ALGORITHMS
 
-from harness.reports.claims import category, run_claims
+from harness.reports.claims import RUN_HINT, category, run_claims
 from harness.reports.evidence import _sim_rows
 from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file
 from harness.reports.sim import plot_curves
@@ -238,7 +238,7 @@ def claims_lines(runs: list[dict], sim_dir) -> list[str]:
     agree, disagree = [], []
     for text, regime, meas, verdict, why in rows:
         if verdict == "not measured":  # the simulator's command to run is no help here
-            why = why.split("; run `")[0] + "; not in this tier's sweep (configs/tiny)"
+            why = why.split(RUN_HINT)[0] + "; not in this tier's sweep (configs/tiny)"
         sim = sim_row(sim_rows, text, regime)
         said = predicted(verdict, sim[3] if sim else None)
         sim_cell = f"**{sim[3]}**" + (f" ({sim[1]})" if sim[1] else "") if sim else "no row"

@@ -191,9 +191,10 @@ def transformers_generate(model, tok, prompts, n, max_new_tokens, temperature, s
     """The reference sampler: transformers ``generate`` on the left-padded prompts, ``n`` samples each
     (num_return_sequences, as TRL calls it); tokens [P*n, T] and their log-probs from its processed scores."""
     import torch
-    width = max(map(len, prompts))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
-    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    from gpu.rollout import left_pad
+    ids, att = left_pad(prompts, tok.pad_token_id)
+    width = ids.shape[1]
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.eval().generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature,
