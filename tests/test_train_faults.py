@@ -3,6 +3,7 @@ write there, resumes to the same bytes; a run folder has one live owner; startin
 checkpoint and is recorded; a moved run resumes; damaged checkpoints, over-long prompts, bad reward callables and
 a file size limit give one-line errors that name the file or the field."""
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -11,6 +12,7 @@ import signal
 import stat
 import traceback
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -102,15 +104,13 @@ def census(raw: dict) -> list[tuple[str, str, bool]]:
     return events
 
 
-def run_killed(raw: dict, event: int, torn: bool) -> bool:
+def kill_at(raw: dict, event: int, torn: bool) -> bool:
     """Train ``raw`` in a forked child that SIGKILLs itself at its ``event``-th file-system event on the run folder
     (after cutting the last 5 bytes off the file it was about to fsync, when ``torn``). False if the run ended
-    first."""
+    first. Called in ``clean_process``."""
     folder = str(Path(raw["run"]["out_dir"]).resolve())
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # no OpenMP pool crosses the fork: a forked child of a live pool can crash (SIGSEGV)
     pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
+    if pid == 0:  # the child: never returns into the caller
         code = 0
         try:
             seen, cut, kill = [0], os.ftruncate, os.kill
@@ -133,12 +133,23 @@ def run_killed(raw: dict, event: int, torn: bool) -> bool:
             code = 1
         os._exit(code)
     _, status = os.waitpid(pid, 0)
-    torch.set_num_threads(threads)
     if os.WIFEXITED(status):
         assert os.WEXITSTATUS(status) == 0, "the run failed before the kill"
         return False
-    assert os.WTERMSIG(status) == signal.SIGKILL
+    assert os.WTERMSIG(status) == signal.SIGKILL, f"the run died of signal {os.WTERMSIG(status)}"
     return True
+
+
+def single_threaded() -> None:
+    """Set up a clean process as the autouse fixture sets up pytest's: torch on one thread, the stand-in verifier."""
+    torch.set_num_threads(1)
+    gpu.train.VERIFIER = EvenVerifier()
+
+
+def clean_process() -> ProcessPoolExecutor:
+    """One freshly spawned process without pytest's threads, running torch on one thread: each fork it makes
+    (``kill_at``) copies a single-threaded process. A fork of pytest's own process can crash (SIGSEGV)."""
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=single_threaded)
 
 
 def durable_commits(events, folder: str) -> None:
@@ -162,15 +173,17 @@ def test_a_kill_or_a_torn_write_at_each_file_system_event_resumes_to_the_same_by
     fsync of a file, also a torn write (its last bytes lost). The rerun of the same config resumes, and the run
     ends with the bytes of a run never stopped."""
     ref = tmp_path / "ref"
-    events = census(small(ref))
+    with clean_process() as clean:
+        events = clean.submit(census, small(ref)).result()  # which also warms the process up for its forks
+        assert 40 <= len(events) and sum(torn for *_, torn in events) >= 15, events
+        trials = [(k, False) for k in range(1, len(events) + 1)] + [(k, True) for k, e in enumerate(events, 1) if e[2]]
+        raws = [small(tmp_path / f"kill{k}{'torn' if torn else ''}") for k, torn in trials]
+        killed = list(clean.map(kill_at, raws, *zip(*trials)))
+    assert all(killed), f"events not reached: {[k for (k, _), hit in zip(trials, killed) if not hit]}"
     expected = outcome(ref)
-    assert 40 <= len(events) and sum(torn for *_, torn in events) >= 15, events
     durable_commits(events, str(ref.resolve()))
-    trials = [(k, False) for k in range(1, len(events) + 1)] + [(k, True) for k, e in enumerate(events, 1) if e[2]]
     failures = []
-    for k, torn in trials:
-        raw = small(tmp_path / f"kill{k}{'torn' if torn else ''}")
-        assert run_killed(raw, k, torn), f"event {k} was not reached"
+    for (k, torn), raw in zip(trials, raws):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             Trainer(from_dict(raw)).fit()  # the kill left no stale lock
