@@ -1,12 +1,12 @@
 """The GPU run, in two parts written as they finish. (1) Throughput of the training step for GRPO, DAPO and DCPO on a
 Qwen2.5-0.5B-sized model built from its config (random weights, no download): tokens/s, model TFLOP/s and MFU in
 bf16 (autocast), log-probs through the output-layer function of gpu/logprobs.py; the MFU is the training step's
-only, and generation (transformers ``generate`` with its KV cache) is timed apart, as tokens/s. (2) The tiny tier's
-sweep at a larger size: a wider tiny_char recipe on longer additions, pretrained on the device (cached like `make
-tiny-model`), then configs/tiny runs through gpu/train.py, several seeds at once on the one device, each in its own
-process, each writing its metrics.jsonl as it goes. Within a time budget (8 minutes); OUT/throughput.json is rewritten
-atomically after every finished part, and `cliplab report OUT` renders it. `--tiny` runs both parts small on the CPU
-in float32 (under a minute) to test the script.
+only, and generation (the trainer's batched sampler, ``gpu.rollout.sample``) is timed apart, as tokens/s. (2) The
+tiny tier's sweep at a larger size: a wider tiny_char recipe on longer additions, pretrained on the device (cached
+like `make tiny-model`), then configs/tiny runs through gpu/train.py, several seeds at once on the one device, each
+in its own process, each writing its metrics.jsonl as it goes. Within a time budget (8 minutes); OUT/throughput.json
+is rewritten atomically after every finished part, and `cliplab report OUT` renders it. `--tiny` runs both parts
+small on the CPU in float32 (under a minute) to test the script.
 
     python -m gpu.bench_h200 --out DIR [--tiny] [--parts throughput,tier] [--max-minutes 8] [--peak-tflops T]
                              [--steps 3] [--prompts 8] [--group 8] [--prompt-len 128] [--gen-len 512]
@@ -31,6 +31,7 @@ import yaml
 
 import gpu
 from gpu.logprobs import sequence_logprobs
+from gpu.rollout import sample
 from spec.records import open_lock, read_json, read_jsonl, take_lock, writable_folder, write_json, write_text
 from spec.registry import ALGORITHMS
 
@@ -158,26 +159,25 @@ def _sync(device: str) -> None:
 
 
 def generation_rate(model, P, G, prompt_len, gen_len, autocast, device) -> dict:
-    """Tokens/s of sampling ``gen_len`` new tokens (no early stop) for P prompts x G samples with transformers
-    ``generate`` and its KV cache, after a short warm-up; the model is back in train mode afterwards."""
+    """Tokens/s of sampling ``gen_len`` new tokens (no early stop) for P prompts x G samples with the trainer's
+    engine (``gpu.rollout.sample``: each prompt once, its KV cache repeated for its samples), after a short
+    warm-up; the model is back in train mode afterwards."""
     prompts = torch.randint(0, model.config.vocab_size, (P, prompt_len), generator=torch.Generator().manual_seed(1))
     prompts = prompts.to(device)
+    att = torch.ones_like(prompts)
     model.eval()
     try:
         with torch.no_grad(), autocast:
-            kw = {"do_sample": True, "num_return_sequences": G, "use_cache": True, "eos_token_id": None,
-                  "pad_token_id": 0}
-            model.generate(prompts, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
+            sample(model, prompts, att, G, 2, 1.0, pad=0, eos=None)  # warm-up
             _sync(device)
             t = time.perf_counter()
-            out = model.generate(prompts, max_new_tokens=gen_len, min_new_tokens=gen_len, **kw)
+            tokens, _ = sample(model, prompts, att, G, gen_len, 1.0, pad=0, eos=None)
             _sync(device)
             dt = time.perf_counter() - t
     finally:
         model.train()
-    tokens = out.shape[0] * (out.shape[1] - prompt_len)
-    return {"engine": "transformers generate (KV cache)", "sequences": int(out.shape[0]), "tokens": int(tokens),
-            "s": dt, "tokens_per_s": tokens / dt}
+    return {"engine": "the trainer's batched sampler (gpu.rollout.sample, KV cache)", "sequences": int(tokens.shape[0]),
+            "tokens": int(tokens.numel()), "s": dt, "tokens_per_s": tokens.numel() / dt}
 
 
 def throughput(tiny, steps, prompts, group, prompt_len, gen_len, algos, peak_tflops, deadline, on_row) -> dict:

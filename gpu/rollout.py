@@ -52,9 +52,44 @@ def left_pad(prompts, pad: int, device=None):
     return ids, att
 
 
+def sample(model, ids, att, n, max_new_tokens, temperature, pad, eos):
+    """Tokens and their sampling log-probs [P*n, T] of ``n`` samples from each left-padded prompt of ``ids`` [P, W]
+    (attention mask ``att``), through the KV cache: each prompt runs once, its cache is repeated for its samples,
+    then one token per forward for every row. Positions count real tokens only, a finished row gets ``pad``, and
+    sampling stops when every row has ended (with ``eos`` None, after ``max_new_tokens``)."""
+    from transformers import DynamicCache
+    body = backbone(model)
+    kw = cache_kwarg(body)
+    pos = (att.cumsum(1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    if ids.shape[1] > 1:  # every prompt token but the last, once per prompt
+        body(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=True,
+             **{kw: cache})
+    cache.batch_repeat_interleave(n)
+    att, step_ids, step_pos = (t.repeat_interleave(n, 0) for t in (att, ids[:, -1:], pos[:, -1:]))
+    unfinished = torch.ones(att.shape[0], dtype=torch.long, device=att.device)
+    tokens, logps = [], []
+    for _ in range(max_new_tokens):
+        out = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, logits_to_keep=1,
+                    **{kw: cache})
+        scores = out.logits[:, -1].float()
+        if temperature != 1.0:
+            scores = scores / temperature
+        nxt = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1)
+        nxt = nxt * unfinished + pad * (1 - unfinished)
+        tokens.append(nxt)
+        logps.append(torch.log_softmax(scores, -1).gather(1, nxt[:, None]).squeeze(1))
+        if eos is not None:
+            unfinished = unfinished * (nxt != eos).long()
+            if not unfinished.any():
+                break
+        att = torch.cat([att, att.new_ones(att.shape[0], 1)], 1)
+        step_ids, step_pos = nxt[:, None], step_pos + 1
+    return torch.stack(tokens, 1), torch.stack(logps, 1)
+
+
 class HFEngine:
-    """Batched sampling on the trained model itself (so new weights need no copy), through its KV cache: each prompt
-    runs once, its cache is repeated for its ``n`` samples, then one token per forward for every row. It draws what
+    """Batched sampling (``sample``) on the trained model itself, so new weights need no copy. It draws what
     transformers ``generate`` draws with the same seed (the same forwards, softmax and ``torch.multinomial``; a test
     holds them equal), without ``generate``'s per-token bookkeeping (``harness.runs.bench`` times the two)."""
 
@@ -73,7 +108,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            seq, lp = self._sample(ids, att, n, max_new_tokens, temperature, pad, eos)
+            seq, lp = sample(self.model, ids, att, n, max_new_tokens, temperature, pad, eos)
         self.model.train(was_training)
         res = Rollouts([], [], [], [])
         for i, (row, row_lp) in enumerate(zip(seq.tolist(), lp.tolist())):
@@ -83,38 +118,6 @@ class HFEngine:
             res.logprobs.append(row_lp[:end])
             res.truncated.append(eos not in row)
         return res
-
-    def _sample(self, ids, att, n, max_new_tokens, temperature, pad, eos):
-        """Tokens and their sampling log-probs [P*n, T] from left-padded prompts ``ids`` [P, W]: positions count
-        real tokens only, a finished row gets ``pad``, and sampling stops when every row has ended."""
-        from transformers import DynamicCache
-        body = backbone(self.model)
-        kw = cache_kwarg(body)
-        pos = (att.cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        if ids.shape[1] > 1:  # every prompt token but the last, once per prompt
-            body(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1], use_cache=True,
-                 **{kw: cache})
-        cache.batch_repeat_interleave(n)
-        att, step_ids, step_pos = (t.repeat_interleave(n, 0) for t in (att, ids[:, -1:], pos[:, -1:]))
-        unfinished = torch.ones(att.shape[0], dtype=torch.long, device=att.device)
-        tokens, logps = [], []
-        for _ in range(max_new_tokens):
-            out = self.model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True,
-                             logits_to_keep=1, **{kw: cache})
-            scores = out.logits[:, -1].float()
-            if temperature != 1.0:
-                scores = scores / temperature
-            nxt = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1)
-            nxt = nxt * unfinished + pad * (1 - unfinished)
-            tokens.append(nxt)
-            logps.append(torch.log_softmax(scores, -1).gather(1, nxt[:, None]).squeeze(1))
-            unfinished = unfinished * (nxt != eos).long()
-            if not unfinished.any():
-                break
-            att = torch.cat([att, att.new_ones(att.shape[0], 1)], 1)
-            step_ids, step_pos = nxt[:, None], step_pos + 1
-        return torch.stack(tokens, 1), torch.stack(logps, 1)
 
     def update(self, model) -> None:
         """Nothing to copy: sampling runs on the trained model."""

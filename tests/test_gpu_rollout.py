@@ -9,7 +9,7 @@ import torch
 from gpu.batch import build_batch, token_logprobs
 from gpu.config import from_dict
 from gpu.models import load_policy, load_tokenizer
-from gpu.rollout import HFEngine, logprob_gap
+from gpu.rollout import HFEngine, left_pad, logprob_gap, sample
 from gpu.train import Trainer
 from gpu_helpers import tiny_config, tiny_path  # noqa: F401  (fixture)
 
@@ -42,6 +42,21 @@ def test_rollout_correction_acts_on_the_engine_gap(tmp_path, tiny_path, kind):
     m = json.loads((tr.out / "metrics.jsonl").read_text())
     assert m["gap_mean_abs"] < 1e-3 and m["loss"] == m["loss"]
     assert m["rc_weight_mean"] == pytest.approx(1.0, abs=1e-2) and m["rc_cut_frac"] == 0.0
+
+
+def test_without_an_eos_the_sampler_runs_every_row_to_the_length(tiny_path):
+    """eos None (the GPU script's generation rate): a token that would end a row is sampled on past; with it as
+    the eos, the same first draw ends that row, and the rest of the row is padding."""
+    model, tok = load_policy(tiny_path), load_tokenizer(tiny_path)
+    ids, att = left_pad([[1, 20, 21], [1, 40]], tok.pad_token_id)
+    torch.manual_seed(5)
+    free, lp = sample(model, ids, att, 3, 7, 1.0, tok.pad_token_id, eos=None)
+    assert free.shape == lp.shape == (6, 7) and bool(torch.isfinite(lp).all())
+    first = int(free[0, 0])
+    torch.manual_seed(5)
+    stopped, _ = sample(model, ids, att, 3, 7, 1.0, tok.pad_token_id, eos=first)
+    assert int(stopped[0, 0]) == first and bool((stopped[0, 1:] == tok.pad_token_id).all())
+    assert not bool((free[0, 1:] == tok.pad_token_id).all())
 
 
 def test_the_sampler_draws_what_transformers_generate_draws(tiny_path):
