@@ -243,25 +243,28 @@ def test_one_live_run_owns_its_folder(tmp_path, tiny_path):
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
 
 
+def hold_folder(raw: dict, ready) -> None:
+    """In a spawned process: open the run ``raw`` (taking its folder), say so, and wait to be killed."""
+    single_threaded()
+    owner = Trainer(from_dict(raw))  # noqa: F841 (holds the lock until the process dies)
+    ready.set()
+    signal.pause()
+
+
 def test_a_run_in_another_process_owns_its_folder_until_it_is_killed(tmp_path, tiny_path):
     raw = small(tmp_path / "run", steps=1)
-    ready, go = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child holds the folder, then waits to be killed
-        try:
-            owner = Trainer(from_dict(raw))
-            os.write(go, b"x")
-            signal.pause()
-            owner.close()
-        finally:
-            os._exit(1)
+    ctx = multiprocessing.get_context("spawn")  # not a fork of pytest's threaded process
+    ready = ctx.Event()
+    holder = ctx.Process(target=hold_folder, args=(raw, ready))
+    holder.start()
     try:
-        assert os.read(ready, 1) == b"x"
-        with pytest.raises(ValueError, match=rf"^run.out_dir: .* is in use by another training run \(pid {pid}\)"):
+        assert ready.wait(120), f"the holding process did not start (exit code {holder.exitcode})"
+        in_use = rf"^run.out_dir: .* is in use by another training run \(pid {holder.pid}\)"
+        with pytest.raises(ValueError, match=in_use):
             Trainer(from_dict(raw))
     finally:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        holder.kill()
+        holder.join()
     Trainer(from_dict(raw)).fit()  # the kernel dropped the killed run's lock
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
 
