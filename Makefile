@@ -84,6 +84,7 @@ lock:
 # .venv-targets/NAME holds what harness/conform/targets/envs/NAME.lock lists, installed without re-resolving, and reads
 # torch and its dependencies, the very files of cliplab's venv, from .venv-targets/torch (a folder of links that
 # harness/conform/targets/envs/link_torch.py makes) through a .pth file, so torch is installed once.
+# Each is made without pip of its own (cliplab's pip installs into it: --python), which saves 8 s a target.
 # `make target-NAME` builds one; `make targets` builds all (make test does). A lock's pins are taken as they are
 # (--ignore-requires-python: skyrl 0.4.0's wheel asks for 3.12, the functions driven run on 3.11).
 TARGETS := $(basename $(notdir $(wildcard harness/conform/targets/envs/*.lock)))
@@ -96,9 +97,9 @@ $(TENVS)/torch/.installed: $(STAMP) harness/conform/targets/envs/link_torch.py
 	touch $@
 
 $(TENVS)/%/.installed: harness/conform/targets/envs/%.lock $(TENVS)/torch/.installed
-	rm -rf $(TENVS)/$* && $(PYTHON) -m venv $(TENVS)/$*
+	rm -rf $(TENVS)/$* && $(PYTHON) -m venv --without-pip $(TENVS)/$*
 	echo "$(abspath $(TENVS))/torch" > "$$($(TENVS)/$*/bin/python $(PURELIB))/_cliplab_torch_base.pth"
-	$(TENVS)/$*/bin/python -m pip install -q --no-deps --ignore-requires-python -r $<
+	$(PY) -m pip --python $(TENVS)/$*/bin/python install -q --no-deps --ignore-requires-python -r $<
 	touch $@
 
 .PRECIOUS: $(TENVS)/%/.installed  # a stamp, not an intermediate file
