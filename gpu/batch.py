@@ -27,19 +27,16 @@ class Batch:
 
 
 def build_batch(ro: Rollouts, pad_id: int, device="cpu") -> Batch:
-    """Pack rollouts into tensors (prompt then completion, padded on the right)."""
-    B = len(ro)
-    L = max(len(p) + len(c) for p, c in zip(ro.prompt_ids, ro.completion_ids))
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    att = torch.zeros(B, L, dtype=torch.long)
-    comp = torch.zeros(B, L, dtype=torch.long)
-    elp = torch.zeros(B, L - 1)
-    for i, (p, c, lp) in enumerate(zip(ro.prompt_ids, ro.completion_ids, ro.logprobs)):
-        n, k = len(p), len(c)
-        ids[i, :n + k] = torch.tensor(p + c)
-        att[i, :n + k] = 1
-        comp[i, n:n + k] = 1
-        elp[i, n - 1:n - 1 + k] = torch.tensor(lp, dtype=torch.float32)
+    """Pack rollouts into tensors (prompt then completion, padded on the right), each built in one call."""
+    n = torch.tensor([len(p) for p in ro.prompt_ids])
+    k = torch.tensor([len(c) for c in ro.completion_ids])
+    L = int((n + k).max())
+    ids = torch.tensor([p + c + [pad_id] * (L - len(p) - len(c)) for p, c in zip(ro.prompt_ids, ro.completion_ids)])
+    elp = torch.tensor([[0.0] * (len(p) - 1) + list(lp) + [0.0] * (L - len(p) - len(lp))
+                        for p, lp in zip(ro.prompt_ids, ro.logprobs)], dtype=torch.float32)
+    pos = torch.arange(L)
+    att = (pos < (n + k)[:, None]).long()
+    comp = ((pos >= n[:, None]) & (pos < (n + k)[:, None])).long()
     mask = comp[:, 1:].float()
     return Batch(ids.to(device), att.to(device), comp.to(device), mask.to(device), elp.to(device))
 
