@@ -29,14 +29,14 @@ class Batch:
 def build_batch(ro: Rollouts, pad_id: int, device="cpu") -> Batch:
     """Pack rollouts into tensors (prompt then completion, padded on the right), each built in one call."""
     n = torch.tensor([len(p) for p in ro.prompt_ids])
-    k = torch.tensor([len(c) for c in ro.completion_ids])
-    L = int((n + k).max())
+    end = n + torch.tensor([len(c) for c in ro.completion_ids])
+    L = int(end.max())
     ids = torch.tensor([p + c + [pad_id] * (L - len(p) - len(c)) for p, c in zip(ro.prompt_ids, ro.completion_ids)])
     elp = torch.tensor([[0.0] * (len(p) - 1) + list(lp) + [0.0] * (L - len(p) - len(lp))
                         for p, lp in zip(ro.prompt_ids, ro.logprobs)], dtype=torch.float32)
     pos = torch.arange(L)
-    att = (pos < (n + k)[:, None]).long()
-    comp = ((pos >= n[:, None]) & (pos < (n + k)[:, None])).long()
+    att = (pos < end[:, None]).long()
+    comp = att * (pos >= n[:, None])
     mask = comp[:, 1:].float()
     return Batch(ids.to(device), att.to(device), comp.to(device), mask.to(device), elp.to(device))
 
