@@ -127,11 +127,11 @@ def _report(dirs: list[Path], out: Optional[Path], labels=(), algos=()) -> Path:
     from harness.reports import real as real_report
     from harness.reports import sim as sim_report
     from harness.reports import throughput as throughput_report
-    from harness.reports.rundirs import check_dirs
+    from harness.reports.rundirs import check_dirs, cliplab_folders
     bench = throughput_report.find(dirs)
     if bench:
         return throughput_report.write_report(bench, out)
-    if labels or algos or cluster_logs.handles(dirs):
+    if labels or algos or (not cliplab_folders(dirs) and cluster_logs.handles(dirs)):
         return cluster_logs.write_report(dirs, out, labels, algos)
     check_dirs(dirs)
     if any('"rollout"' in read_text(p) for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
@@ -228,9 +228,8 @@ def demo(out: Path = typer.Option(Path("reports/demo"), help="Folder for the dem
          train_steps: int = typer.Option(4, help="Real-model training steps.")):
     """The main job on the embedded defaults: verify the layers, simulate six algorithms on the toy LM, train
     SmolLM2-135M-Instruct with GRPO for a few steps on the CPU, and write a report."""
-    from harness.runs.demo import run_demo
-    from spec.records import writable_folder
-    _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
+    from harness.runs.demo import check_demo, run_demo
+    _user_errors(check_demo, out, sim_steps, train_steps)  # every argument checked before the first part runs
     rows, derivations = _verify_rows(seeds=1, quiet=False)
     ok = all(r["agrees"] for r in rows) and all(d["holds"] for d in derivations)
     console.print(f"verify: {'all layers agree' if ok else 'DISAGREEMENT'}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -38,11 +39,13 @@ from tqdm import tqdm
 
 from spec.records import open_lock, read_json, safe_name, take_lock, writable_folder, write_json
 
-from .config import check_algo_keys, check_env, env_draw, grid_points, parse_seeds, resolve, split_sets
+from .config import Seeds, check_algo_keys, check_env, env_draw, grid_points, parse_seeds, resolve, split_sets
 from .loop import run_stack
 from .metrics import DEFINITIONS, SUMMARY_DEFINITIONS, SUMMARY_KEYS, summarise_run
 
 LOCK = "sweep.lock"
+#: At most this many runs a sweep (100,000 take about a second to plan; 14 algorithms x 1024 seeds are 14,336).
+MAX_RUNS = 100_000
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h (glibc)
 
@@ -128,11 +131,12 @@ def plan(env: str, algos: list[str], seeds, steps: int, grid: dict) -> list[dict
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected a positive integer, got {steps!r}")
     sets = parse_seeds(seeds)
-    for key, values in grid.items():
-        again = next((v for i, v in enumerate(values) if any(v == w for w in values[:i])), None)
-        if again is not None:
-            raise ValueError(f"set: {key} lists the value {again!r} twice; give each value once")
     shared, own = split_sets(grid, algos)
+    _check_size(algos, sets, grid, shared, own)
+    for key, values in grid.items():
+        again = _repeated(values)
+        if again:
+            raise ValueError(f"set: {key} lists the value {again[0]!r} twice; give each value once")
     tasks, ids = [], set()
     for algo in algos:
         check_algo_keys(env, algo, own.get(algo, {}))
@@ -148,6 +152,32 @@ def plan(env: str, algos: list[str], seeds, steps: int, grid: dict) -> list[dict
                               "settings": {**cfg, "env_seed": draw}})
                 ids.add(tasks[-1]["id"])
     return tasks
+
+
+def _check_size(algos: list[str], sets: Seeds, grid: dict, shared: dict, own: dict) -> None:
+    """At most MAX_RUNS runs a sweep, counted before any grid point is made: a bigger ``--set`` grid is a
+    ValueError naming its keys and their numbers of values."""
+    runs = sum(math.prod(len(v) for v in {**shared, **own.get(algo, {})}.values()) for algo in algos) * len(sets.all)
+    if runs > MAX_RUNS:
+        keys = " x ".join(f"{k} ({len(v)} values)" for k, v in grid.items()) or "no --set grid"
+        raise ValueError(f"set: the grid {keys} makes {runs:,} runs with {len(algos)} algorithm(s) and "
+                         f"{len(sets.all)} seeds; expected at most {MAX_RUNS:,} runs a sweep: give fewer values, or "
+                         f"split the grid over several sweeps")
+
+
+def _repeated(values: list) -> list:
+    """[the first value equal to an earlier one (1 == 1.0)], or []; by hash where values have one."""
+    hashed, unhashable = set(), []
+    for v in values:
+        try:
+            if v in hashed:
+                return [v]
+            hashed.add(v)
+        except TypeError:  # a JSON list or object
+            if v in unhashable:
+                return [v]
+            unhashable.append(v)
+    return []
 
 
 def jobs(todo: list[dict], workers: int = 1) -> list[list[dict]]:
@@ -282,6 +312,7 @@ def prepare(env: str, algos: list[str], seeds, steps: int, grid: dict | None, ou
     writable_folder(out_path / "runs", "out")
     _check_resumable(out_path, env, steps)
     history = commands(out_path / "sweep.json") if (out_path / "sweep.json").exists() else []
+    _check_seed_sets(out_path, history, parse_seeds(seeds))
     command = {"algos": list(algos), "seeds": parse_seeds(seeds).text(), "grid": grid}
     write_json(out_path / "sweep.json", {"env": env, "steps": steps,
                                          "commands": history + ([command] if command not in history else [])})
@@ -295,7 +326,9 @@ def run_sweep(env: str, algos: list[str], seeds, steps: int, grid: dict | None =
     ``on_run(folder)``, if given, is called in the sweep's process with each run's folder as the run is done."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: expected a positive integer, got {workers!r}")
-    plan(env, algos, seeds, steps, grid or {})  # bad settings fail before the folder is touched
+    planned = plan(env, algos, seeds, steps, grid or {})  # bad settings fail before the folder is touched
+    check_memory(jobs([t for t in planned if not (Path(out) / "runs" / t["id"] / "done.json").exists()], workers),
+                 workers)
     keep_heap()
     with owned(out):
         tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
@@ -318,6 +351,58 @@ def run_sweep(env: str, algos: list[str], seeds, steps: int, grid: dict | None =
     return summary
 
 
+def job_bytes(job: list[dict]) -> tuple[int, list[str]]:
+    """A lower bound of the memory a job (a label's seeds, stacked) takes, and the settings it grows with: the four
+    [responses, max_len] 8-byte arrays of one step's rollouts (states, tokens, mask, old log-probs: every
+    environment samples them; dynamic sampling draws ds_oversample x batch_prompts prompts a round), and for
+    feature_lm each environment draw's [n_prompts, answer_len, vocab] table of acceptable tokens. Measured peaks are
+    7 to 10 times this (toy_lm, bandit and feature_lm, 256,000 responses)."""
+    st = job[0]["settings"]
+    prompts = math.ceil(st["batch_prompts"] * (st["ds_oversample"] if st["dynamic_sampling"] else 1))
+    names = ["batch_prompts", "group_size"] + (["ds_oversample"] if st["dynamic_sampling"] else []) + \
+        (["max_len"] if st["max_len"] > 1 else [])
+    total = 32 * prompts * st["group_size"] * st["max_len"] * len(job)
+    if job[0]["env"] == "feature_lm":
+        total += 8 * st["n_prompts"] * st["answer_len"] * st["vocab"] * len({t["settings"]["env_seed"] for t in job})
+        names += ["n_prompts", "answer_len", "vocab"]
+    return total, names
+
+
+def available_bytes() -> int | None:
+    """The memory this process may still take: MemAvailable (Linux), capped by its cgroup's limit; None where
+    unknown."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+        limit, used = (Path("/sys/fs/cgroup") / f for f in ("memory.max", "memory.current"))
+        if limit.exists() and limit.read_text().strip().isdigit():
+            found.append(int(limit.read_text()) - int(used.read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_memory(grouped: list[list[dict]], workers: int) -> None:
+    """Refuse, before anything runs, a sweep whose ``workers`` largest jobs running at once need more memory than
+    the machine has (``job_bytes``, a lower bound), naming the settings and both amounts."""
+    sizes = sorted(((*job_bytes(job), job) for job in grouped), key=lambda x: x[0], reverse=True)[:workers]
+    need, have = sum(size for size, _, _ in sizes), available_bytes()
+    if not sizes or have is None or need <= have:
+        return
+    _, names, job = sizes[0]
+    st = job[0]["settings"]
+    settings = ", ".join(f"{k}={st[k]}" for k in names)
+    raise ValueError(f"settings: {settings} need at least {_size(need)} ({len(sizes)} job(s) at once, the largest "
+                     f"{job[0]['label']} with {len(job)} seed(s)); this machine has {_size(have)} available: lower "
+                     f"them, or run fewer --workers")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
+
+
 def _check_resumable(out: Path, env: str, steps: int) -> None:
     old = out / "sweep.json"
     if old.exists():
@@ -325,6 +410,21 @@ def _check_resumable(out: Path, env: str, steps: int) -> None:
         if prev.get("env") != env or prev.get("steps") != steps:
             raise ValueError(f"out: {out} holds a sweep with env={prev.get('env')!r}, steps={prev.get('steps')}; "
                              f"expected env={env!r}, steps={steps} to resume it (use another --out)")
+
+
+def _check_seed_sets(out: Path, history: list[dict], seeds: Seeds) -> None:
+    """A seed keeps its set (discovery or replication) in a sweep folder: the report decides each claim on one set
+    and re-checks it on the other, over every run in the folder, so a rerun that moves a seed to the other set is
+    refused, naming both commands' ``--seeds``."""
+    for old in history:
+        if old.get("seeds") is None:
+            continue
+        before = parse_seeds(old["seeds"])
+        moved = next((s for s in seeds.all if s in before.all and before.role(s) != seeds.role(s)), None)
+        if moved is not None:
+            raise ValueError(f"seeds: {out} holds a sweep with --seeds {before.text()} (discovery:replication); "
+                             f"--seeds {seeds.text()} moves seed {moved} from the {before.role(moved)} to the "
+                             f"{seeds.role(moved)} set; keep each seed's set, or use another --out")
 
 
 def commands(sweep_json: Path) -> list[dict]:

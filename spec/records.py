@@ -106,11 +106,34 @@ def writable_folder(path, name: str) -> Path:
     return path
 
 
+#: The lock file each kind of output folder's writer takes in it, and what it marks the folder as. The lock stays
+#: after its writer ends, so it names the kind of the folder: one kind a folder (a sweep's report would lose a
+#: training run's metrics written into the sweep's folder, and the other way round).
+FOLDER_KINDS = {"sweep.lock": "a simulator sweep", "train.lock": "a training run", "report.lock": "a report",
+                "bench.lock": "throughput benchmarks"}
+
+
+def folder_kind(folder) -> str | None:
+    """The lock name (a key of FOLDER_KINDS) of the kind of output ``folder`` holds, or None."""
+    return next((name for name in FOLDER_KINDS if os.path.lexists(Path(folder) / name)), None)
+
+
+def _refuse_other_kind(path: Path, arg: str) -> None:
+    other = next((name for name in FOLDER_KINDS if name != path.name and os.path.lexists(path.parent / name)), None)
+    if other is not None:
+        raise ValueError(f"{arg}: {path.parent} already holds {FOLDER_KINDS[other]} ({other}); one kind of output a "
+                         f"folder: use another {arg}")
+
+
 def open_lock(path, arg: str, what: str) -> int:
     """``path`` opened as a lock file (created if missing, never through a symbolic link): its descriptor. Taking the
     lock rewrites the file, so a link, a hard link to another name or anything but a regular file (a FIFO, a folder)
-    is a ValueError naming ``arg`` and ``what`` the lock is."""
+    is a ValueError naming ``arg`` and ``what`` the lock is. A lock of FOLDER_KINDS in a folder that holds another
+    kind is a ValueError naming the folder and that kind; looked for again once the lock file exists, so that of two
+    writers of different kinds starting together one at least is refused."""
     path = Path(path)
+    if path.name in FOLDER_KINDS:
+        _refuse_other_kind(path, arg)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
@@ -120,6 +143,12 @@ def open_lock(path, arg: str, what: str) -> int:
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
         raise ValueError(f"{arg}: cannot use {path} as {what} (it is not a regular file of its own); remove it")
+    if path.name in FOLDER_KINDS:
+        try:
+            _refuse_other_kind(path, arg)
+        except ValueError:
+            os.close(fd)
+            raise
     return fd
 
 

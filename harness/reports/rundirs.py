@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import warnings
 from pathlib import Path
@@ -15,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from spec.records import read_json, read_jsonl, writable_folder
+from sim.config import Seeds
+from spec.records import FOLDER_KINDS, folder_kind, open_lock, read_json, read_jsonl, writable_folder
 
 #: Metric names of the real-model harness (gpu/train.py) mapped to the simulator's.
 ALIASES = {"tcr": "clip_frac", "len_mean": "resp_len", "reward_mean": "reward", "accuracy_trained": "accuracy",
@@ -70,10 +72,27 @@ def check_dirs(dirs) -> list[Path]:
     return dirs
 
 
+def cliplab_folders(dirs) -> bool:
+    """Whether each of ``dirs`` is the folder of a cliplab sweep or training run (its lock names it, see
+    ``spec.records.FOLDER_KINDS``), so that the report reads its runs; a file under it named as another tool's
+    log (terminal output saved as console.log) is not read as a cluster run, and is noted as left out."""
+    from harness.reports.cluster import LOG_NAMES
+    dirs = [Path(d) for d in dirs]
+    kinds = [folder_kind(d) if d.is_dir() else None for d in dirs]
+    if not dirs or not all(k in ("sweep.lock", "train.lock") for k in kinds):
+        return False
+    for d, kind in zip(dirs, kinds):
+        for log in sorted(p for name in LOG_NAMES for p in d.rglob(name)):
+            warnings.warn(f"{log}: not a run of {FOLDER_KINDS[kind]}; left out of the report", stacklevel=2)
+    return True
+
+
 def output_file(path, name: str = "out", inputs=()) -> Path:
     """A markdown file to write (its folder created): a ValueError naming ``name`` when it is a folder, does not end
     in .md (so that no run file, log or plot is overwritten), is one of the ``inputs`` given to read, or its folder
-    cannot be made or written."""
+    cannot be made or written. A folder that is none of the ``inputs`` (nor holds one of the files) becomes a report
+    folder (``report.lock``, see ``spec.records.FOLDER_KINDS``): a sweep's or a training run's folder is refused
+    there, naming its kind, unless the report is of that folder."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{name}: {path} is a folder; expected a markdown file path")
@@ -82,15 +101,21 @@ def output_file(path, name: str = "out", inputs=()) -> Path:
                          f"another file)")
     if any(path.resolve() == Path(p).resolve() for p in inputs):
         raise ValueError(f"{name}: {path} is one of the files to report on; expected a new markdown file path")
-    writable_folder(path.parent, name)
+    folder = writable_folder(path.parent, name).resolve()
+    given = [Path(p).resolve() for p in inputs]
+    if not any(folder == p or (folder == p.parent and p.is_file()) for p in given):
+        os.close(open_lock(folder / "report.lock", name, "the report folder's lock"))
     return path
 
 
 def load_runs(dirs) -> list[dict]:
     """Every run with config.json and metrics.jsonl found under ``dirs``. A run with no metrics yet is left out
     with a warning; so is a half-written last metrics line (see ``spec.records.read_jsonl``), and a run folder
-    that holds the same run as one read before (a copy or a symbolic link: the same config and metrics)."""
-    runs, seen = [], {}
+    that holds the same run as one read before (a copy or a symbolic link: the same config and metrics). Runs of
+    one label that differ are never pooled as more seeds: within one of ``dirs``, two of one seed are a ValueError
+    naming both; across ``dirs``, a label whose folders share a seed or differ in settings is kept apart, one label
+    a folder (see ``_apart``)."""
+    runs, seen, setups = [], {}, []
     for root in check_dirs(dirs):
         for folder in _run_folders(root):
             cfg_path = folder / "config.json"
@@ -117,6 +142,44 @@ def load_runs(dirs) -> list[dict]:
             runs.append({"dir": str(root), "label": label, "algo": algo, "params": params, "seed": seed,
                          "records": records, "env": cfg.get("env"), "settings": cfg.get("settings"),
                          "set": cfg.get("set")})
+            setups.append((folder, _setup(cfg)))
+    return _apart(runs, setups)
+
+
+def _setup(cfg: dict) -> str:
+    """What a simulator run was, but for its seed: env, steps and settings (its seed's environment draw left out)."""
+    settings = {k: v for k, v in (cfg.get("settings") or {}).items() if k != "env_seed"}
+    return json.dumps([cfg.get("env"), cfg.get("steps"), settings], sort_keys=True)
+
+
+def _apart(runs: list[dict], setups: list[tuple[Path, str]]) -> list[dict]:
+    """Each label's runs pooled as its seeds, unless they differ: a seed twice within one folder of runs is a
+    ValueError naming both run folders; a label found in several folders that share a seed or hold other settings
+    (steps, environment) is kept apart as ``label (folder)``, with one warning."""
+    by_label: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        by_label.setdefault(r["label"], []).append(i)
+    for label, idx in by_label.items():
+        first: dict = {}
+        for i in idx:
+            r = runs[i]
+            if r["seed"] is not None and (r["dir"], r["seed"]) in first:
+                raise ValueError(f"{setups[i][0]}: {label} seed {r['seed']} again, with other config or metrics "
+                                 f"than {setups[first[r['dir'], r['seed']]][0]}; expected one run a seed and label "
+                                 "in a folder of runs")
+            first[r["dir"], r["seed"]] = i
+        folders = sorted({runs[i]["dir"] for i in idx})
+        if len(folders) < 2:
+            continue
+        seeds = [runs[i]["seed"] for i in idx if runs[i]["seed"] is not None]
+        shared = sorted({s for s in seeds if seeds.count(s) > 1})
+        kinds = {setups[i][1] for i in idx}
+        if not shared and len(kinds) == 1:
+            continue  # more seeds of the same runs
+        why = (f"seeds {Seeds(tuple(shared), ()).text()} in more than one" if shared else "other settings in each")
+        warnings.warn(f"{label}: {why} of {', '.join(folders)}; kept apart, one label a folder", stacklevel=3)
+        for i in idx:
+            runs[i]["label"] = f"{label} ({runs[i]['dir']})"
     return runs
 
 
@@ -224,6 +287,13 @@ def _shell_char(c: str) -> str:
     if c.isprintable():
         return c
     return f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
+
+
+def fmt_interval(iv) -> str:
+    """A ``stats.Interval`` as mean ± its half-width; under ``stats.MIN_SEEDS`` values the half-width reads
+    "n/a (too few seeds)"."""
+    from harness.reports.stats import MIN_SEEDS
+    return fmt(iv.mean) + " ± n/a (too few seeds)" if iv.n < MIN_SEEDS and iv.mean == iv.mean else fmt(iv.mean, iv.half)
 
 
 def fmt(m, se=None, pct=False):

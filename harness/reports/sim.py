@@ -17,9 +17,9 @@ import numpy as np  # noqa: E402
 from spec.records import read_json, safe_name, write_text  # noqa: E402
 
 from harness.reports.claims import bandit_entropy_check, claim_bandit, run_claims, seed_sets  # noqa: E402
-from harness.reports.rundirs import (Groups, check_dirs, fmt, load_runs, md, mean_se, output_file,  # noqa: E402
-                                     shell_line)
-from harness.reports.stats import t_interval  # noqa: E402
+from harness.reports.rundirs import (Groups, check_dirs, fmt, fmt_interval, load_runs, md, mean_se,  # noqa: E402
+                                     output_file, shell_line)
+from harness.reports.stats import MIN_SEEDS, t_interval  # noqa: E402
 
 PANELS = ("accuracy_exact", "pass@64", "entropy", "entropy_relevant", "entropy_offtrack", "malformed", "clip_frac",
           "clip_up_frac", "rur", "kl_ref", "resp_len", "gen_per_trained")
@@ -242,6 +242,10 @@ def ranking(runs: list[dict]) -> tuple[float, list[dict]]:
                 row[(name, key)] = t_interval(at_budget(g, lbl, key, budget)) if g is not None and lbl in g.runs \
                     else None
         rows.append(row)
+    fewest = min(iv.n for row in rows for k, iv in row.items() if isinstance(k, tuple) and iv is not None)
+    if fewest < MIN_SEEDS:
+        warnings.warn(f"ranking: {fewest} seed(s) in a set, fewer than {MIN_SEEDS}; its intervals read n/a (too few "
+                      "seeds)", stacklevel=2)
     rows.sort(key=lambda r: -r[("discovery", "accuracy_exact")].mean)
     order = sorted(rows, key=lambda r: -(r[("replication", "accuracy_exact")].mean
                                          if r[("replication", "accuracy_exact")] else np.nan))
@@ -275,7 +279,7 @@ def ranking_lines(runs: list[dict]) -> list[str]:
             for name, key in (("discovery", "accuracy_exact"), ("discovery", "pass@8"), ("discovery", "pass@64"),
                               ("replication", "accuracy_exact"), ("replication", "pass@64")):
                 iv = row[(name, key)]
-                cells.append(fmt(iv.mean, iv.half) if iv is not None else "-")
+                cells.append(fmt_interval(iv) if iv is not None else "-")
             same = row["rank_replication"] == row["rank"]
             cells.append("-" if row["rank_replication"] is None else
                          f"{row['rank_replication']} ({'same' if same else 'differs'})")

@@ -8,6 +8,9 @@ from scipy import optimize, stats
 
 LEVEL = 0.95  # two-sided intervals and tests at 5%
 POWER = 0.8   # the power at which the detectable effect is stated
+#: A ranking shows no interval over fewer seeds ("n/a (too few seeds)"): over one there is none, and over two to
+#: four the spread that sets its width is itself too unsure to rank by (the 95% t factor is 12.7 at two seeds).
+MIN_SEEDS = 5
 
 
 def finite(x) -> np.ndarray:

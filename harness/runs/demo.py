@@ -6,6 +6,23 @@ from pathlib import Path
 DEMO_ALGOS = ["grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo"]
 
 
+def check_demo(out: Path, sim_steps: int, train_steps: int) -> None:
+    """Every setting of the demo checked before its first part runs: ``out`` a folder to write, the sweep's plan
+    (``sim_steps``) and the training config (``train_steps``)."""
+    from gpu.config import from_dict
+    from harness.runs.train import demo_config
+    from sim.sweep import plan
+    from spec.records import writable_folder
+    writable_folder(out, "out")
+    for check, field, arg in ((lambda: plan("toy_lm", DEMO_ALGOS, 2, sim_steps, {}), "steps: ", "sim-steps: "),
+                              (lambda: from_dict(demo_config(Path(out) / "real", train_steps)), "run.steps: ",
+                               "train-steps: ")):
+        try:
+            check()
+        except ValueError as exc:  # named by the demo's own option
+            raise ValueError(str(exc).replace(field, arg, 1) if str(exc).startswith(field) else str(exc)) from None
+
+
 def run_demo(out: Path, verify_rows, sim_steps: int = 150, train_steps: int = 4) -> Path:
     """Write ``out/README.md`` linking the three parts' reports; ``verify_rows`` is (rows, derivations)."""
     from harness.verify.layers import markdown as verify_markdown

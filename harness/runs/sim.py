@@ -92,7 +92,7 @@ def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[
 def format_ranking(out: str) -> str:
     """The report's ranking at equal generation budget (``harness.reports.sim.ranking``) as plain text."""
     from harness.reports.sim import RANK_KEYS, ranking
-    from harness.reports.rundirs import fmt, load_runs
+    from harness.reports.rundirs import fmt_interval, load_runs
     from sim.config import REWARD_SCHEMES
     budget, rows = ranking(load_runs([out]))
     if not rows:
@@ -102,7 +102,7 @@ def format_ranking(out: str) -> str:
         scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(row["reward"], ())) or "coin flips"
         ivs = [row[("discovery", k)] for k in RANK_KEYS] + [row[("replication", "accuracy_exact")]]
         table.append([str(row["rank"]), f"{row['label']} ({row['reward']} {scheme})",
-                      *(fmt(iv.mean, iv.half) if iv else "-" for iv in ivs), str(row["rank_replication"] or "-")])
+                      *(fmt_interval(iv) if iv else "-" for iv in ivs), str(row["rank_replication"] or "-")])
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     return (f"\nranking at an equal generation budget of {budget:.0f} responses (exact, mean ± 95% t half-width over "
             "the discovery seeds; accuracy is the one scale, rewards differ by paper):\n"
