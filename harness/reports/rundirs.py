@@ -14,7 +14,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from sim.config import Seeds
 from spec.records import FOLDER_KINDS, folder_kind, open_lock, read_json, read_jsonl, writable_folder
@@ -184,9 +183,8 @@ def _apart(runs: list[dict], setups: list[tuple[Path, str]]) -> list[dict]:
 
 
 class Groups:
-    """Runs grouped by label, each label's metrics a table (pandas) with a row per (seed, step) over the steps its
-    seeds all have (with a warning when their lengths differ); ``curve`` gives one metric as [seeds, steps] (NaN where
-    missing)."""
+    """Runs grouped by label, compared over the steps its seeds all have (with a warning when their lengths
+    differ); ``curve`` gives one metric as [seeds, steps] (NaN where missing)."""
 
     def __init__(self, runs: list[dict]):
         self.runs: dict[str, list[dict]] = {}
@@ -197,7 +195,6 @@ class Groups:
             if lengths[0] != lengths[-1]:
                 warnings.warn(f"{label}: its seeds have {lengths[0]} to {lengths[-1]} steps; they are compared over "
                               f"the first {lengths[0]}", stacklevel=2)
-        self._tables: dict[str, pd.DataFrame] = {}
 
     def labels(self):
         """Labels in registry order of their algorithm, then by name."""
@@ -205,20 +202,12 @@ class Groups:
         order = {a: i for i, a in enumerate(ALGORITHMS)}
         return sorted(self.runs, key=lambda lbl: (order.get(self.runs[lbl][0]["algo"], len(order)), lbl))
 
-    def table(self, label: str) -> pd.DataFrame:
-        """The metrics of ``label``'s runs, indexed by (seed: the run's place in the label, step: 0, 1, ...)."""
-        if label not in self._tables:
-            rs = self.runs[label]
-            steps = min(len(r["records"]) for r in rs)
-            self._tables[label] = pd.concat([pd.DataFrame.from_records(r["records"][:steps]) for r in rs],
-                                            keys=range(len(rs)), names=["seed", "step"])
-        return self._tables[label]
-
     def curve(self, label: str, key: str) -> np.ndarray:
-        t = self.table(label)
-        if key not in t:
-            return np.full((len(self.runs[label]), len(t) // len(self.runs[label])), np.nan)
-        return t[key].astype(float).unstack("step").to_numpy()
+        """``key`` of ``label``'s runs as [seed (the run's place in the label), step], NaN where a record lacks it
+        or holds null."""
+        rs = self.runs[label]
+        steps = min(len(r["records"]) for r in rs)
+        return np.array([[rec.get(key) for rec in r["records"][:steps]] for r in rs], dtype=float)
 
     def per_seed(self, label: str, key: str, part: str = "all") -> np.ndarray:
         """Per-seed mean of ``key`` over all steps, the first or the last 10% of steps, or its last value."""
