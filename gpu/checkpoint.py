@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
 from spec.records import open_lock, read_json, read_jsonl, take_lock, write_text
-from spec.schema import Rule
+from spec.schema import Rule, cut, show
 
 CKPT = "checkpoint"
 HISTORY = "config_history.jsonl"
@@ -256,7 +256,7 @@ def trim_metrics(path: Path, step: int) -> None:
     steps = [rec.get("step") for rec in keep]
     if steps != list(range(1, step + 1)):
         bad = next((i for i, s in enumerate(steps, 1) if s != i), len(steps) + 1)
-        found = "the end of the file" if bad > len(steps) else f"step {steps[bad - 1]!r}"
+        found = "the end of the file" if bad > len(steps) else f"step {show(steps[bad - 1])}"
         raise ValueError(f"{path}: expected steps 1 to {step} (the checkpoint's), each once; record {bad} should "
                          f"be step {bad}, found {found} (runs mixed, or lines lost); set run.resume=false to start "
                          "over, or use another run.out_dir")
@@ -283,10 +283,11 @@ def config_changes(old: dict, new: dict) -> dict:
 
 
 def resume_config_change(ckpt: Path, new: dict, allow: bool) -> dict | None:
-    """Compare the config ``new`` with the one checkpoint ``ckpt`` was trained with (its own config.json, so
-    deleting or editing the run's config.json changes nothing). A difference, or a checkpoint without its config,
-    is refused with the fields named unless ``allow``; then returns the record of the change for :func:`record`
-    (None when nothing changed)."""
+    """Compare the config ``new`` with the one checkpoint ``ckpt`` was trained with: its own config.json, the record
+    a resume follows. A difference, or a checkpoint without its config, is refused with the fields named unless
+    ``allow``; then returns the record of the change for :func:`record` (None when nothing changed). The run
+    folder's config.json (the same config, written for readers) edited to disagree with the checkpoint's is
+    refused too, naming the field and both values: a resume would silently not follow it."""
     path = Path(ckpt) / "config.json"
     step = read_state(ckpt)["step"]
     how = (f"pass --allow-config-change to resume under the new one (recorded in its {HISTORY}), set "
@@ -298,13 +299,29 @@ def resume_config_change(ckpt: Path, new: dict, allow: bool) -> dict | None:
         return {"event": "config_change", "from_step": step, "changes": None, "previous": None}
     old = read_json(path)
     changes = config_changes(old, new)
-    if not changes:
-        return None
-    if not allow:
-        text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+    if changes and not allow:
+        text = "; ".join(f"{k}: {show(a)} -> {show(b)}" for k, (a, b) in changes.items())
         raise ValueError(f"run.out_dir: {path.parent.parent} was trained to step {step} with another config "
-                         f"({text}); {how}")
-    return {"event": "config_change", "from_step": step, "changes": changes, "previous": old}
+                         f"({cut(text)}); {how}")
+    if not allow:
+        _check_folder_record(path.parent.parent / "config.json", old, path, step)
+    return {"event": "config_change", "from_step": step, "changes": changes, "previous": old} if changes else None
+
+
+def _check_folder_record(folder_record: Path, trained: dict, ckpt_record: Path, step: int) -> None:
+    """Refuse a run folder's config.json that disagrees with ``trained`` (the checkpoint's config, in
+    ``ckpt_record``), naming the first field that differs and both values."""
+    if not folder_record.exists():
+        return
+    shown = {k: v for k, v in read_json(folder_record).items() if k != "resolved"}  # resolved: derived, for readers
+    differ = config_changes(trained, shown)
+    if differ:
+        field, (was, now) = next(iter(differ.items()))
+        more = f" (and {len(differ) - 1} more fields)" if len(differ) > 1 else ""
+        raise ValueError(f"{folder_record}: {field} is {show(now)}{more}, but the checkpoint of step {step} was "
+                         f"trained with {show(was)} ({ckpt_record}: the record a resume follows); to train on under "
+                         f"another config, give it with --config and pass --allow-config-change; else restore "
+                         f"{folder_record.name} (or delete it: it is written again from the checkpoint's)")
 
 
 def record(run_dir: Path, entry: dict) -> None:

@@ -13,7 +13,7 @@ import yaml
 from spec.contract import resolve_hparams
 from spec.registry import ADVANTAGES as REGISTRY_ADVANTAGES
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
-from spec.schema import Rule
+from spec.schema import Rule, show
 from spec.tracking import check_wandb
 
 from . import models
@@ -261,7 +261,7 @@ def apply_set(raw: dict, item: str) -> None:
     key, sep, value = item.partition("=")
     key = key.strip()
     if not sep or "." not in key or not all(key.split(".")):
-        raise ValueError(f"--set: expected section.field=value, got {item!r}")
+        raise ValueError(f"--set: expected section.field=value, got {show(item)}")
     parts = key.split(".")
     node = raw
     for p in parts[:-1]:

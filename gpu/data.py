@@ -2,11 +2,15 @@
 tiny character-level model's task), local GSM8K/MATH files, champ-dataset; and a resumable prompt stream."""
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from spec.records import read_text
+from spec.schema import show
 
 from .rewards import last_boxed
 
@@ -72,7 +76,7 @@ def addition(n: int = 256, digits: int = 3, seed: int = 0) -> list[Problem]:
 def check_ops(ops, name: str = "ops") -> None:
     """Arithmetic operators: a non-empty mix of '+' and '-', or '*' alone."""
     if not isinstance(ops, str) or not ops or set(ops) - set("+-*") or ("*" in ops and len(set(ops)) > 1):
-        raise ValueError(f"{name}: expected a non-empty mix of '+' and '-', or '*' alone; got {ops!r}")
+        raise ValueError(f"{name}: expected a non-empty mix of '+' and '-', or '*' alone; got {show(ops)}")
 
 
 def check_data_path(path) -> Path:
@@ -96,16 +100,19 @@ def _rows(path: Path) -> list[dict]:
             return pd.read_parquet(path).to_dict("records")
         except Exception as e:  # pyarrow raises several kinds for a damaged file
             raise ValueError(f"data.path: cannot read {str(path)!r} as parquet: {str(e).splitlines()[0]}") from None
-    rows, i = [], 0
     try:
-        with path.open(encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if line.strip():
-                    rows.append(json.loads(line))
-                    if not isinstance(rows[-1], dict):
-                        raise ValueError(f"expected a JSON object, got {type(rows[-1]).__name__}")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"data.path: {str(path)!r} line {i}: {e}") from None
+        text = read_text(path)  # a byte that is not UTF-8 is named by its line and column
+    except ValueError as e:
+        raise ValueError(f"data.path: {e}") from None
+    rows = []
+    for i, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+                if not isinstance(rows[-1], dict):
+                    raise ValueError(f"expected a JSON object, got {type(rows[-1]).__name__}")
+            except ValueError as e:
+                raise ValueError(f"data.path: {str(path)!r} line {i}: {e}") from None
     return rows
 
 
@@ -150,7 +157,7 @@ def load_problems(source: str = "arithmetic", **kw) -> list[Problem]:
         return load_local(kw.pop("path"), layout=source, **kw)
     if source == "champ":
         return champ(**kw)
-    raise ValueError(f"data.source: expected one of {', '.join(SOURCES)}, got {source!r}")
+    raise ValueError(f"data.source: expected one of {', '.join(SOURCES)}, got {show(source)}")
 
 
 def encode_prompt(tokenizer, question: str, system: str | None = None) -> list[int]:
@@ -160,6 +167,26 @@ def encode_prompt(tokenizer, question: str, system: str | None = None) -> list[i
         ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     return tokenizer(question + "\n").input_ids
+
+
+def check_alphabet(tokenizer, problems: list[Problem], source: str) -> None:
+    """Refuse prompts with characters outside the tokenizer's alphabet: those it reads as its unknown token (a
+    character-level tokenizer's <unk>; a byte-level one has none), which the model would see as one blank. A
+    ValueError naming ``data.source``, the share of unknown characters and the commonest of them."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return
+    questions = [p.question for p in problems]
+    enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
+    unknown = collections.Counter()
+    for q, ids, offsets in zip(questions, enc["input_ids"], enc["offset_mapping"]):
+        unknown.update(c for t, (a, b) in zip(ids, offsets) if t == unk for c in q[a:b])
+    if unknown:
+        n, total = sum(unknown.values()), sum(map(len, questions))
+        common = "".join(c for c, _ in unknown.most_common(10))
+        raise ValueError(f"data.source: {show(source)} has {n} of its {total} prompt characters ({n / total:.0%}) "
+                         f"outside the model's tokenizer's alphabet (read as {tokenizer.unk_token}), such as "
+                         f"{show(common)}; expected prompts the tokenizer can spell (tiny_char: data.source addition)")
 
 
 def prompt_ids(tokenizer, problem: Problem, system: str | None, max_tokens: int) -> list[int]:

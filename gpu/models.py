@@ -9,12 +9,14 @@ import importlib.util
 import inspect
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from spec.records import naming, writable_folder, write_text
 from spec.schema import Rule
 
 from . import tiny_char
@@ -34,11 +36,19 @@ DEVICES = ("cpu", "cuda", "mps")
 NAMED = ("smollm2", "tiny", "tiny_char")  # the models resolve_model builds or finds by name
 
 
+def _cache_root(path: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """The model cache's folder (``path``, else $CLIPLAB_CACHE, else ~/.cache/cliplab), and what set it."""
+    if path:
+        return Path(path), "model.cache_dir"
+    if os.environ.get("CLIPLAB_CACHE"):
+        return Path(os.environ["CLIPLAB_CACHE"]), "CLIPLAB_CACHE"
+    return Path.home() / ".cache" / "cliplab", "the model cache (~/.cache/cliplab; $CLIPLAB_CACHE to move it)"
+
+
 def cache_dir(path: str | os.PathLike | None = None) -> Path:
-    """The model cache: ``path``, else $CLIPLAB_CACHE, else ~/.cache/cliplab."""
-    root = Path(path or os.environ.get("CLIPLAB_CACHE") or Path.home() / ".cache" / "cliplab")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    """The model cache (:func:`_cache_root`), created if missing; a ValueError naming what set it (model.cache_dir
+    or $CLIPLAB_CACHE) when it is a file or cannot be written."""
+    return writable_folder(*_cache_root(path))
 
 
 def _corpus():
@@ -163,7 +173,8 @@ def tiny_model(cache: str | os.PathLike | None = None, **overrides) -> Path:
     model = AutoModelForCausalLM.from_config(cfg)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(tmp, safe_serialization=True)
+    with naming(tmp):
+        model.save_pretrained(tmp, safe_serialization=True)
     _publish(tmp, out)
     return out
 
@@ -194,8 +205,9 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
     model.load_state_dict(gguf.state_dict())
     model.generation_config = gguf.generation_config
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
+    with naming(tmp):
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
     _drop_gguf_quantization(tmp / "config.json")
     _publish(tmp, out)
     return out
@@ -210,11 +222,27 @@ def tiny_char_path(cache: str | os.PathLike | None = None, recipe=tiny_char.RECI
     if (out / "model.safetensors").exists():
         return out
     if not build:
-        raise ValueError(f"model.name: 'tiny_char' is not pretrained yet (no {out}); build it with `make tiny-model`")
+        raise ValueError(f"model.name: 'tiny_char' is not pretrained yet (no {out}); build it with "
+                         f"`{tiny_char_command(out.parent, recipe)}`")
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tiny_char.pretrain(tmp, spec, log_every=50)
+    with naming(tmp):
+        tiny_char.pretrain(tmp, spec, log_every=50)
     _publish(tmp, out)
     return out
+
+
+def tiny_char_command(cache: Path, recipe=tiny_char.RECIPE) -> str:
+    """The shell command that pretrains the tiny_char model of the recipe file ``recipe`` into the model cache
+    ``cache``: ``make tiny-model`` (the default recipe), with $CLIPLAB_CACHE set on its line unless ``cache`` is the
+    default cache and $CLIPLAB_CACHE is unset; else the Python call that does it."""
+    cache, recipe = Path(cache).resolve(), Path(recipe).resolve()
+    if recipe != tiny_char.RECIPE:
+        call = (f"from gpu.models import tiny_char_path; tiny_char_path({json.dumps(str(cache))}, "
+                f"{json.dumps(str(recipe))}, build=True)")
+        return f"python -c {shlex.quote(call)}"
+    default, source = _cache_root()
+    plain = source != "CLIPLAB_CACHE" and cache == default.resolve()
+    return ("" if plain else f"CLIPLAB_CACHE={shlex.quote(str(cache))} ") + "make tiny-model"
 
 
 def _drop_gguf_quantization(config_json: Path) -> None:
@@ -222,7 +250,7 @@ def _drop_gguf_quantization(config_json: Path) -> None:
     cfg = json.loads(config_json.read_text())
     cfg.pop("quantization_config", None)
     cfg.pop("_model_name_or_path", None)
-    config_json.write_text(json.dumps(cfg, indent=2))
+    write_text(config_json, json.dumps(cfg, indent=2))
 
 
 def resolve_model(name: str, cache: str | os.PathLike | None = None, tiny: dict | None = None) -> Path | str:

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from spec.schema import Rule
+from spec.records import write_text
+from spec.schema import Rule, show
 
 from .data import column_addition, encode_prompt
 
@@ -51,15 +52,16 @@ def check_recipe(raw) -> dict:
     """A recipe mapping with every section and field of RULES, checked; carry_slip maps a column sum (10..19) to
     the probability that the demonstrations drop that column's carry."""
     if not isinstance(raw, dict) or set(raw) != set(RULES):
-        raise ValueError(f"expected the sections {', '.join(RULES)}, got {sorted(raw) if isinstance(raw, dict) else raw!r}")
+        got = sorted(raw) if isinstance(raw, dict) else raw
+        raise ValueError(f"expected the sections {', '.join(RULES)}, got {show(got)}")
     out = {}
     for sec, rules in RULES.items():
         if not isinstance(raw[sec], dict) or set(raw[sec]) != set(rules):
             got = sorted(raw[sec]) if isinstance(raw[sec], dict) else raw[sec]
-            raise ValueError(f"{sec}: expected the fields {', '.join(rules)}, got {got!r}")
+            raise ValueError(f"{sec}: expected the fields {', '.join(rules)}, got {show(got)}")
         out[sec] = {k: rule.check(f"{sec}.{k}", raw[sec][k]) for k, rule in rules.items()}
     if out["task"]["format"] not in FORMATS:
-        raise ValueError(f"task.format: unknown task format {out['task']['format']!r}; expected one of "
+        raise ValueError(f"task.format: unknown task format {show(out['task']['format'])}; expected one of "
                          f"{', '.join(FORMATS)}")
     m = out["model"]
     if m["hidden"] % m["heads"] or (m["hidden"] // m["heads"]) % 16 or m["heads"] % m["kv_heads"]:
@@ -178,6 +180,6 @@ def pretrain(out, recipe: dict, log_every: int = 0) -> dict:
     info = {"recipe": {**recipe, "sft": {**sft, "carry_slip": {str(k): v for k, v in sft["carry_slip"].items()}}},
             "key": recipe_key(recipe), "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
             "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
-    (out / "pretrain.json").write_text(json.dumps(info, indent=1))
+    write_text(out / "pretrain.json", json.dumps(info, indent=1))
     return info
 

@@ -23,7 +23,7 @@ from spec.registry import ALGORITHMS
 from spec.records import writable_folder
 
 from .config import Config
-from .data import BOXED_ONLY, PromptStream, load_problems, prompt_ids
+from .data import BOXED_ONLY, PromptStream, check_alphabet, load_problems, prompt_ids
 from .loggers import StepLoggers
 from .models import ValueModel, load_policy, load_reference, load_tokenizer, resolve_model
 from .rewards import VERIFIER, overlong_filter_mask, score
@@ -85,6 +85,7 @@ class Trainer:
                    {"path": c.data.path, "limit": c.data.limit} if c.data.source in ("gsm8k", "math") else
                    {"limit": c.data.limit})
         self.stream = PromptStream(load_problems(c.data.source, **data_kw), seed=c.run.seed)
+        check_alphabet(self.tok, self.stream.problems, c.data.source)
         self.sas = gpu.SmoothAdvantage()
         self.verifier = VERIFIER  # one long-lived answer checker per process
         self.step = 0

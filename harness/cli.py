@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.conform.targets import BUILTIN as TARGETS
+from spec.schema import cut
 
 app = typer.Typer(help="cliplab: verify, simulate and reproduce LLM policy-optimisation objectives "
                        "(PPO, GRPO, Dr.GRPO, DAPO, GSPO, GSPO-token, DCPO, SAPO, DPO).",
@@ -205,18 +206,18 @@ def _refuse(message: str):
 
 
 def _user_errors(fn, *args):
-    """Run a command; a ValueError (bad input) or an OSError (a path that cannot be read or written) becomes a
-    one-line error and exit code 2; warnings print as one line each."""
+    """Run a command; a ValueError (bad input) or an OSError (a path that cannot be read or written, named) becomes
+    a one-line error and exit code 2; warnings print as one line each; both cut to a readable length."""
     plain = warnings.formatwarning
-    warnings.formatwarning = lambda message, *_, **__: f"warning: {message}\n"
+    warnings.formatwarning = lambda message, *_, **__: f"warning: {cut(str(message))}\n"
     try:
         return fn(*args)
     except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {cut(str(exc))}", err=True)
         raise typer.Exit(2)
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
+        typer.echo(f"error: {cut(where + str(exc.strerror or exc))}", err=True)
         raise typer.Exit(2)
     finally:
         warnings.formatwarning = plain

@@ -28,7 +28,6 @@ import math
 import multiprocessing as mp
 import multiprocessing.connection
 import os
-import shutil
 import signal
 import sys
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from spec.records import open_lock, read_json, safe_name, take_lock, writable_folder, write_json
+from spec.records import naming, open_lock, read_json, remove_folder, safe_name, take_lock, writable_folder, write_json
 
 from .config import Seeds, check_algo_keys, check_env, env_draw, grid_points, parse_seeds, resolve, split_sets
 from .loop import run_stack
@@ -211,9 +210,9 @@ def run_tasks(tasks: list[dict], out: str) -> list[dict]:
         return [read_json(f / "done.json") for f in folders]
     for folder in folders:
         if folder.exists():
-            shutil.rmtree(folder)
+            remove_folder(folder, "out")
         folder.mkdir(parents=True)
-    with contextlib.ExitStack() as stack:
+    with naming(Path(out) / "runs"), contextlib.ExitStack() as stack:
         files = [stack.enter_context(open(f / "metrics.jsonl.part", "w")) for f in folders]
 
         def on_step(i, rec):

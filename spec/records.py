@@ -3,24 +3,44 @@ atomic writes, and reads whose failures are a ``ValueError`` naming the file. A 
 half-written last line in a JSONL file; readers drop it with a warning instead of failing."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import shutil
 import stat
 import warnings
 from pathlib import Path
 
 
+@contextlib.contextmanager
+def naming(path):
+    """An OSError raised in the block without a file name (a write, flush or fsync past a full disk, ENOSPC, or a
+    quota, EDQUOT) is raised again naming ``path``, so that its one-line error says where."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+
+
 def write_text(path, text: str) -> None:
-    """Write ``text`` atomically: a temp file in the same folder, flushed to disk, then os.replace."""
+    """Write ``text`` atomically: a temp file in the same folder, flushed to disk, then os.replace. A write that
+    fails (a full disk, a read-only file system) is an OSError naming ``path``, and leaves no temp file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with naming(path), open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def write_json(path, obj) -> None:
@@ -163,3 +183,13 @@ def take_lock(fd: int) -> str | None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return None
+
+
+def remove_folder(path, arg: str) -> None:
+    """Delete the folder ``path`` (inside the output folder given as ``arg``) and what it holds. A symbolic link
+    there is refused, naming it and where it points, and nothing is deleted: the link may lead outside ``arg``."""
+    path = Path(path)
+    if path.is_symlink():
+        raise ValueError(f"{arg}: {path} is a symbolic link to {os.readlink(path)}; expected a folder of its own "
+                         "(nothing was deleted): remove the link")
+    shutil.rmtree(path)

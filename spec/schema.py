@@ -45,7 +45,7 @@ class Rule:
             return None
         typed = self._typed(value)
         if typed is None or not self._in_range(typed):
-            raise ValueError(f"{name}: expected {self.expected()}, got {_show(value)}")
+            raise ValueError(f"{name}: expected {self.expected()}, got {show(value)}")
         return typed
 
     def _typed(self, value):
@@ -78,7 +78,16 @@ class Rule:
                 and (self.le is None or v <= self.le) and (self.lt is None or v < self.lt))
 
 
-def _show(value) -> str:
-    """``repr`` of a value, cut to one short line (a hostile value may be huge or span lines)."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+def show(value, limit: int = 80) -> str:
+    """``repr`` of a value, cut to one short line (a hostile value may be huge or span lines): how error messages
+    quote a value."""
+    return cut(repr(value), limit)
+
+
+def cut(text: str, limit: int = 1000) -> str:
+    """``text`` cut to at most ``limit`` characters (by default a long but readable line: the CLI's errors and
+    warnings), the cut marked with the length of the whole."""
+    if len(text) <= limit:
+        return text
+    note = f"... (cut from {len(text)} characters)"
+    return text[:max(limit - len(note), 0)] + note

@@ -420,3 +420,20 @@ def test_curves_draw_only_logged_metrics_validation_as_markers(tmp_path, monkeyp
             assert line.get_marker() in ("None", None, "") and len(line.get_xdata()) == 12
     real_close(fig)
     assert Image.open(tmp_path / "c.png").info["dpi"][0] >= 100
+
+
+def test_a_folder_named_with_a_backtick_and_html_puts_neither_into_the_report(tmp_path):
+    import subprocess
+    name = "a`<img src=x onerror=alert(2)>`"
+    run = tmp_path / name
+    run.mkdir()
+    (run / "verl.jsonl").write_text("".join(json.dumps({"step": s, "data": verl_metrics(s, "grpo")}) + "\n"
+                                            for s in (1, 2, 3)))
+    out = tmp_path / "r.md"
+    text = cluster_logs.write_report([run], out, algos=[f"{name}=grpo"]).read_text()  # '=' in the folder's name
+    assert "<img" not in text and "`<" not in text and ">`" not in text
+    assert f"| {cluster_logs.md(name)} | verl | grpo |" in text
+    command = text.split("```\n")[1].splitlines()[0]  # Produced by: the command, as bash reads it back
+    words = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], capture_output=True, check=True).stdout
+    assert words.decode().split("\0")[:-1] == ["cliplab", "report", str(run), "--algo", f"{name}=grpo", "--out",
+                                               str(out)]

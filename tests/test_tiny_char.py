@@ -120,9 +120,10 @@ def test_pretraining_is_deterministic_and_the_seed_matters(tmp_path):
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
 
 
-def test_the_checkpoint_is_cached_under_the_recipe_hash_and_a_missing_one_names_the_make_target(tmp_path):
+def test_the_checkpoint_is_cached_under_the_recipe_hash_and_a_missing_one_names_the_command_to_build_it(tmp_path):
     recipe = write_recipe(tmp_path / "small.yaml", SMALL)
-    with pytest.raises(ValueError, match=r"model.name: 'tiny_char' is not pretrained yet .*`make tiny-model`") as e:
+    with pytest.raises(ValueError, match=r"model.name: 'tiny_char' is not pretrained yet .*`python -c .*build=True\)'`") \
+            as e:
         models.tiny_char_path(tmp_path / "cache", recipe)
     assert "\n" not in str(e.value)
     built = models.tiny_char_path(tmp_path / "cache", recipe, build=True)

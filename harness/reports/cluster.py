@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from spec.records import read_json, read_text, safe_name, write_text
+from spec.schema import show
 
 from harness.reports.claims import CLAIMS
 from harness.reports.published import published
@@ -174,7 +175,7 @@ def read_trl_state(path: Path) -> tuple[list[dict], str]:
     records = []
     for i, entry in enumerate(state["log_history"]):
         if not isinstance(entry, dict):
-            raise ValueError(f"{path}: log_history[{i}]: expected an object, got {entry!r}")
+            raise ValueError(f"{path}: log_history[{i}]: expected an object, got {show(entry)}")
         if "step" in entry and "train_runtime" not in entry:
             _check_int(path, f"log_history[{i}].step", entry["step"], required=True)
             records.append(_mapped(entry["step"], entry, TRL))
@@ -186,7 +187,7 @@ def read_trl_state(path: Path) -> tuple[list[dict], str]:
 def _check_int(path: Path, field: str, value, required: bool = False) -> None:
     """A ValueError naming the file and the field unless ``value`` is an integer (or, when not ``required``, absent)."""
     if (value is not None or required) and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ValueError(f"{path}: {field}: expected an integer, got {value!r}")
+        raise ValueError(f"{path}: {field}: expected an integer, got {show(value)}")
 
 
 def _merge(records: list[dict]) -> list[dict]:
@@ -383,11 +384,12 @@ def _run_of(folder: Path, log) -> dict:
             "recipe": meta.get("recipe"), "run": meta.get("run")}
 
 
-def _pairs(entries, option: str, what: str) -> list[tuple[str, str]]:
-    """``NAME=VALUE`` entries of ``option`` as (name, value); a ValueError naming ``option`` for a malformed one."""
+def _pairs(entries, option: str, what: str, at_last: bool = False) -> list[tuple[str, str]]:
+    """``NAME=VALUE`` entries of ``option`` as (name, value), split at the first '=' (at the last when ``at_last``:
+    a VALUE without one); a ValueError naming ``option`` for a malformed one."""
     out = []
     for entry in entries:
-        name, sep, value = entry.partition("=")
+        name, sep, value = entry.rpartition("=") if at_last else entry.partition("=")
         if not (sep and name.strip() and value.strip()):
             raise ValueError(f"{option}: expected NAME={what}, got {entry!r}")
         out.append((name.strip(), value.strip()))
@@ -412,7 +414,7 @@ def name_runs(runs: list[dict], paths, labels=(), algos=()) -> None:
             raise ValueError(f"label: {name!r} is given twice")
         seen.add(name)
         mine[0]["label"] = name
-    for name, algo in _pairs(algos, "algo", "ALGO"):
+    for name, algo in _pairs(algos, "algo", "ALGO", at_last=True):  # a folder's name may hold '=', no algorithm does
         if algo not in ALGORITHMS:
             raise ValueError(f"algo: unknown algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
         p = given.get(Path(name).resolve())
@@ -436,7 +438,7 @@ def _run_json(path: Path) -> dict:
     for field, (kind, what) in RUN_JSON.items():
         value = meta.get(field)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            raise ValueError(f"{path}: {field}: expected {what}, got {value!r}")
+            raise ValueError(f"{path}: {field}: expected {what}, got {show(value)}")
     return meta
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from sim.config import Seeds
 from spec.records import FOLDER_KINDS, folder_kind, open_lock, read_json, read_jsonl, writable_folder
+from spec.schema import show
 
 #: Metric names of the real-model harness (gpu/train.py) mapped to the simulator's.
 ALIASES = {"tcr": "clip_frac", "len_mean": "resp_len", "reward_mean": "reward", "accuracy_trained": "accuracy",
@@ -47,7 +48,7 @@ def _identity(cfg: dict, path: Path) -> tuple[str, dict, object]:
                 "settings": (cfg.get("settings"), (dict,), "an object of settings")}
     for name, (value, types, what) in expected.items():
         if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
-            raise ValueError(f"{path}: {name}: expected {what}, got {value!r}")
+            raise ValueError(f"{path}: {name}: expected {what}, got {show(value)}")
     return algo, dict(params or {}), cfg.get("seed")
 
 
@@ -58,7 +59,7 @@ def _numbers(records: list[dict], path: Path) -> list[dict]:
         for key, value in rec.items():
             if value is not None and not isinstance(value, (int, float)):
                 raise ValueError(f"{path}: record {i + 1} (step {rec.get('step', '?')}), {key}: expected a number "
-                                 f"or null, got {value!r}")
+                                 f"or null, got {show(value)}")
     return records
 
 
@@ -259,13 +260,18 @@ def md(text) -> str:
 
 def shell_line(*words) -> str:
     """A shell command of ``words`` on one line, each quoted as a POSIX shell reads it back (a word with a line
-    break or another unprintable character as bash's ``$'...'``), so that it stays one line inside a code fence."""
+    break, another unprintable character or a markup character of ``MARKUP`` as bash's ``$'...'``), so that it
+    stays one line inside a code fence and holds no HTML or backtick for a renderer to act on."""
     return " ".join(_shell_word(str(w)) for w in words)
 
 
+#: Characters a markdown renderer may act on even inside a code fence's line (HTML, a backtick closing the fence).
+MARKUP = "<>&`"
+
+
 def _shell_word(word: str) -> str:
-    """shlex's quoting, or bash's ``$'...'`` for a word with an unprintable character."""
-    if word.isprintable():
+    """shlex's quoting, or bash's ``$'...'`` for a word with an unprintable or a ``MARKUP`` character."""
+    if word.isprintable() and not set(word) & set(MARKUP):
         return shlex.quote(word)
     return "$'" + "".join(_shell_char(c) for c in word) + "'"
 
@@ -273,7 +279,7 @@ def _shell_word(word: str) -> str:
 def _shell_char(c: str) -> str:
     if c in "\\'":
         return "\\" + c
-    if c.isprintable():
+    if c.isprintable() and c not in MARKUP:
         return c
     return f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
 
