@@ -10,14 +10,29 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperCommand
 
 from harness.conform.targets import BUILTIN as TARGETS
+from spec.extras import install_hint, missing, require
 from spec.schema import cut
 
 app = typer.Typer(help="cliplab: verify, simulate and reproduce LLM policy-optimisation objectives "
                        "(PPO, GRPO, Dr.GRPO, DAPO, GSPO, GSPO-token, DCPO, SAPO, DPO).",
                   no_args_is_help=True, add_completion=False)
 console = Console()
+
+#: The extra (pyproject.toml) each command needs beyond the core; `cliplab sim` needs none.
+NEEDS = {"verify": "torch", "conform": "torch", "train": "gpu", "report": "reports", "demo": "gpu"}
+
+
+class Command(TyperCommand):
+    """A cliplab command: once its options are read (so that --help works on any install) and before it runs, the
+    extra it needs (NEEDS) is checked, a one-line error naming it when it is not installed."""
+
+    def invoke(self, ctx):
+        if self.name in NEEDS:
+            _user_errors(require, NEEDS[self.name], f"cliplab {self.name}")
+        return super().invoke(ctx)
 
 
 def _verify_rows(seeds: int, quiet: bool, algos: Optional[list] = None):
@@ -35,7 +50,7 @@ def _verify_rows(seeds: int, quiet: bool, algos: Optional[list] = None):
     return rows, verify.derivations() if algos is None else []
 
 
-@app.command()
+@app.command(cls=Command)
 def verify(json_out: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
            seeds: int = typer.Option(2, min=1, help="Fixed seeds per (algorithm, aggregation mode)."),
            out: Path = typer.Option(None, help="Also write the table as markdown to this file."),
@@ -75,7 +90,7 @@ def verify(json_out: bool = typer.Option(False, "--json", help="Print the result
     raise typer.Exit(0 if ok else 1)
 
 
-@app.command()
+@app.command(cls=Command)
 def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or feature_lm."),
         algos: str = typer.Option("all", help="Comma-separated algorithms, or 'all'."),
         seeds: str = typer.Option("20", help="Seeds per algorithm and grid point: a count (20: seeds 0-19), a range "
@@ -94,12 +109,16 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
     """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular, or feature_lm with
     shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
     seeds."""
+    from harness.reports.rundirs import shell_line
     from harness.runs.sim import sim_command
     _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers, True, backend,
                  ray_address, wandb)
+    if missing("reports"):
+        typer.echo(f"note: the plots and claims of `{shell_line('cliplab', 'report', out)}` need the reports extra: "
+                   f"{install_hint('reports')}", err=True)
 
 
-@app.command()
+@app.command(cls=Command)
 def report(dirs: List[Path] = typer.Argument(..., help="Simulator sweep folders, real-model run folders, or verl / "
                                                       "TRL logs (files or folders) from configs/recipes runs."),
            out: Optional[Path] = typer.Option(None, help="Markdown file (default DIRS[0]/report.md); PNGs beside "
@@ -140,7 +159,7 @@ def _report(dirs: list[Path], out: Optional[Path], labels=(), algos=()) -> Path:
     return sim_report.write_report(dirs, out)
 
 
-@app.command()
+@app.command(cls=Command)
 def train(config: Path = typer.Option(..., "--config", exists=True, dir_okay=False, help="YAML training config."),
           set_: List[str] = typer.Option([], "--set", help="section.field=value override (repeatable)."),
           allow_config_change: bool = typer.Option(False, "--allow-config-change",
@@ -152,7 +171,7 @@ def train(config: Path = typer.Option(..., "--config", exists=True, dir_okay=Fal
     console.print(f"run folder: {_user_errors(train_command, config, set_, allow_config_change)}")
 
 
-@app.command()
+@app.command(cls=Command)
 def conform(target: str = typer.Argument(..., help="A framework (harness/targets: " + ", ".join(TARGETS) + "), "
                                          "`all` (every framework whose environment is built, then the matrix "
                                          "README.md in --out), or module:function."),
@@ -223,7 +242,7 @@ def _user_errors(fn, *args):
         warnings.formatwarning = plain
 
 
-@app.command()
+@app.command(cls=Command)
 def demo(out: Path = typer.Option(Path("reports/demo"), help="Folder for the demo's report."),
          sim_steps: int = typer.Option(150, help="Simulator steps per run."),
          train_steps: int = typer.Option(4, help="Real-model training steps.")):

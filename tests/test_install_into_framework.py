@@ -62,17 +62,30 @@ def pip(python, *args, check=True):
     return run(sys.executable, "-m", "pip", "--python", python, *args, env={"PIP_NO_COMPILE": "1"}, check=check)
 
 
-def lock_wheels(python):
-    """Install the lock's pins from the wheel cache, filling it from the index first if it lacks any."""
-    args = ("install", "-q", "--no-deps", "--ignore-requires-python", "--no-index", "--find-links", WHEELS, "-r", LOCK)
+def lock_wheels(python, lock=LOCK, wheels=WHEELS):
+    """Install the pins of ``lock`` from the wheel cache ``wheels``, filling it from the index first if it lacks
+    any."""
+    args = ("install", "-q", "--no-deps", "--ignore-requires-python", "--no-index", "--find-links", wheels, "-r", lock)
     if pip(python, *args, check=False).returncode == 0:
         return
-    run(sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--ignore-requires-python", "-d", WHEELS,
-        "-r", LOCK)
-    for sdist in WHEELS.glob("*.tar.gz"):  # built once, so that the install needs no index
-        run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", WHEELS, sdist)
+    run(sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--ignore-requires-python", "-d", wheels,
+        "-r", lock)
+    for sdist in wheels.glob("*.tar.gz"):  # built once, so that the install needs no index
+        run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, sdist)
         sdist.unlink()
     pip(python, *args)
+
+
+def source_copy(dest: Path) -> Path:
+    """The checkout's package sources copied to ``dest``: building in the checkout would leave build/ and egg-info
+    there."""
+    dest.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, dest / name)
+    return dest
 
 
 @pytest.mark.slow
@@ -91,13 +104,7 @@ def test_cliplab_installs_into_skyrls_environment_and_its_plugin_and_conform_wor
     pins = pip(python, "freeze").stdout
     (tmp_path / "pins.txt").write_text(pins)
 
-    source = tmp_path / "cliplab"  # a copy: building in the checkout would leave build/ and egg-info there
-    source.mkdir()
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(ROOT / name, source / name)
+    source = source_copy(tmp_path / "cliplab")
     pip(python, "install", "-q", "-c", tmp_path / "pins.txt", f"{source}[testing]")
     after = set(pip(python, "freeze").stdout.splitlines())
     assert set(pins.splitlines()) <= after, "a pin of the framework's environment changed"

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from spec.extras import require
 from spec.records import read_json, read_text, safe_name, write_text
 from spec.schema import show
 
@@ -506,6 +507,7 @@ def plot_runs(groups: Groups, path: Path) -> list[str]:
     """The curves of PANELS that some run logs, one panel each, against the logged step: a metric logged at fewer
     than half of a run's steps (validation) as markers joined by lines, others as a 3-step moving average.
     Returns the panels drawn (none: no figure)."""
+    require("reports", "plotting")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -8,18 +8,15 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from spec.extras import require
+from spec.records import read_json, safe_name, write_text
 
-from spec.records import read_json, safe_name, write_text  # noqa: E402
-
-from harness.reports.claims import bandit_entropy_check, claim_bandit, run_claims, seed_sets  # noqa: E402
-from harness.reports.rundirs import (Groups, check_dirs, fmt, fmt_interval, load_runs, md, mean_se,  # noqa: E402
-                                     output_file, shell_line)
-from harness.reports.stats import MIN_SEEDS, t_interval  # noqa: E402
+from harness.reports.claims import bandit_entropy_check, claim_bandit, run_claims, seed_sets
+from harness.reports.rundirs import (Groups, check_dirs, fmt, fmt_interval, load_runs, md, mean_se, output_file,
+                                     shell_line)
+from harness.reports.stats import MIN_SEEDS, t_interval
 
 PANELS = ("accuracy_exact", "pass@64", "entropy", "entropy_relevant", "entropy_offtrack", "malformed", "clip_frac",
           "clip_up_frac", "rur", "kl_ref", "resp_len", "gen_per_trained")
@@ -43,6 +40,10 @@ def plot_curves(groups: Groups, labels: list[str], path: Path, panels=PANELS, sm
 
 
 def _figure(groups: Groups, labels: list[str], panels: list[str], path: Path, smooth: int) -> None:
+    require("reports", "plotting")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     cols = min(3, len(panels))
     rows = int(np.ceil(len(panels) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 0.9), squeeze=False)
