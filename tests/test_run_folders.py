@@ -158,3 +158,13 @@ def test_a_terminal_log_saved_in_a_sweep_folder_is_noted_not_read_as_a_run(tmp_p
     assert result.exit_code == 0, result.output
     assert f"{log}: not a run of a simulator sweep; left out of the report" in [str(w.message) for w in caught]
     assert "| grpo | 2 |" in (tmp_path / "r.md").read_text()
+
+
+def test_one_label_in_two_environments_is_not_kept_apart_by_folder(tmp_path):
+    run_sweep("bandit", ["grpo"], 2, 3, out=str(tmp_path / "bandit"), workers=1, progress=False)
+    run_sweep("toy_lm", ["grpo"], 2, 3, out=str(tmp_path / "toy_lm"), workers=1, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runs = load_runs([tmp_path / "bandit", tmp_path / "toy_lm"])
+    assert sorted((r["env"], r["label"], r["seed"]) for r in runs) == [
+        ("bandit", "grpo", 0), ("bandit", "grpo", 1), ("toy_lm", "grpo", 0), ("toy_lm", "grpo", 1)]

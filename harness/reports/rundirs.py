@@ -153,13 +153,14 @@ def _setup(cfg: dict) -> str:
 
 
 def _apart(runs: list[dict], setups: list[tuple[Path, str]]) -> list[dict]:
-    """Each label's runs pooled as its seeds, unless they differ: a seed twice within one folder of runs is a
-    ValueError naming both run folders; a label found in several folders that share a seed or hold other settings
-    (steps, environment) is kept apart as ``label (folder)``, with one warning."""
-    by_label: dict[str, list[int]] = {}
+    """Each label's runs in an environment pooled as its seeds, unless they differ: a seed twice within one folder
+    of runs is a ValueError naming both run folders; a label found in several folders that share a seed or hold
+    other settings (steps, say) is kept apart as ``label (folder)``, with one warning. (The reports never pool
+    environments: a label in two is named by each.)"""
+    by_label: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
-        by_label.setdefault(r["label"], []).append(i)
-    for label, idx in by_label.items():
+        by_label.setdefault((r["env"], r["label"]), []).append(i)
+    for (_, label), idx in by_label.items():
         first: dict = {}
         for i in idx:
             r = runs[i]
@@ -288,7 +289,9 @@ def fmt_interval(iv) -> str:
     """A ``stats.Interval`` as mean ± its half-width; under ``stats.MIN_SEEDS`` values the half-width reads
     "n/a (too few seeds)"."""
     from harness.reports.stats import MIN_SEEDS
-    return fmt(iv.mean) + " ± n/a (too few seeds)" if iv.n < MIN_SEEDS and iv.mean == iv.mean else fmt(iv.mean, iv.half)
+    if iv.n < MIN_SEEDS and iv.mean == iv.mean:
+        return fmt(iv.mean) + " ± n/a (too few seeds)"
+    return fmt(iv.mean, iv.half)
 
 
 def fmt(m, se=None, pct=False):
