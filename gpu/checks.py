@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from spec.contract import mask_error, nonfinite_error
+from spec.contract import mask_error, meta_error, nonfinite_error
 
 
 def as_tensor(name: str, x, like: torch.Tensor | None = None, ndim: int | None = None) -> torch.Tensor:
@@ -14,6 +14,8 @@ def as_tensor(name: str, x, like: torch.Tensor | None = None, ndim: int | None =
             x = torch.as_tensor(x, dtype=dtype)
         except (TypeError, ValueError, RuntimeError):
             raise ValueError(f"{name}: expected a numeric tensor, got {type(x).__name__}") from None
+    if x.is_meta:
+        raise meta_error(name)
     if x.dtype == torch.bool or x.is_complex():
         raise ValueError(f"{name}: expected a real floating tensor, got dtype {x.dtype}")
     if not x.is_floating_point():
@@ -34,6 +36,8 @@ def as_mask(mask, like: torch.Tensor, name: str = "mask") -> torch.Tensor:
             mask = torch.as_tensor(mask)
         except (TypeError, ValueError, RuntimeError):
             raise ValueError(f"{name}: expected a numeric tensor, got {type(mask).__name__}") from None
+    if mask.is_meta:
+        raise meta_error(name)
     if mask.dtype != torch.bool and not bool(mask.eq(mask.bool()).all()):  # 0/1 only (NaN fails too)
         raise mask_error(name)
     return mask.to(dtype=like.dtype, device=like.device)

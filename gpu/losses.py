@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from spec.contract import (check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q,
-                           check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams)
+                           check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams,
+                           sapo_log_ratio_cap)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import PARTS, get_algorithm
 
@@ -76,29 +77,53 @@ def _bounds_unchecked(q, eps_low, eps_high, r_max):
     return lo, hi
 
 
-def _clip_terms(r, adv, lo, hi, dual_clip, delta=None):
+def _clip_terms(log_r, adv, lo, hi, dual_clip, delta=None, flows=None):
     """PPO-clip (1707.06347 Eq. 7) with the optional two-sided clip min(r, delta) (INTELLECT-2 2505.07291) and
-    dual clip (1912.09729 Eq. 5): per-element loss and the indicator of a zeroed gradient."""
-    capped_r = r if delta is None else torch.where(r > delta, torch.full_like(r, delta), r)
-    unclipped = capped_r * adv
-    clipped_value = torch.clamp(r, lo, hi) * adv
-    use_unclipped = unclipped <= clipped_value
-    loss = -torch.where(use_unclipped, unclipped, clipped_value)
-    clipped = ~use_unclipped
-    if delta is not None:
-        clipped = clipped | (use_unclipped & (r > delta) & (adv != 0))
-    if dual_clip is not None:
-        cap = -dual_clip * adv
-        capped = (adv < 0) & (loss > cap)
-        loss = torch.where(capped, cap, loss)
-        clipped = clipped | capped
-    return loss, clipped
+    dual clip (1912.09729 Eq. 5) of r = exp(log_r): per-element loss and the indicator of a zeroed gradient.
+
+    The loss is -r * A, differentiable in ``log_r``, where the unclipped term is active, A != 0 and ``flows`` (the
+    token's loss reaches the total), and a constant elsewhere; exp is taken of ``log_r`` only there (the guards of
+    spec.contract.RATIO_GUARDS), so a clipped ratio may overflow to inf without turning autograd's 0 * inf into NaN."""
+    with torch.no_grad():
+        r = torch.exp(torch.where(adv == 0, torch.zeros_like(log_r), log_r))  # A = 0: loss 0 at any ratio
+        capped_r = r if delta is None else torch.where(r > delta, torch.full_like(r, delta), r)
+        unclipped = capped_r * adv
+        clipped_value = torch.clamp(r, lo, hi) * adv
+        use_unclipped = unclipped <= clipped_value
+        value = -torch.where(use_unclipped, unclipped, clipped_value)
+        clipped = ~use_unclipped
+        live = use_unclipped & (adv != 0)
+        if delta is not None:
+            clipped = clipped | (use_unclipped & (r > delta) & (adv != 0))
+            live = live & (r <= delta)
+        if dual_clip is not None:
+            cap = -dual_clip * adv
+            capped = (adv < 0) & (value > cap)
+            value = torch.where(capped, cap, value)
+            clipped = clipped | capped
+            live = live & ~capped
+        if flows is not None:
+            live = live & flows
+    return _surrogate(live, log_r, adv, value), clipped
 
 
-def _sapo_loss(r, adv, tau_pos, tau_neg):
-    """SAPO Eq. 5-6: l = -(4/tau) sigmoid(tau (r - 1)) A, tau by the sign of A."""
+def _surrogate(live, log_r, adv, value):
+    """-exp(log_r) * A where ``live``, ``value`` elsewhere; the gradient reaches ``log_r`` only through the live
+    tokens, whose exp alone is taken (the double where)."""
+    r = torch.exp(torch.where(live, log_r, torch.zeros_like(log_r)))
+    return torch.where(live, -r * adv, value)
+
+
+def _sapo_loss(log_r, adv, tau_pos, tau_neg):
+    """SAPO Eq. 5-6: l = -(4/tau) sigmoid(tau (r - 1)) A, tau by the sign of A; the gate saturated (4/tau, no
+    gradient) past spec.contract.sapo_log_ratio_cap, where r is not formed."""
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
-    return -(4.0 / tau) * torch.sigmoid(tau * (r - 1.0)) * adv
+    cap = torch.where(adv > 0, torch.full_like(adv, sapo_log_ratio_cap(tau_pos)),
+                      torch.full_like(adv, sapo_log_ratio_cap(tau_neg)))
+    saturated = log_r > cap
+    r = torch.exp(torch.where(saturated, torch.zeros_like(log_r), log_r))
+    gate = torch.where(saturated, torch.ones_like(r), torch.sigmoid(tau * (r - 1.0)))
+    return -(4.0 / tau) * gate * adv
 
 
 def _row_mean(x, mask, lens):
@@ -125,16 +150,17 @@ def _rollout_weights(hp, old_logp, rollout_logp, mask):
                                                                                      / n)}
 
 
-def _sequence_terms(alg, hp, log_ratio, adv, mask):
+def _sequence_terms(alg, hp, log_ratio, adv, mask, flows):
     """GSPO (Eq. 5-7) and GMPO (geometric mean of log-clipped token ratios): per-row loss, the zeroed-gradient
-    indicator per token, and the ratio shown in stats."""
+    indicator per token, and the ratio shown in stats. ``flows``: the rows whose loss reaches the total."""
     lens = mask.sum(1)
     a_seq = _row_mean(adv, mask, lens)
     if alg.ratio == "sequence":
-        s = torch.exp(_row_mean(log_ratio, mask, lens))
-        seq_loss, seq_clipped = _clip_terms(s, a_seq, 1 - hp["eps_low"], 1 + hp["eps_high"], hp["dual_clip"],
-                                            hp["delta"])
-        return seq_loss, seq_clipped[:, None].expand_as(mask) & (mask > 0), s.detach()[:, None].expand_as(mask)
+        log_s = _row_mean(log_ratio, mask, lens)
+        seq_loss, seq_clipped = _clip_terms(log_s, a_seq, 1 - hp["eps_low"], 1 + hp["eps_high"], hp["dual_clip"],
+                                            hp["delta"], flows)
+        s = torch.exp(log_s.detach())
+        return seq_loss, seq_clipped[:, None].expand_as(mask) & (mask > 0), s[:, None].expand_as(mask)
     sgn = torch.sign(a_seq)[:, None]
     x_clip = torch.clamp(log_ratio, -hp["eps_low"], hp["eps_high"])
     use_x = sgn * log_ratio <= sgn * x_clip  # the unclipped term wins ties, as in PPO
@@ -159,35 +185,39 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         group_size, ref_logp, rollout_logp, cov_select, lambda arg, x: as_tensor(arg, x, like=logp).detach(),
         lambda arg, x: as_mask(x, logp, arg))
     on = mask > 0
+    adv = torch.where(on, adv, torch.zeros_like(adv))  # a huge advantage on padding never meets a row's ratio
     log_ratio = torch.where(on, logp - old_logp, torch.zeros_like(logp))
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"])
     rc_weights, stats = _rollout_weights(hp, old_logp, rollout_logp, mask)
+    scale = weights * rc_weights
+    flows = scale != 0  # the tokens whose loss reaches the total: not padding, not cut by a rollout correction
     n = mask.sum().clamp(min=1.0)
-    chosen = None
+    chosen = coef = None
 
     if alg.ratio in ("sequence", "geometric"):
-        seq_loss, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask)
+        seq_loss, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask, flows.any(1))
         loss_tok = seq_loss[:, None].expand_as(mask)
     else:
-        if alg.ratio == "sequence_token":  # GSPO Eq. 13: s_it = sg[s_i] * pi / sg[pi]
-            s = torch.exp(_row_mean(log_ratio, mask, mask.sum(1))).detach()
-            r = s[:, None] * torch.exp(logp - logp.detach())
+        if alg.ratio == "sequence_token":  # GSPO Eq. 13: s_it = sg[s_i] * pi / sg[pi], as log s_it
+            log_s = _row_mean(log_ratio, mask, mask.sum(1)).detach()
+            log_r = torch.where(on, log_s[:, None] + (logp - logp.detach()), torch.zeros_like(logp))
         else:
-            r = torch.exp(log_ratio)
+            log_r = log_ratio
+        ratio = torch.exp(log_r.detach())
         clipped = torch.zeros_like(on)
         if alg.clip == "soft":
-            loss_tok = _sapo_loss(r, adv, hp["tau_pos"], hp["tau_neg"])
+            loss_tok = _sapo_loss(log_r, adv, hp["tau_pos"], hp["tau_neg"])
         elif alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * logp, the gradient never vanishes
             # [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or TRL's clamp(r, max=eps_high): [0, eps_high]
             lo, hi = (1 - hp["eps_low"], 1 + hp["eps_high"]) if hp["cap_mode"] == "relative" else (0.0, hp["eps_high"])
-            rd = r.detach()
-            loss_tok = -torch.clamp(rd, lo, hi) * adv * logp
-            stats["trunc_frac"] = float((((rd < lo) | (rd > hi)).to(mask.dtype) * mask).sum() / n)
+            coef = -torch.clamp(ratio, lo, hi) * adv
+            stats["trunc_frac"] = float((((ratio < lo) | (ratio > hi)).to(mask.dtype) * mask).sum() / n)
         elif alg.ratio == "none":  # GPG: -A * logp
-            loss_tok = -adv * logp
+            coef = -adv
         elif alg.clip == "off":  # KL-Cov: -r*A, plus kl_cov_coef * |log r| on the selected tokens
             chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select)
-            loss_tok = -r * adv + chosen.to(logp.dtype) * hp["kl_cov_coef"] * log_ratio.abs()
+            loss_tok = (_surrogate(flows & (adv != 0), log_r, adv, torch.zeros_like(adv))
+                        + chosen.to(logp.dtype) * hp["kl_cov_coef"] * log_ratio.abs())
         else:
             if alg.clip == "dynamic":
                 check_dcpo_old_logp(bool((old_logp[on] > 0).any()))
@@ -195,20 +225,23 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
                 lo, hi = _bounds_unchecked(q, hp["eps_low"], hp["eps_high"], hp["r_max"])
             else:
                 lo, hi = 1 - hp["eps_low"], 1 + hp["eps_high"]
-            loss_tok, clipped = _clip_terms(r, adv, lo, hi, hp["dual_clip"], hp["delta"])
             if alg.select == "clip_cov":  # Clip-Cov: the selected tokens keep their value, lose their gradient
-                ppo_clipped = r * adv > torch.clamp(r, lo, hi) * adv  # not those capped by delta or the dual clip
+                # not those capped by delta or the dual clip
+                ppo_clipped = ratio * adv > torch.clamp(ratio, lo, hi) * adv
                 chosen = _cov_selection(alg, hp, logp, adv, mask, ppo_clipped, cov_select)
-                loss_tok = torch.where(chosen, loss_tok.detach(), loss_tok)
+            grads = flows if chosen is None else flows & ~chosen
+            loss_tok, clipped = _clip_terms(log_r, adv, lo, hi, hp["dual_clip"], hp["delta"], grads)
+            if chosen is not None:
                 clipped = clipped | chosen
-        ratio = r.detach()
 
-    loss_tok = torch.where(on, loss_tok, torch.zeros_like(loss_tok))
     stats.update({"clip_frac": float((clipped.to(mask.dtype) * mask).sum() / n),
-                  "ratio_mean": float((ratio * mask).sum() / n), "tokens": int(mask.sum())})
+                  "ratio_mean": float(torch.where(on, ratio, torch.zeros_like(ratio)).sum() / n), "tokens": int(mask.sum())})
     if chosen is not None:
         stats["cov_frac"] = float((chosen.to(mask.dtype) * mask).sum() / n)
-    loss = (weights * rc_weights * loss_tok).sum()
+    if coef is None:
+        loss = (scale * torch.where(flows, loss_tok, torch.zeros_like(loss_tok))).sum()
+    else:  # a loss linear in logp, weighted before the product: w * A * logp alone may overflow where the total does not
+        loss = (scale * coef * logp).sum()
     if hp["beta"] > 0:
         # padding is zeroed before any exp, so that e^d never overflows there: autograd's 0 * inf would be NaN
         zero = torch.zeros_like(logp)

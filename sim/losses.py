@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from spec.contract import (check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q,
-                           check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams)
+                           check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams,
+                           sapo_log_ratio_cap)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import PARTS, get_algorithm
 
@@ -64,7 +65,9 @@ def _bounds_unchecked(q, eps_low, eps_high, r_max):
 
 def _clip_terms(r, adv, lo, hi, dual_clip, delta=None):
     """PPO-clip (1707.06347 Eq. 7) with the optional two-sided clip min(r, delta) (INTELLECT-2 2505.07291) and
-    dual clip (1912.09729 Eq. 5): loss, d loss / d log r, and the indicator of a zeroed gradient."""
+    dual clip (1912.09729 Eq. 5): loss, d loss / d log r, and the indicator of a zeroed gradient. A token with
+    A = 0 is unclipped with loss 0 at any ratio (spec.contract.RATIO_GUARDS), also where r overflowed to inf."""
+    r = np.where(adv == 0, 1.0, r)
     unclipped = (r if delta is None else np.where(r > delta, delta, r)) * adv
     clipped_value = np.minimum(np.maximum(r, lo), hi) * adv  # np.clip(r, lo, hi) for r >= 0 and lo, hi >= 0
     use_unclipped = unclipped <= clipped_value
@@ -84,10 +87,13 @@ def _clip_terms(r, adv, lo, hi, dual_clip, delta=None):
     return loss, dloss, clipped
 
 
-def _sapo_terms(r, adv, tau_pos, tau_neg):
-    """SAPO Eq. 5-6: l = -(4/tau) sigmoid(tau (r - 1)) A; d/d log r = -sech^2(tau (r-1)/2) r A."""
+def _sapo_terms(log_r, adv, tau_pos, tau_neg):
+    """SAPO Eq. 5-6: l = -(4/tau) sigmoid(tau (r - 1)) A; d/d log r = -sech^2(tau (r-1)/2) r A; the gate saturated
+    (4/tau, derivative 0) past spec.contract.sapo_log_ratio_cap, where r is not formed."""
     tau = np.where(adv > 0, tau_pos, tau_neg)
-    th = np.tanh(0.5 * tau * (r - 1.0))
+    saturated = log_r > np.where(adv > 0, sapo_log_ratio_cap(tau_pos), sapo_log_ratio_cap(tau_neg))
+    r = np.exp(np.where(saturated, 0.0, log_r))
+    th = np.where(saturated, 1.0, np.tanh(0.5 * tau * (r - 1.0)))
     loss = -(2.0 / tau) * (1.0 + th) * adv
     dloss = -(1.0 - th * th) * r * adv
     return loss, dloss
@@ -132,19 +138,22 @@ def _sequence_terms(alg, hp, log_ratio, adv, mask, on):
     safe_lens = np.where(lens > 0, lens, 1.0)[:, None]
     a_seq = _row_mean(adv, mask, lens)
     if alg.ratio == "sequence":
-        s = np.exp(_row_mean(log_ratio, mask, lens))
+        with np.errstate(over="ignore"):
+            s = np.exp(_row_mean(log_ratio, mask, lens))
         seq_loss, dseq, seq_clipped = _clip_terms(s, a_seq, 1 - hp["eps_low"], 1 + hp["eps_high"], hp["dual_clip"],
                                                   hp["delta"])
-        dtok = dseq[:, None] / safe_lens * mask
+        dtok = np.where(on, dseq[:, None] / safe_lens, 0.0)  # padding gets 0, also beside an overflowed row
         return seq_loss, dtok, seq_clipped[:, None] & on, s[:, None]
     sgn = np.sign(a_seq)[:, None]
     x_clip = np.clip(log_ratio, -hp["eps_low"], hp["eps_high"])
     use_x = sgn * log_ratio <= sgn * x_clip  # the unclipped term wins ties, as in PPO
     c = np.where(use_x, log_ratio, x_clip)
-    g = np.exp(_row_mean(c, mask, lens))
+    with np.errstate(over="ignore"):
+        g = np.exp(_row_mean(c, mask, lens))
+        ratio = np.exp(log_ratio)
     seq_loss = -a_seq * g
-    dtok = (seq_loss[:, None] / safe_lens) * use_x * mask
-    return seq_loss, dtok, ~use_x & on, np.exp(log_ratio)
+    dtok = np.where(use_x & on, seq_loss[:, None] / safe_lens, 0.0)  # a clipped token gets 0 in an overflowed row
+    return seq_loss, dtok, ~use_x & on, ratio
 
 
 def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=None, rollout_logp=None,
@@ -186,28 +195,29 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
     if alg.ratio in ("sequence", "geometric"):
         seq_loss, dtok, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask, on)
         loss_tok = seq_loss[:, None]
-        grad = policy_weights.sum(1, keepdims=True) * dtok
+        grad = _weighted(policy_weights.sum(1, keepdims=True), dtok)
     else:
         with np.errstate(over="ignore"):
             ratio = np.exp(log_ratio)
-        if keep is not None:
-            keep["token_ratio"] = ratio
-        if alg.ratio == "sequence_token":
-            ratio = np.exp(_row_mean(log_ratio, mask, mask.sum(1)))[:, None]  # [B, 1]: broadcast where used
+            if keep is not None:
+                keep["token_ratio"] = ratio
+            if alg.ratio == "sequence_token":
+                ratio = np.exp(_row_mean(log_ratio, mask, mask.sum(1)))[:, None]  # [B, 1]: broadcast where used
         clipped = np.zeros(mask.shape, dtype=bool)
         if alg.clip == "soft":
-            loss_tok, dtok = _sapo_terms(ratio, adv, hp["tau_pos"], hp["tau_neg"])
+            loss_tok, dtok = _sapo_terms(log_ratio, adv, hp["tau_pos"], hp["tau_neg"])
         elif alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * logp, the gradient never vanishes
             lo, hi = _cispo_bounds(hp)
-            w = np.clip(ratio, lo, hi)
-            loss_tok, dtok = -w * adv * logp, -w * adv
+            dtok = -np.clip(ratio, lo, hi) * adv
+            loss_tok = None  # linear in logp: dtok * logp, weighted first (below)
             stats["trunc_frac"] = block_count(((ratio < lo) | (ratio > hi)) & on, blocks) / n
         elif alg.ratio == "none":  # GPG: -A * logp
-            loss_tok, dtok = -adv * logp, -adv
+            loss_tok, dtok = None, -adv
         elif alg.clip == "off":  # KL-Cov: -r*A, plus kl_cov_coef * |log r| on the selected tokens
             chosen = _cov_selection(alg, hp, logp, adv, mask, clipped, cov_select, blocks)
-            loss_tok = -ratio * adv + chosen * hp["kl_cov_coef"] * np.abs(log_ratio)
-            dtok = -ratio * adv + chosen * hp["kl_cov_coef"] * np.sign(log_ratio)
+            surrogate = -np.where(adv == 0, 0.0, ratio) * adv  # A = 0: 0 at any ratio
+            loss_tok = surrogate + chosen * hp["kl_cov_coef"] * np.abs(log_ratio)
+            dtok = surrogate + chosen * hp["kl_cov_coef"] * np.sign(log_ratio)
         else:
             if alg.clip == "dynamic":
                 check_dcpo_old_logp(np.count_nonzero((old_logp > 0) & on) > 0)
@@ -224,14 +234,16 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
                 chosen = _cov_selection(alg, hp, logp, adv, mask, ppo_clipped, cov_select, blocks)
                 dtok = np.where(chosen, 0.0, dtok)
                 clipped = clipped | chosen
-        grad = policy_weights * dtok
+        grad = _weighted(policy_weights, dtok)
 
-    loss_tok = np.where(on, loss_tok, 0.0)
+    if loss_tok is None:  # CISPO, GPG: (w * d loss / d logp) * logp, so that w * A * logp cannot overflow alone
+        loss_tok = grad * logp
+    else:
+        loss_tok = _weighted(policy_weights, np.where(on, loss_tok, 0.0))
     stats.update(clip_frac=block_count(clipped & on, blocks) / n,
-                 ratio_mean=block_sum(ratio * mask, blocks) / n, tokens=tokens)
+                 ratio_mean=block_sum(_weighted(mask, ratio), blocks) / n, tokens=tokens)
     if alg.select is not None:
         stats["cov_frac"] = block_count(chosen & on, blocks) / n
-    loss_tok *= policy_weights
     loss = block_sum(loss_tok, blocks)
     if hp["beta"] > 0:
         # d is 0 on padding (so k1..k3_unbiased are), before any exp: padding never overflows
@@ -243,6 +255,12 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
         grad += dkl
         stats["kl_mean"] = block_sum(kl_tok, blocks) / n
     return loss, grad, stats
+
+
+def _weighted(weights, x):
+    """weights * x, and 0 where the weight is 0 (padding, a token MIS cuts) whatever x holds, inf included."""
+    return np.multiply(weights, x, out=np.zeros(np.broadcast_shapes(np.shape(weights), np.shape(x))),
+                       where=weights != 0)
 
 
 def _cov_selection(alg, hp, logp, adv, mask, ppo_clipped, cov_select, blocks=1):

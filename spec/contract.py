@@ -4,10 +4,43 @@ from __future__ import annotations
 import math
 import reprlib
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 
 from .registry import AGG_MODES, CAP_MODES, GROUP_AGG_MODES, HPARAMS, KL_KINDS, ROLLOUT_CORRECTIONS, get_algorithm
+
+#: Past z = tau (r - 1) = SAPO_SATURATION, SAPO's gate (4/tau) sigmoid(z) is taken as 4/tau, with derivative 0.
+SAPO_SATURATION = 4096
+#: The smallest SAPO temperature: below it, the saturation point log1p(SAPO_SATURATION / tau) passes float32's
+#: largest log-ratio whose exp is finite (88.7), and the ratio could overflow before the gate saturates.
+SAPO_TAU_MIN = 1e-30
+
+#: How every layer treats far ratios and other products of an overflowing and a vanishing factor, so that the three
+#: stay one definition: values exact where representable, gradients never NaN where the exact gradient is finite.
+RATIO_GUARDS: Mapping[str, str] = MappingProxyType({
+    "clipped": "A token whose gradient is zeroed (PPO-clip's clipped branch, the two-sided clip's delta, the dual "
+               "clip's -c*A, a Clip-Cov selection) keeps its value and contributes exactly 0 to the gradient, however "
+               "far its ratio: the float layers take exp of the log-ratio only where the gradient flows (a masked "
+               "exp, the double where), so autograd never forms 0 * inf.",
+    "zero_advantage": "A token with A = 0 has loss r * 0 = 0 and gradient 0 at any ratio, also where exp(log r) "
+                      "overflows the float type (inf * 0 would be NaN); it is not clipped.",
+    "zero_weight": "A token whose aggregation or rollout-correction weight is 0 (padding, a token MIS cuts) contributes "
+                   "0 and no gradient, however far its ratio.",
+    "sapo_saturation": "SAPO's gate is 4/tau with derivative 0 where tau (r - 1) > SAPO_SATURATION = 4096, i.e. past "
+                       "log r = log1p(4096 / tau) (sapo_log_ratio_cap), where r is not formed: the exact gate is within "
+                       "e^-4096 of it, and the exact gradient, below 4 e^-z (z / tau + 1) |A|, is under 1e-1400 for "
+                       "tau >= SAPO_TAU_MIN and any float A; spec evaluates every finite log-ratio so.",
+    "linear_in_logp": "CISPO's and GPG's losses, linear in logp, are weighted (aggregation, rollout correction) before "
+                      "the product with logp: w * A * logp alone may overflow where the weighted total does not.",
+    "overflow": "Elsewhere a value past the float type's range is +-inf, the exact value rounded: -r * A of KL-Cov, or "
+                "of an unclipped A < 0 token without dual clip, at r = e^100 in float32, and its gradient likewise.",
+})
+
+
+def sapo_log_ratio_cap(tau: float) -> float:
+    """The log-ratio past which SAPO's gate is saturated (RATIO_GUARDS['sapo_saturation']): log1p(4096 / tau)."""
+    return math.log1p(SAPO_SATURATION / tau)
 
 
 def resolve_hparams(name: str, hp: dict) -> dict:
@@ -35,6 +68,10 @@ def resolve_hparams(name: str, hp: dict) -> dict:
         raise ValueError(f"eps_low: expected a number in [0, 1), got {out['eps_low']!r}")
     for key in ("tau_pos", "tau_neg", "r_max"):
         _positive(key, out[key])
+    for key in ("tau_pos", "tau_neg"):
+        if out[key] < SAPO_TAU_MIN:
+            raise ValueError(f"{key}: expected a temperature >= {SAPO_TAU_MIN} (SAPO's gate saturates past float32's "
+                             f"range below it), got {out[key]!r}")
     if out["dual_clip"] is None and alg.clip == "dynamic":  # DCPO: the dual clip follows r_max
         out["dual_clip"] = out["r_max"]
     if out["dual_clip"] is not None:
@@ -292,6 +329,10 @@ def check_q(q_min: float, q_max: float) -> None:
 
 def nonfinite_error(name: str) -> ValueError:
     return ValueError(f"{name}: expected finite values, found NaN or inf")
+
+
+def meta_error(name: str) -> ValueError:
+    return ValueError(f"{name}: expected a tensor with data, got one on the meta device (shape and dtype only)")
 
 
 def mask_error(name: str = "mask") -> ValueError:

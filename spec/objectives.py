@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sympy as sp
 
+from .contract import SAPO_SATURATION
+
 HALF = sp.Rational(1, 2)
 
 
@@ -78,6 +80,12 @@ def dcpo_upper(q, eps_high, r_max):
 def sapo_gate(r, tau):
     """SAPO Eq. 5: f(r) = (4/tau) * sigmoid(tau * (r - 1))."""
     return 4 / tau / (1 + sp.exp(-tau * (r - 1)))
+
+
+def saturated_sapo_gate(r, tau, select=piecewise):
+    """SAPO's gate as every layer computes it: 4/tau where tau (r - 1) > SAPO_SATURATION (spec.contract.RATIO_GUARDS:
+    within e^-4096 of the gate, and e^(-e^x) at a log-ratio x of 1e300 is not evaluable), the gate elsewhere."""
+    return select((4 / tau, tau * (r - 1) > SAPO_SATURATION), (sapo_gate(r, tau), True))
 
 
 def kl_estimator(logp, ref_logp, kind, old_logp=None):
@@ -185,7 +193,7 @@ def policy_objective(alg, hp, live, frozen, old, adv, mask, ref=None, group_size
         else:
             r = sp.exp(live[i][t] - old[i][t])
         if alg.clip == "soft":  # SAPO Eq. 6: tau by the sign of A
-            return -sapo_gate(r, select((hp["tau_pos"], a > 0), (hp["tau_neg"], True))) * a
+            return -saturated_sapo_gate(r, select((hp["tau_pos"], a > 0), (hp["tau_neg"], True)), select) * a
         if alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * log pi
             lo, hi = cispo_bounds(hp)
             return -clip(sp.exp(frozen[i][t] - old[i][t]), lo, hi, select) * a * live[i][t]
