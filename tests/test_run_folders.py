@@ -38,8 +38,12 @@ def test_a_sweep_a_training_run_and_a_report_refuse_each_others_folders(tmp_path
     output_file(report_dir / "r.md", inputs=[sweep_dir])  # what a report of the sweep takes first
     held = {d: _names(d) for d in (sweep_dir, other_sweep, run_dir, report_dir)}
 
-    with pytest.raises(ValueError, match=f"^run.out_dir: {sweep_dir} already holds a simulator sweep "):
-        checkpoint.own(sweep_dir)
+    config = tmp_path / "train.yaml"
+    config.write_text(json.dumps({"run": {"out_dir": str(sweep_dir)}, "model": {"name": "tiny"}}))
+    result = CliRunner().invoke(app, ["train", "--config", str(config)])
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"error: run.out_dir: {sweep_dir} already holds a simulator sweep (sweep.lock); one kind of output a folder: "
+        "use another run.out_dir")
     with pytest.raises(ValueError, match=f"^run.out_dir: {report_dir} already holds a report "):
         checkpoint.own(report_dir)
     for other, kind in ((run_dir, "a training run"), (report_dir, "a report")):
