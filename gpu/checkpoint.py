@@ -13,6 +13,7 @@ import os
 import pickle
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -310,10 +311,16 @@ def resume_config_change(ckpt: Path, new: dict, allow: bool) -> dict | None:
 
 def _check_folder_record(folder_record: Path, trained: dict, ckpt_record: Path, step: int) -> None:
     """Refuse a run folder's config.json that disagrees with ``trained`` (the checkpoint's config, in
-    ``ckpt_record``), naming the first field that differs and both values."""
+    ``ckpt_record``), naming the first field that differs and both values. One that is missing or cannot be read
+    holds no field to follow: the resume writes it again from the checkpoint's (with a warning when unreadable)."""
     if not folder_record.exists():
         return
-    shown = {k: v for k, v in read_json(folder_record).items() if k != "resolved"}  # resolved: derived, for readers
+    try:
+        shown = read_json(folder_record)
+    except ValueError as exc:
+        warnings.warn(f"{exc}; it is written again from {ckpt_record}", stacklevel=2)
+        return
+    shown = {k: v for k, v in shown.items() if k != "resolved"}  # resolved: derived from the rest, for readers
     differ = config_changes(trained, shown)
     if differ:
         field, (was, now) = next(iter(differ.items()))

@@ -59,6 +59,10 @@ def test_a_sweep_refuses_a_run_folder_that_links_outside_naming_the_link_and_its
         run_sweep("bandit", ["grpo"], 2, 2, out=str(out), workers=1, progress=False)
     assert str(e.value).startswith(f"out: {link} is a symbolic link to {outside}; expected a folder of its own")
     assert sorted(p.name for p in outside.iterdir()) == kept and link.is_symlink()
+    from harness.runs.ray import store  # the Ray backend's driver writes the runs its workers return
+    with pytest.raises(ValueError, match=f"^out: {link} is a symbolic link to {outside}; "):
+        store(out, link.name, {name: b"{}" for name in ("config.json", "metrics.jsonl", "done.json")})
+    assert sorted(p.name for p in outside.iterdir()) == kept
 
 
 # -- the model cache -----------------------------------------------------------------------------------------------
@@ -195,5 +199,8 @@ def test_a_resume_refuses_a_run_folders_config_json_edited_away_from_the_checkpo
     assert str(e.value).startswith(f"{tmp_path / 'config.json'}: algo.name is 'dapo', but the checkpoint of step 3 "
                                    f"was trained with 'grpo' ({ckpt / 'config.json'}: the record a resume follows)")
     assert resume_config_change(ckpt, config, True) is None  # --allow-config-change: the given config is trained
+    (tmp_path / "config.json").write_text('{"algo": {"name": "dap')  # unreadable: no field to follow
+    with pytest.warns(UserWarning, match=r"not valid JSON.*; it is written again from .*checkpoint/config.json$"):
+        assert resume_config_change(ckpt, config, False) is None
     assert resume_config_change(ckpt, {**config, "algo": {"name": "dapo"}}, True)["changes"] == {
         "algo.name": ["grpo", "dapo"]}

@@ -312,7 +312,7 @@ def test_the_config_guard_reads_the_checkpoint_not_the_runs_config_json(tmp_path
         Trainer(from_dict(dapo))
     stored = run / "checkpoint" / "config.json"
     good = stored.read_text()
-    (run / "config.json").write_text('{"train": {"lr": "fast"')  # the run's own copy is not what is compared
+    (run / "config.json").write_text('{"train": {"lr": "fast"')  # unreadable: no field to follow, written again
     tr = Trainer(from_dict(small(run, steps=1)))
     tr.close()
     assert json.loads((run / "config.json").read_text())["train"]["lr"] == 1e-3

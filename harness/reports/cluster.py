@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from spec.extras import require
-from spec.records import read_json, read_text, safe_name, write_text
+from spec.records import naming, read_json, read_text, safe_name, write_text
 from spec.schema import show
 
 from harness.reports.claims import CLAIMS
@@ -548,7 +548,8 @@ def plot_runs(groups: Groups, path: Path) -> list[str]:
                 names.append(n)
     fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(names) - 1) // 4), 1, 1))
-    fig.savefig(path, dpi=110)
+    with naming(path):  # a full disk names the plot's file
+        fig.savefig(path, dpi=110)
     plt.close(fig)
     return panels
 

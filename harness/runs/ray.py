@@ -7,11 +7,12 @@ and the folder is byte-for-byte what the process backend writes. Resuming skips 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 from tqdm import tqdm
+
+from spec.records import remove_folder
 
 RUN_FILES = ("config.json", "metrics.jsonl", "done.json")  # written in this order; done.json marks a finished run
 
@@ -29,7 +30,7 @@ def store(out: Path, task_id: str, files: dict) -> None:
     """On the driver: write a finished run's files, done.json last and atomically."""
     folder = Path(out) / "runs" / task_id
     if folder.exists():
-        shutil.rmtree(folder)
+        remove_folder(folder, "out")
     folder.mkdir(parents=True)
     for name in RUN_FILES:
         tmp = folder / (name + ".tmp")
