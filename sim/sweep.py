@@ -355,7 +355,8 @@ def job_bytes(job: list[dict]) -> tuple[int, list[str]]:
     [responses, max_len] 8-byte arrays of one step's rollouts (states, tokens, mask, old log-probs: every
     environment samples them; dynamic sampling draws ds_oversample x batch_prompts prompts a round), and for
     feature_lm each environment draw's [n_prompts, answer_len, vocab] table of acceptable tokens. Measured peaks are
-    7 to 10 times this (toy_lm, bandit and feature_lm, 256,000 responses)."""
+    4 to 12 times this (two steps of GRPO, DAPO, DPO and PPO on the three environments, 1 to 4 seeds stacked,
+    64,000 to 512,000 responses a step), so a sweep it refuses cannot run."""
     st = job[0]["settings"]
     prompts = math.ceil(st["batch_prompts"] * (st["ds_oversample"] if st["dynamic_sampling"] else 1))
     names = ["batch_prompts", "group_size"] + (["ds_oversample"] if st["dynamic_sampling"] else []) + \
