@@ -71,7 +71,8 @@ def verify(json_out: bool = typer.Option(False, "--json", help="Print the result
     ok = all(r["agrees"] for r in rows) and all(d["holds"] for d in derivations)
     if out:
         from harness.verify.layers import markdown
-        out.write_text("# cliplab verify\n\n" + markdown(rows, derivations))
+        from spec.records import write_text
+        _user_errors(write_text, out, "# cliplab verify\n\n" + markdown(rows, derivations))
     if json_out:
         print(json.dumps({"ok": ok, "rows": rows, "derivations": derivations}, indent=1))
     elif not console.is_terminal:
