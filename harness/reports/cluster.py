@@ -22,7 +22,7 @@ from spec.schema import show
 
 from harness.reports.claims import CLAIMS
 from harness.reports.published import published
-from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file, shell_line
+from harness.reports.rundirs import LOG_NAMES, Groups, fmt, load_runs, md, output_file, shell_line
 
 #: verl metric -> cliplab metric. ``actor/kl_loss`` is the KL to the reference under verl's kl_loss_type (k3 for
 #: low_var_kl); ``actor/cliplab_rur`` is logged by cliplab's verl losses; ``critic/score/mean`` the task score.
@@ -39,7 +39,6 @@ VAL_METRICS = {"acc": "accuracy", "reward": "val_reward"}
 TRL = {"clip_ratio/region_mean": "clip_frac", "entropy": "entropy", "reward": "reward",
        "completions/mean_length": "resp_len", "kl": "kl_ref", "cliplab/rur": "rur",
        "frac_reward_zero_std": "zero_grad_frac", "completions/clipped_ratio": "truncated"}
-LOG_NAMES = ("verl.jsonl", "console.log", "trainer_state.json")
 TB_EVENTS = "events.out.tfevents.*"
 FORMATS = ("verl's file-logger JSONL, verl's console log (step:N - key:value lines), TRL's trainer_state.json or a "
            "TensorBoard event folder of verl or TRL")

@@ -72,11 +72,15 @@ def check_dirs(dirs) -> list[Path]:
     return dirs
 
 
+#: The file names of cluster logs (verl's file logger and console log, TRL's trainer state) that the cluster
+#: report reads.
+LOG_NAMES = ("verl.jsonl", "console.log", "trainer_state.json")
+
+
 def cliplab_folders(dirs) -> bool:
     """Whether each of ``dirs`` is the folder of a cliplab sweep or training run (its lock names it, see
     ``spec.records.FOLDER_KINDS``), so that the report reads its runs; a file under it named as another tool's
     log (terminal output saved as console.log) is not read as a cluster run, and is noted as left out."""
-    from harness.reports.cluster import LOG_NAMES
     dirs = [Path(d) for d in dirs]
     kinds = [folder_kind(d) if d.is_dir() else None for d in dirs]
     if not dirs or not all(k in ("sweep.lock", "train.lock") for k in kinds):
