@@ -45,6 +45,20 @@ def test_cliplab_sim_past_a_full_disk_names_where(tmp_path, monkeypatch):
     assert result.stderr.splitlines()[-1] == f"error: {out / 'runs'}: No space left on device"
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, whose writes fail with ENOSPC")
+def test_a_report_whose_plot_meets_a_full_disk_names_the_plot(tmp_path):
+    from harness.reports.rundirs import Groups, load_runs
+    from harness.reports.sim import plot_curves
+    from sim.sweep import run_sweep
+    run_sweep("bandit", ["grpo"], 2, 2, out=str(tmp_path / "sweep"), workers=1, progress=False)
+    groups = Groups(load_runs([tmp_path / "sweep"]))
+    png = tmp_path / "curves.png"
+    png.symlink_to("/dev/full")
+    with pytest.raises(OSError) as e:
+        plot_curves(groups, groups.labels(), png, panels=("reward",))
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(png)
+
+
 # -- a run folder that links elsewhere -----------------------------------------------------------------------------
 def test_a_sweep_refuses_a_run_folder_that_links_outside_naming_the_link_and_its_target(tmp_path):
     from sim.sweep import run_sweep

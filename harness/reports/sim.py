@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from spec.extras import require
-from spec.records import read_json, safe_name, write_text
+from spec.records import naming, read_json, safe_name, write_text
 
 from harness.reports.claims import bandit_entropy_check, claim_bandit, run_claims, seed_sets
 from harness.reports.rundirs import (Groups, check_dirs, fmt, fmt_interval, load_runs, md, mean_se, output_file,
@@ -69,7 +69,8 @@ def _figure(groups: Groups, labels: list[str], panels: list[str], path: Path, sm
     handles, names = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(names) - 1) // 4), 1, 1))
-    fig.savefig(path, dpi=100, pil_kwargs={"optimize": True})
+    with naming(path):  # a full disk names the plot's file
+        fig.savefig(path, dpi=100, pil_kwargs={"optimize": True})
     plt.close(fig)
 
 
