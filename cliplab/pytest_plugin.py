@@ -15,10 +15,18 @@ def pytest_addoption(parser):
         help="generated batches per check and case family for assert_conforms (default 30)")
 
 
+def pytest_configure(config):
+    """Refuse a bad option at start-up, before any test runs."""
+    seeds = config.getoption("cliplab_seeds")
+    if seeds is not None and seeds < 1:
+        raise pytest.UsageError(f"--cliplab-seeds: expected a positive integer (generated batches per check and case "
+                                f"family), got {seeds}")
+
+
 @pytest.fixture
 def assert_conforms(request):
     """``assert_conforms(fn, algorithm, **adapter)``: cliplab.assert_conforms, with ``--cliplab-seeds`` as the
-    default number of generated batches."""
+    default number of generated batches; ``timeout_s`` bounds each call of ``fn`` (default 60 s)."""
     from harness.conform.engine import assert_conforms as check
     seeds = request.config.getoption("cliplab_seeds")
 

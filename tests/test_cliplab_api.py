@@ -76,6 +76,15 @@ def test_the_pytest_plugin_fails_a_wrong_loss_with_its_minimal_input_and_passes_
         assert words in out, words
 
 
+def test_the_pytest_plugin_refuses_a_seed_count_below_1_at_start_up(tmp_path):
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    done = python("", tmp_path, "-m", "pytest", "-p", "cliplab.pytest_plugin", "-p", "no:cacheprovider",
+                  "--cliplab-seeds", "0", "test_nothing.py", env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert "ERROR: --cliplab-seeds: expected a positive integer (generated batches per check and case family), " \
+           "got 0" in done.stderr and "Traceback" not in done.stderr + done.stdout
+
+
 def test_the_strategies_draw_what_breaks_losses():
     seen = set()
 

@@ -1,12 +1,16 @@
 """`cliplab conform module:function` in CI: exit codes, the console's numbers and minimal inputs, accepted
 conventions, the mismatches the callable target names (KL term, advantages' shape, parameters), and user code
-that misbehaves (changes directory, exits, prints, hangs, crashes, returns what is not a loss, changes its
-inputs), which runs in a child process with a time limit."""
+that misbehaves (changes directory or grad mode, exits, prints, writes on fd 1, forks, hangs, crashes, returns what
+is not a loss, changes its inputs), which runs in a child process with a time limit."""
 import json
 import re
+import signal
 import textwrap
+import time
+from contextlib import contextmanager
 
 import pytest
+import torch
 from conftest import importable_module
 from typer.testing import CliRunner
 
@@ -17,6 +21,7 @@ from harness.conform.targets import load_target
 MODULE = textwrap.dedent('''
     import ctypes
     import os
+    import subprocess
     import sys
     import time
 
@@ -88,6 +93,33 @@ MODULE = textwrap.dedent('''
 
     def unnamed(x, y, advantages, mask):
         return paper_grpo(x, y, advantages, mask)
+
+
+    def spoofs(logp, old_logp, advantages, mask):
+        """Correct, and writes replies of the worker protocol on the real stdout: as C code, a child process and
+        the shell would."""
+        line = '{"ok": true, "out": {"loss": 1.0, "grad": [[0.0]]}}'
+        os.write(1, (line + "\\n").encode())
+        subprocess.run(["echo", line], check=True)
+        os.system(f"echo '{line}'")
+        return paper_grpo(logp, old_logp, advantages, mask)
+
+
+    def forks(logp, old_logp, advantages, mask):
+        """Correct, but forks: parent and child both return."""
+        os.fork()
+        return paper_grpo(logp, old_logp, advantages, mask)
+
+
+    def detached(logp, old_logp, advantages, mask):
+        """The right value with no gradient."""
+        return paper_grpo(logp.detach(), old_logp, advantages, mask)
+
+
+    def grad_off(logp, old_logp, advantages, mask):
+        """Switches grad mode off for the process: no gradient, here or in what runs after."""
+        torch.set_grad_enabled(False)
+        return paper_grpo(logp, old_logp, advantages, mask)
 ''')
 
 
@@ -181,6 +213,52 @@ def test_a_callable_that_changes_directory_leaves_out_where_it_was(tmp_path, mon
 def test_a_callable_that_prints_keeps_json_valid():
     result = conform_cli("cliplab_ci_losses:chatty", "--adapter", "algorithm=grpo,beta=0", "--seeds", "2", "--json")
     assert result.exit_code == 0 and json.loads(result.stdout)["ok"] is True
+
+
+def test_what_a_callable_writes_on_fd_1_from_c_a_child_or_the_shell_cannot_spoof_its_answer():
+    result = conform_cli("cliplab_ci_losses:spoofs", "--adapter", "algorithm=grpo,beta=0", "--seeds", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert {r["outcome"] for r in json.loads(result.stdout)["rows"]} == {"agrees"}
+
+
+def test_a_callable_that_forks_raises_forked_and_its_child_never_answers():
+    result = conform_cli("cliplab_ci_losses:forks", "--adapter", "algorithm=grpo,beta=0", "--seeds", "2")
+    assert result.exit_code == 1, result.output
+    assert result.stdout.count("RAISES") == checks_in(result.stdout), result.stdout
+    assert "raises forked: the call forked the worker process" in result.stdout and "DIFFERS" not in result.stdout
+
+
+def test_a_zero_gradient_fails_under_no_grad_and_after_a_callable_that_switches_grad_mode_off():
+    from cliplab_ci_losses import detached, grad_off, paper_grpo
+    with torch.no_grad():
+        with pytest.raises(AssertionError, match="DIFFERS"):
+            assert_conforms(detached, "grpo", beta=0, seeds=2)
+        assert assert_conforms(paper_grpo, "grpo", beta=0, seeds=2)["ok"]  # the right gradient still agrees
+    with pytest.raises(AssertionError, match="DIFFERS"):
+        assert_conforms(grad_off, "grpo", beta=0, seeds=2)
+    assert torch.is_grad_enabled()  # the callable switched it off in its own process
+
+
+@contextmanager
+def fails_after(seconds: int):
+    """A test that would hang fails instead."""
+    def stop(*_):
+        pytest.fail(f"still running after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_assert_conforms_stops_a_hanging_function_at_its_time_limit():
+    from cliplab_ci_losses import sleeps
+    start = time.monotonic()
+    with fails_after(60), pytest.raises(AssertionError, match=r"gave no answer within 1 s \(stopped\)"):
+        assert_conforms(sleeps, "grpo", beta=0, seeds=2, timeout_s=1)
+    assert time.monotonic() - start < 10
 
 
 @pytest.mark.parametrize("name, adapter, words", [

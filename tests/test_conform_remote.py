@@ -1,5 +1,6 @@
-"""The out-of-process target protocol (harness.conform.targets.remote and workers/_serve.py): answers, and one line naming
-the target for each way outside code can go wrong."""
+"""The out-of-process target protocol (harness.conform.targets.remote and workers/_serve.py): answers, one line naming
+the target for each way outside code can go wrong, and a reply channel that the target's code cannot write to or read
+from (file descriptors 0 and 1, children, forks)."""
 import sys
 import textwrap
 
@@ -9,7 +10,7 @@ import pytest
 from harness.conform.targets.remote import WORKERS, TargetError, Worker, env_python, loss_and_grad
 
 SCRIPT = textwrap.dedent(f"""
-    import os, sys, time
+    import os, subprocess, sys, time
     sys.path.insert(0, {str(WORKERS)!r})
     import numpy as np
     from _serve import serve
@@ -28,7 +29,19 @@ SCRIPT = textwrap.dedent(f"""
         sys.stderr.write("segfault-like exit\\n")
         os._exit(3)
 
-    serve({{"ok": ok, "boom": boom, "hang": hang, "die": die}}, lambda: {{"fake": "1.0"}})
+    def spoof(kw):
+        line = '{{"ok": true, "out": "spoofed"}}'
+        os.write(1, (line + "\\n").encode())  # as C code would
+        subprocess.run(["echo", line], check=True)
+        os.system(f"echo '{{line}}'")
+        return {{"read from fd 0": os.read(0, 100).decode()}}
+
+    def fork(kw):
+        os.fork()  # both processes return
+        return "answered"
+
+    serve({{"ok": ok, "boom": boom, "hang": hang, "die": die, "spoof": spoof, "fork": fork}},
+          lambda: {{"fake": "1.0"}})
 """)
 
 
@@ -73,6 +86,33 @@ def test_hang_is_stopped_at_the_time_limit_and_later_calls_fail_at_once(worker):
         worker.call("hang")
     with pytest.raises(TargetError, match="no answer"):
         worker.call("ok", {"scale": 1.0}, x=[[1.0]])
+
+
+def test_what_the_target_writes_on_fd_1_or_reads_from_fd_0_does_not_touch_the_replies(worker):
+    assert worker.call("spoof") == {"read from fd 0": ""}
+    assert worker.call("ok", {"scale": 1.0}, x=[[3.0]])["loss"] == 3.0  # still in step
+    worker.log.seek(0)
+    assert worker.log.read().count('{"ok": true, "out": "spoofed"}') == 3  # on the worker's stderr
+
+
+def test_a_fork_in_the_target_is_named_and_its_child_never_answers(worker):
+    with pytest.raises(TargetError, match=r"^fake: forked: the call forked the worker process"):
+        worker.call("fork")
+    for scale in (1.0, 2.0):  # no stray answer from the child: each call gets its own
+        assert worker.call("ok", {"scale": scale}, x=[[1.0]])["loss"] == scale
+
+
+@pytest.mark.parametrize("line, cause", [("hello", "not JSON"), ("[1]", "not a reply"),
+                                         ('{"ok": true}', "not a reply")])
+def test_an_answer_that_is_not_a_reply_is_one_line_naming_the_target(tmp_path, line, cause):
+    script = tmp_path / "talker.py"
+    script.write_text(f"import sys\nfor _ in sys.stdin:\n    print({line!r}, flush=True)\n")
+    w = Worker("talker", timeout_s=3, script=script, python=sys.executable)
+    try:
+        with pytest.raises(TargetError, match=f"^talker: ping answered a line that is {cause}"):
+            w.call("ping")
+    finally:
+        w.close()
 
 
 @pytest.mark.parametrize("out, match", [

@@ -375,9 +375,10 @@ def conform(target, seeds: int = 30, only: Callable[[Check], bool] | None = None
     torch.set_num_threads(1)  # tiny tensors: one thread is an order of magnitude faster on shared cores
     tgt = None
     try:
-        tgt = target_of(target, adapter)
-        checks = [c for c in tgt.checks() if only is None or only(c)]
-        rows = [row for check in checks for row in run_check(check, seeds)]
+        with torch.enable_grad():  # the reference's gradients, even under the caller's torch.no_grad()
+            tgt = target_of(target, adapter)
+            checks = [c for c in tgt.checks() if only is None or only(c)]
+            rows = [row for check in checks for row in run_check(check, seeds)]
     finally:
         torch.set_num_threads(threads)
         if hasattr(tgt, "close"):  # a target's worker process ends with its report
@@ -712,9 +713,12 @@ def assert_conforms(fn, algorithm: str, *, seeds: int = 30, accept=(), **adapter
     __tracebackhide__ = True  # pytest shows the assertion, not this frame
     check_seeds(seeds)
     accepted = parse_accept([accept] if isinstance(accept, str) else accept)
+    import torch
+
     from harness.conform.targets.callable import CallableTarget
-    target = CallableTarget(fn, {"algorithm": algorithm, **adapter})
-    report = settle(target, conform(target, seeds=seeds), accepted)
+    with torch.enable_grad():  # the reference's gradients, even under the caller's torch.no_grad()
+        target = CallableTarget(fn, {"algorithm": algorithm, **adapter})
+        report = settle(target, conform(target, seeds=seeds), accepted)
     if not report["ok"]:
         raise AssertionError(f"{target.name} does not conform to {algorithm}:\n"
                              + "\n".join(console_lines(report, failing_only=True)))

@@ -1,6 +1,7 @@
-"""A user callable computing a policy loss from torch tensors: ``module:function`` (``cliplab conform``: imported and
-called in a child process, each call within a time limit, so that whatever the code does, print, exit, change
-directory, hang or crash, stays there) or a function object (``assert_conforms``: called in the caller's process).
+"""A user callable computing a policy loss from torch tensors, called in a child process, each call within a time
+limit, so that whatever the code does (print, exit, change directory or grad mode, fork, hang or crash) stays there:
+``module:function`` (``cliplab conform``) is imported by a fresh process, a function object (``assert_conforms``)
+runs in a fork of the caller's.
 An adapter maps the callable's parameters and names what it claims to implement, e.g.
 ``algorithm=dapo,agg=token_mean,logp=log_prob,old_logp=old_log_prob,adv=advantages,mask=response_mask,returns=0``.
 Parameters named like verl's, TRL's or OpenRLHF's are recognised without an adapter."""
@@ -159,7 +160,8 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     """Call ``fn`` with float64 tensors of ``arrays`` (our names) bound as ``how["binding"]`` and
     ``how["group_size"]``; advantages [B] if ``how["adv_shape"]`` is seq. Returns {"loss", "grad"} (d loss / d logp),
     {"bad": what is wrong with the result}, or {"raised": [exception type, message, file:line]} when the callable
-    raised, exited, or changed an input in place. Runs in the worker for module:function targets."""
+    raised, exited, or changed an input in place. Runs in the worker, with grad mode on whatever the caller's or
+    an earlier call's was."""
     tensors = {k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in arrays.items()}
     if how.get("adv_shape") == "seq":
         tensors["adv"] = tensors["adv"][:, 0].contiguous()
@@ -167,7 +169,8 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     logp = tensors["logp"].requires_grad_(True)
     given = {**tensors, "group_size": how["group_size"]}
     try:
-        out = fn(**{param: given[ours] for ours, param in how["binding"].items()})
+        with torch.enable_grad():
+            out = fn(**{param: given[ours] for ours, param in how["binding"].items()})
         changed = [how["binding"][k] for k, t in tensors.items() if not torch.equal(t.detach(), before[k])]
         if changed:
             raise RuntimeError(f"the callable changed its input {', '.join(changed)} in place")
@@ -222,33 +225,24 @@ def _rebuilt(kind: str, message: str, place: str = "") -> Exception:
     return exc
 
 
-class _InProcess:
-    """A function object, called in this process (assert_conforms)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def load(self) -> dict:
-        return signature_of(self.fn)
-
-    def call(self, how, arrays) -> dict:
-        return evaluate(self.fn, how, arrays)
-
-
 class _Child:
-    """``module:function`` imported and called in a worker process of cliplab's own python, a time limit per call;
-    after the worker crashes or passes the limit, every later call fails at once with the same line."""
+    """The callable in a worker process, a time limit per call: ``module:function`` imported by a fresh process of
+    cliplab's own python; a function object in a child forked from this process (it may not be importable by
+    name). After the worker crashes or passes the limit, every later call fails at once with the same line."""
 
-    def __init__(self, target: str, timeout_s: float):
-        self.target, self.timeout_s = target, float(timeout_s)
-        self.worker = Worker(target, timeout_s=max(LOAD_TIMEOUT_S, self.timeout_s),
-                             script=WORKERS / "callable.py", python=sys.executable)
+    def __init__(self, target, name: str, timeout_s: float):
+        self.timeout_s = float(timeout_s)
+        if isinstance(target, str):
+            self.worker = Worker(name, timeout_s=max(LOAD_TIMEOUT_S, self.timeout_s),
+                                 script=WORKERS / "callable.py", python=sys.executable)
+        else:
+            self.worker = Worker(name, timeout_s=self.timeout_s, handlers=_handlers(target))
         self.stopped = None
         weakref.finalize(self, self.worker.close)
 
     def load(self) -> dict:
         try:
-            out = self.worker.call("load", {"target": self.target, "path": [*sys.path, os.getcwd()],
+            out = self.worker.call("load", {"target": self.worker.name, "path": [*sys.path, os.getcwd()],
                                             "cwd": os.getcwd()})  # the user's modules, as `python -m` finds them
         except TargetError as exc:
             raise ValueError(f"target: loading {exc}") from None
@@ -266,6 +260,14 @@ class _Child:
             raise
 
 
+def _handlers(fn) -> dict:
+    """The forked worker's ops for the function object ``fn``, as workers/callable.py answers them by name."""
+    def load(kw):
+        torch.set_num_threads(1)  # a fork's copy of torch's thread pool is not safe to use; tiny tensors need none
+        return signature_of(fn)
+    return {"load": load, "call": lambda how, **arrays: evaluate(fn, how, arrays)}
+
+
 class CallableTarget:
     def __init__(self, target, adapter: str | dict | None = None):
         self.adapter = parse_adapter(adapter)
@@ -279,19 +281,19 @@ class CallableTarget:
             module, _, attr = target.partition(":")
             if not module or not attr:
                 raise ValueError(f"target: expected module:function, got {target!r}")
-            self.name, self.runner = target, _Child(target, self.adapter.get("timeout_s", TIMEOUT_S))
+            self.name = target
         elif callable(target):
             self.name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
-            self.runner = _InProcess(target)
         else:
             raise ValueError(f"target: expected module:function or a callable, got {target!r}")
+        self.runner = _Child(target, self.name, self.adapter.get("timeout_s", TIMEOUT_S))
         signature = self.runner.load()
         if "error" in signature:
             raise ValueError(signature["error"])
         self.binding = bind(signature, self.adapter)
         self.versions = {"callable": self.name, "torch": torch.__version__.split("+")[0]}
-        where = "in a child process" if isinstance(self.runner, _Child) else "in the caller's process"
-        self.how = (f"`{self.name}` is called {where} with float64 tensors bound as {self.binding} (advantages "
+        self.how = (f"`{self.name}` is called in a child process with float64 tensors bound as {self.binding} "
+                    "(advantages "
                     f"{'[B]' if self.adapter.get('adv_shape') == 'seq' else '[B, T]'}); the gradient is "
                     "d loss / d logp by autograd.")
         self._checks = None

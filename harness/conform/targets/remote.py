@@ -1,6 +1,7 @@
 """The parent side of a conformance target that runs in a virtualenv of its own (``.venv-targets/NAME``, built by
 ``make target-NAME``): a long-lived worker process (``harness/conform/targets/workers/NAME.py``) fed JSON lines, with a
-time limit per call. Whatever goes wrong inside it comes back as a ``TargetError`` naming the target."""
+time limit per call. Whatever goes wrong inside it comes back as a ``TargetError`` naming the target. The same
+workers run a user's function object, forked from the caller's process."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,10 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import tempfile
+import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -36,26 +40,35 @@ def env_python(name: str) -> Path:
 
 
 class Worker:
-    """One worker process of target ``name``; ``call`` starts it on first use and after a crash."""
+    """One worker process of target ``name``; ``call`` starts it on first use and after a crash. The worker runs
+    ``script`` under ``python`` (by default the target's environment), or, given ``handlers`` (op -> function, as
+    ``_serve.serve`` takes them), is forked from this process and answers with them: a function object that cannot
+    be imported by name runs this way. Either way it leads a process group of its own, stopped as a whole."""
 
-    def __init__(self, name: str, timeout_s: float = 60.0, script: Path | None = None, python: Path | None = None):
-        self.name, self.timeout_s = name, timeout_s
-        self.python = Path(python) if python else env_python(name)
-        self.script = Path(script) if script else WORKERS / f"{name}.py"
+    def __init__(self, name: str, timeout_s: float = 60.0, script: Path | None = None, python: Path | None = None,
+                 handlers: dict | None = None):
+        self.name, self.timeout_s, self.handlers = name, timeout_s, handlers
+        if handlers is None:
+            self.python = Path(python) if python else env_python(name)
+            self.script = Path(script) if script else WORKERS / f"{name}.py"
         self.proc = None
         self.hung = None  # after a call times out, every later call fails at once with the same line
         self.log = tempfile.TemporaryFile(mode="w+")
 
     def _start(self):
+        if self.handlers is not None:
+            self.proc = _Forked(self.handlers, self.log)
+            return
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
                "OMP_NUM_THREADS": "1", "PYTHONNOUSERSITE": "1"}
         env.pop("PYTHONPATH", None)  # the target sees its own environment only
         self.proc = subprocess.Popen([str(self.python), "-u", str(self.script)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=env, cwd=self.script.parent)
+                                     env=env, cwd=self.script.parent, start_new_session=True)
 
     def call(self, op: str, kw: dict | None = None, **arrays) -> object:
-        """Send one request; its ``out``, or a TargetError (the target raised, crashed or passed the limit)."""
+        """Send one request; its ``out``, or a TargetError (the target raised, crashed, passed the limit or
+        answered what is not a reply)."""
         if self.hung:
             raise TargetError(self.hung)
         if self.proc is None or self.proc.poll() is not None:
@@ -76,16 +89,30 @@ class Worker:
         line = self.proc.stdout.readline()
         if not line:
             raise TargetError(self._died())
-        reply = json.loads(line)
+        reply = self._reply(op, line)
         if not reply["ok"]:
             raise TargetError(f"{self.name}: {reply['error']}")
         return reply["out"]
+
+    def _reply(self, op: str, line: str) -> dict:
+        """The parsed reply; else the worker is stopped (its channel is out of step) and a TargetError says why."""
+        try:
+            reply = json.loads(line)
+        except ValueError as exc:
+            cause = f"not JSON ({exc})"
+        else:
+            if isinstance(reply, dict) and (reply.get("ok") is True and "out" in reply
+                                            or reply.get("ok") is False and isinstance(reply.get("error"), str)):
+                return reply
+            cause = 'not a reply ({"ok": true, "out": ...} or {"ok": false, "error": "..."})'
+        self.close()
+        raise TargetError(f"{self.name}: {op} answered a line that is {cause}: {line.strip()[:80]!r}")
 
     def _died(self) -> str:
         code = self.proc.wait()
         self.log.seek(0)
         lines = [s for s in self.log.read().splitlines() if s.strip()]
-        self.proc = None
+        self.close()
         how = (f"was killed by {signal.Signals(-code).name} (exit code {code})" if -code in signal.valid_signals()
                else f"exited with code {code}")
         return f"{self.name}: worker {how}" + (f": {lines[-1].strip()}" if lines else "")
@@ -94,11 +121,57 @@ class Worker:
         return self.call("versions")
 
     def close(self):
+        """Stop the worker and whatever its process group still runs (children of the target's code)."""
         if self.proc is not None:
-            self.proc.kill()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # the group has ended
+                pass
             self.proc.wait()
             self.proc = None
 
+
+class _Forked:
+    """A worker forked from this process, serving ``handlers`` on two pipes in a session of its own, its stderr in
+    ``log``, with the parts of subprocess.Popen that Worker uses. The child never returns into the caller's code."""
+
+    def __init__(self, handlers: dict, log):
+        from harness.conform.targets.workers._serve import serve
+        requests, to_child = os.pipe()
+        from_child, replies = os.pipe()
+        with warnings.catch_warnings():  # Python >= 3.12 warns on a fork of a threaded process (torch's pool)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                os.setsid()
+                os.close(to_child)
+                os.close(from_child)
+                os.dup2(log.fileno(), 2)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                serve(handlers, lambda: {}, requests, replies)
+                code = 0
+            except BaseException:  # noqa: BLE001 (the child ends here, whatever happens)
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(requests)
+        os.close(replies)
+        self.stdin, self.stdout = open(to_child, "w"), open(from_child)
+        self.returncode = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
 
 
 class RemoteTarget:

@@ -1,8 +1,10 @@
-"""The worker side of a conformance target that runs in its own virtualenv: one JSON request per line on stdin,
-one JSON reply per line on stdout. Imports only the standard library and numpy (the target's venv has both)."""
+"""The worker side of a conformance target that runs in a process of its own: one JSON request per line on stdin,
+one JSON reply per line on stdout (or on the pipes of a worker forked by cliplab). Imports only the standard library
+and numpy (every target's venv has both)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 
@@ -30,12 +32,20 @@ def last_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message[-1] if message else ''}{where}"
 
 
-def serve(handlers: dict, versions) -> None:
-    """Answer requests ``{"op", "kw", "arrays"}`` with ``{"ok": true, "out"}`` or ``{"ok": false, "error"}``.
-    ``op == "versions"`` calls ``versions()``; any other op calls ``handlers[op](kw, **arrays)``."""
-    replies = sys.stdout
-    sys.stdout = sys.stderr  # the framework's own prints must not reach the reply stream
-    for line in sys.stdin:
+def serve(handlers: dict, versions, requests: int = 0, replies: int = 1) -> None:
+    """Answer requests ``{"op", "kw", "arrays"}`` read from file descriptor ``requests`` with ``{"ok": true, "out"}``
+    or ``{"ok": false, "error"}`` written to ``replies``. ``op == "versions"`` calls ``versions()``; any other op
+    calls ``handlers[op](kw, **arrays)``.
+
+    The target's code cannot reach either channel: they move to descriptors of their own that no child process
+    inherits, fd 0 reads /dev/null and fd 1 writes to stderr, for the whole life of the process, so that a print
+    from C code or a child process goes to stderr. A call that forks answers "forked" (the answers of two processes
+    would interleave on one channel), and a forked child that returns here exits without answering."""
+    requests, replies = _private(requests, replies)
+    pid, forks = os.getpid(), []
+    os.register_at_fork(after_in_parent=lambda: forks.append(1))
+    for line in requests:
+        forks.clear()
         try:
             request = json.loads(line)
             op = request["op"]
@@ -49,5 +59,24 @@ def serve(handlers: dict, versions) -> None:
             reply = {"ok": True, "out": plain(out)}
         except Exception as exc:  # noqa: BLE001 (reported to the parent as the target's error)
             reply = {"ok": False, "error": last_line(exc)}
+        if os.getpid() != pid:
+            os._exit(0)
+        if forks:
+            reply = {"ok": False, "error": "forked: the call forked the worker process (os.fork or a library that "
+                                           "forks); a child that returns from it exits without answering"}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+
+
+def _private(requests: int, replies: int):
+    """The two channels as text files on new descriptors, not inherited by child processes (os.dup makes them so);
+    fd 0 then reads /dev/null and fd 1 writes to fd 2, and Python's own stdout is stderr."""
+    channels = open(os.dup(requests)), open(os.dup(replies), "w")
+    for fd in {requests, replies} - {0, 1}:
+        os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return channels
