@@ -97,10 +97,11 @@ def test_a_model_cache_variable_naming_a_file_is_refused_naming_the_variable(tmp
 def _built_by_following(message: str, monkeypatch) -> None:
     """Run the command quoted in ``message`` as the shell would, with the pretraining itself stubbed (it writes the
     weights file only): ``make tiny-model`` as the Makefile's recipe line, a ``python -c`` call as it is."""
-    from gpu import models, tiny_char
+    from gpu import tiny_char
     words = shlex.split(re.search(r"`([^`]+)`$", message).group(1))
-    env = dict(w.split("=", 1) for w in words if "=" in w.split()[0] and not w.startswith("from "))
-    command = [w for w in words if w.split("=", 1)[0] not in env]
+    assignment = re.compile(r"^[A-Z_][A-Z0-9_]*=")  # NAME=value words before the command: its environment
+    env = dict(w.split("=", 1) for w in words if assignment.match(w))
+    command = [w for w in words if not assignment.match(w)]
     if command == ["make", "tiny-model"]:
         recipe = re.search(r"^tiny-model:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
         command = shlex.split(recipe.replace("$(PY)", "python"))
@@ -112,7 +113,7 @@ def _built_by_following(message: str, monkeypatch) -> None:
         Path(out).mkdir(parents=True)
         (Path(out) / "model.safetensors").write_bytes(b"")
     monkeypatch.setattr(tiny_char, "pretrain", stub)
-    exec(command[2], {"__name__": "__main__", "models": models})
+    exec(command[2], {"__name__": "__main__"})
 
 
 @pytest.mark.parametrize("recipe", ["default", "another"])
