@@ -151,9 +151,7 @@ def test_demo_arguments_are_checked_before_verify_runs(tmp_path, monkeypatch):
         assert result.exit_code == 2 and result.output.strip() == message
 
 
-def test_a_terminal_log_saved_in_a_sweep_folder_is_noted_not_read_as_a_run(tmp_path, monkeypatch):
-    import harness.reports.sim
-    monkeypatch.setattr(harness.reports.sim, "plot_curves", lambda *_, **__: [])  # the plots are not the point
+def test_a_terminal_log_saved_in_a_sweep_folder_is_noted_not_read_as_a_run(tmp_path):
     _sweep(tmp_path / "sweep", 2, 3, algos=("grpo", "dr_grpo"))
     log = tmp_path / "sweep" / "console.log"
     log.write_text("sim bandit: 100%|##########| 4/4\n")
