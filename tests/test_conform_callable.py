@@ -3,6 +3,7 @@ conventions, the mismatches the callable target names (KL term, advantages' shap
 that misbehaves (changes directory or grad mode, exits, prints, writes on fd 1, forks, hangs, crashes, returns what
 is not a loss, changes its inputs), which runs in a child process with a time limit."""
 import json
+import os
 import re
 import signal
 import textwrap
@@ -228,8 +229,23 @@ def test_a_callable_that_forks_raises_forked_and_its_child_never_answers():
     assert "raises forked: the call forked the worker process" in result.stdout and "DIFFERS" not in result.stdout
 
 
+def child_processes() -> set:
+    """The pids of this process's children."""
+    mine = str(os.getpid())
+    return {int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == mine}
+
+
+def _ppid(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[1]
+    except OSError:  # it ended meanwhile
+        return None
+
+
 def test_a_zero_gradient_fails_under_no_grad_and_after_a_callable_that_switches_grad_mode_off():
     from cliplab_ci_losses import detached, grad_off, paper_grpo
+    before = child_processes()
     with torch.no_grad():
         with pytest.raises(AssertionError, match="DIFFERS"):
             assert_conforms(detached, "grpo", beta=0, seeds=2)
@@ -237,6 +253,7 @@ def test_a_zero_gradient_fails_under_no_grad_and_after_a_callable_that_switches_
     with pytest.raises(AssertionError, match="DIFFERS"):
         assert_conforms(grad_off, "grpo", beta=0, seeds=2)
     assert torch.is_grad_enabled()  # the callable switched it off in its own process
+    assert child_processes() <= before  # each function's worker stopped with its assertion
 
 
 @contextmanager

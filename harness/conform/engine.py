@@ -718,7 +718,10 @@ def assert_conforms(fn, algorithm: str, *, seeds: int = 30, accept=(), **adapter
     from harness.conform.targets.callable import CallableTarget
     with torch.enable_grad():  # the reference's gradients, even under the caller's torch.no_grad()
         target = CallableTarget(fn, {"algorithm": algorithm, **adapter})
-        report = settle(target, conform(target, seeds=seeds), accepted)
+        try:
+            report = settle(target, conform(target, seeds=seeds), accepted)
+        finally:
+            target.close()  # naming the closest convention may have started its worker again
     if not report["ok"]:
         raise AssertionError(f"{target.name} does not conform to {algorithm}:\n"
                              + "\n".join(console_lines(report, failing_only=True)))

@@ -228,19 +228,22 @@ def _rebuilt(kind: str, message: str, place: str = "") -> Exception:
 class _Child:
     """The callable in a worker process, a time limit per call: ``module:function`` imported by a fresh process of
     cliplab's own python; a function object in a child forked from this process (it may not be importable by
-    name). After the worker crashes or passes the limit, every later call fails at once with the same line."""
+    name). After the worker crashes or passes the limit, every later call fails at once with the same line; after
+    ``close``, a call starts it again."""
 
     def __init__(self, target, name: str, timeout_s: float):
         self.timeout_s = float(timeout_s)
         if isinstance(target, str):
-            self.worker = Worker(name, timeout_s=max(LOAD_TIMEOUT_S, self.timeout_s),
-                                 script=WORKERS / "callable.py", python=sys.executable)
+            self.load_timeout_s = max(LOAD_TIMEOUT_S, self.timeout_s)
+            self.worker = Worker(name, script=WORKERS / "callable.py", python=sys.executable)
         else:
-            self.worker = Worker(name, timeout_s=self.timeout_s, handlers=_handlers(target))
+            self.load_timeout_s = self.timeout_s
+            self.worker = Worker(name, handlers=_handlers(target))
         self.stopped = None
         weakref.finalize(self, self.worker.close)
 
     def load(self) -> dict:
+        self.worker.timeout_s = self.load_timeout_s
         try:
             out = self.worker.call("load", {"target": self.worker.name, "path": [*sys.path, os.getcwd()],
                                             "cwd": os.getcwd()})  # the user's modules, as `python -m` finds them
@@ -252,12 +255,17 @@ class _Child:
     def call(self, how, arrays) -> dict:
         if self.stopped:
             raise TargetError(self.stopped)
+        if self.worker.proc is None:  # closed
+            self.load()
         try:
             return self.worker.call("call", how, **arrays)
         except TargetError as exc:
             if self.worker.proc is None:  # crashed or stopped: it would fail the same way on every call
                 self.stopped = str(exc)
             raise
+
+    def close(self):
+        self.worker.close()
 
 
 def _handlers(fn) -> dict:
@@ -319,6 +327,10 @@ class CallableTarget:
         if "raised" in out:
             raise _rebuilt(*out["raised"])
         return float(out["loss"]), np.asarray(out["grad"], dtype=float), b
+
+    def close(self):
+        """Stop the worker process (a later call starts it again)."""
+        self.runner.close()
 
     def checks(self) -> list[Check]:
         if self._checks is None:
