@@ -3,6 +3,7 @@ the target for each way outside code can go wrong, and a reply channel that the 
 from (file descriptors 0 and 1, children, forks)."""
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -25,6 +26,9 @@ SCRIPT = textwrap.dedent(f"""
     def hang(kw):
         time.sleep(30)
 
+    def spawn(kw):
+        return subprocess.Popen(["sleep", "30"]).pid
+
     def die(kw):
         sys.stderr.write("segfault-like exit\\n")
         os._exit(3)
@@ -40,7 +44,8 @@ SCRIPT = textwrap.dedent(f"""
         os.fork()  # both processes return
         return "answered"
 
-    serve({{"ok": ok, "boom": boom, "hang": hang, "die": die, "spoof": spoof, "fork": fork}},
+    serve({{"ok": ok, "boom": boom, "hang": hang, "die": die, "spoof": spoof, "fork": fork,
+           "spawn": spawn}},
           lambda: {{"fake": "1.0"}})
 """)
 
@@ -73,6 +78,24 @@ def test_target_error_is_one_line_naming_the_target(worker):
     assert worker.call("ok", {"scale": 1.0}, x=[[1.0]])["loss"] == 1.0  # the worker is still up
     with pytest.raises(TargetError, match="fake: KeyError: .*unknown op 'nope'"):
         worker.call("nope")
+
+
+def test_closing_a_worker_stops_the_processes_its_target_started(worker):
+    pid = worker.call("spawn")
+    worker.close()
+    deadline = time.monotonic() + 5
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(pid)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_crash_reports_exit_code_and_last_stderr_line_then_restarts(worker):

@@ -121,7 +121,8 @@ class Worker:
         return self.call("versions")
 
     def close(self):
-        """Stop the worker and whatever its process group still runs (children of the target's code)."""
+        """Stop the worker and whatever its process group still runs (children of the target's code; the worker, a
+        session leader, cannot leave the group)."""
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
