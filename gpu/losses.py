@@ -17,24 +17,33 @@ from .checks import as_mask, as_tensor
 class _UnbiasedK3(torch.autograd.Function):
     """k3_unbiased = r * k3 with r = exp(logp - old_logp), k3 = e^d - d - 1, d = ref_logp - logp (DeepSeek-V3.2
     2512.02556), with its derivatives in closed form: d/dlogp = -r * d (autograd's r * k3 + r * (1 - e^d) subtracts
-    two terms of size r * e^d and loses the difference), d/dref = r * (e^d - 1), d/dold = -r * k3."""
+    two terms of size r * e^d and loses the difference), d/dref = r * (e^d - 1), d/dold = -r * k3. Each product
+    with r is formed by ``_times_ratio``."""
 
     @staticmethod
     def forward(ctx, logp, ref_logp, old_logp):
         d = ref_logp - logp
-        r = torch.exp(logp - old_logp)
+        log_r = logp - old_logp
+        r = torch.exp(log_r)
         em1 = torch.expm1(d)
-        value = r * (em1 - d)
-        ctx.save_for_backward(d, r, em1, value)
+        value = _times_ratio(log_r, r, em1 - d)
+        ctx.save_for_backward(d, log_r, r, em1, value)
         return value
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        d, r, em1, value = ctx.saved_tensors
+        d, log_r, r, em1, value = ctx.saved_tensors
         need_logp, need_ref, need_old = ctx.needs_input_grad
-        return (-r * d * grad if need_logp else None, r * em1 * grad if need_ref else None,
-                -value * grad if need_old else None)
+        return (-_times_ratio(log_r, r, d) * grad if need_logp else None,
+                _times_ratio(log_r, r, em1) * grad if need_ref else None, -value * grad if need_old else None)
+
+
+def _times_ratio(log_r, r, x):
+    """r * x for r = exp(log_r): 0 where x is 0, and sign(x) exp(log_r + log|x|) where r overflowed (finite where the
+    product is; spec.contract.RATIO_GUARDS['k3_unbiased'])."""
+    far = torch.sign(x) * torch.exp(log_r + torch.log(x.abs()))
+    return torch.where(x == 0, torch.zeros_like(x), torch.where(torch.isinf(r), far, r * x))
 
 
 def _kl_value(logp, ref_logp, kind, old_logp=None):
@@ -165,6 +174,7 @@ def _sequence_terms(alg, hp, log_ratio, adv, mask, flows):
     x_clip = torch.clamp(log_ratio, -hp["eps_low"], hp["eps_high"])
     use_x = sgn * log_ratio <= sgn * x_clip  # the unclipped term wins ties, as in PPO
     c = torch.where(use_x, log_ratio, x_clip)
+    c = torch.where(sgn == 0, torch.zeros_like(c), c)  # A = 0: loss 0 at any ratio
     seq_loss = -a_seq * torch.exp(_row_mean(c, mask, lens))
     return seq_loss, ~use_x & (mask > 0), torch.exp(log_ratio.detach())
 

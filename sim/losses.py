@@ -22,9 +22,17 @@ def _kl_terms(d, kind, log_ratio=None):
         return 0.5 * d * d, -d
     em1 = np.expm1(d)  # k3 = (e^d - 1) - d without losing e^d - 1 to rounding near d = 0
     if kind == "k3_unbiased":  # d/dlogp [r k3] = r k3 + r (1 - e^d) = -r d
-        r = np.exp(log_ratio)
-        return r * (em1 - d), -r * d
+        return _times_ratio(log_ratio, em1 - d), -_times_ratio(log_ratio, d)
     return em1 - d, -em1
+
+
+def _times_ratio(log_r, x):
+    """r * x for r = exp(log_r): 0 where x is 0, and sign(x) exp(log_r + log|x|) where r overflows (finite where the
+    product is; spec.contract.RATIO_GUARDS['k3_unbiased'])."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        r = np.exp(log_r)
+        far = np.sign(x) * np.exp(log_r + np.log(np.abs(x)))
+        return np.where(x == 0, 0.0, np.where(np.isinf(r), far, r * x))
 
 
 def kl(logp, ref_logp, kind="k3", old_logp=None):
@@ -147,7 +155,7 @@ def _sequence_terms(alg, hp, log_ratio, adv, mask, on):
     sgn = np.sign(a_seq)[:, None]
     x_clip = np.clip(log_ratio, -hp["eps_low"], hp["eps_high"])
     use_x = sgn * log_ratio <= sgn * x_clip  # the unclipped term wins ties, as in PPO
-    c = np.where(use_x, log_ratio, x_clip)
+    c = np.where(sgn == 0, 0.0, np.where(use_x, log_ratio, x_clip))  # A = 0: loss 0 at any ratio
     with np.errstate(over="ignore"):
         g = np.exp(_row_mean(c, mask, lens))
         ratio = np.exp(log_ratio)

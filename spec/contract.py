@@ -31,10 +31,16 @@ RATIO_GUARDS: Mapping[str, str] = MappingProxyType({
                        "log r = log1p(4096 / tau) (sapo_log_ratio_cap), where r is not formed: the exact gate is within "
                        "e^-4096 of it, and the exact gradient, below 4 e^-z (z / tau + 1) |A|, is under 1e-1400 for "
                        "tau >= SAPO_TAU_MIN and any float A; spec evaluates every finite log-ratio so.",
+    "k3_unbiased": "The unbiased KL estimator r * k3 and its derivatives -r * d and r * (e^d - 1) are 0 where k3, d or "
+                   "e^d - 1 is, and formed as sign * exp(log r + log|.|) where r = e^(logp - old_logp) overflows: "
+                   "finite wherever the product is.",
     "linear_in_logp": "CISPO's and GPG's losses, linear in logp, are weighted (aggregation, rollout correction) before "
                       "the product with logp: w * A * logp alone may overflow where the weighted total does not.",
     "overflow": "Elsewhere a value past the float type's range is +-inf, the exact value rounded: -r * A of KL-Cov, or "
-                "of an unclipped A < 0 token without dual clip, at r = e^100 in float32, and its gradient likewise.",
+                "of an unclipped A < 0 token without dual clip, at r = e^100 in float32, and its gradient likewise; "
+                "also where r alone passes the range but r times the aggregation weight would not. KL-Cov's loss, "
+                "unbounded on both sides, is NaN where such infinities of both signs meet in its sum: the exact total "
+                "is then past the range, of a sign the float type cannot tell.",
 })
 
 

@@ -155,8 +155,8 @@ def test_sapo_at_a_log_ratio_of_1e300_is_exact_in_every_layer():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_zero_advantage_and_zero_weight_tokens_give_nothing_at_any_ratio(dtype):
-    """A token with A = 0 (PPO, KL-Cov) or cut by MIS (PPO) at a ratio past the float range: loss and gradient 0,
-    where r * 0 would be inf * 0; an A = 0 token is not counted as clipped."""
+    """A token with A = 0 (PPO, KL-Cov; a row's for GMPO) or cut by MIS (PPO) at a ratio past the float range: loss
+    and gradient 0, where r * 0 would be inf * 0; an A = 0 token is not counted as clipped."""
     far = FAR[dtype]
     logp, old = [[-1.0 + far, -1.0]], [[-1.0, -1.0]]
     for name in ("ppo", "kl_cov"):
@@ -165,6 +165,11 @@ def test_zero_advantage_and_zero_weight_tokens_give_nothing_at_any_ratio(dtype):
         if dtype == "float64":
             loss, grad, stats = sim.policy_loss(name, logp, old, [[0.0, 1.0]], [[1.0, 1.0]], kl_cov_ratio=0.0)
             assert loss == -0.5 and grad.tolist() == [[0.0, -0.5]] and stats["clip_frac"] == 0.0, name
+    loss, grad, _ = gpu_run("gmpo", dtype, (logp, old, [[0.0, 0.0]], [[1.0, 1.0]]))  # a row's A = 0
+    assert loss == 0 and grad.tolist() == [[0.0, 0.0]]
+    if dtype == "float64":
+        loss, grad, _ = sim.policy_loss("gmpo", logp, old, [[0.0, 0.0]], [[1.0, 1.0]])
+        assert loss == 0 and grad.tolist() == [[0.0, 0.0]]
     mis = dict(rollout_correction="mis", rollout_logp=[[-10.0, -1.0]])  # rho = e^9 > mis_high: the token is cut
     loss, grad, _ = gpu_run("ppo", dtype, (logp, old, [[-1.0, 1.0]], [[1.0, 1.0]]), **mis)
     assert loss == -0.5 and grad.tolist() == [[0.0, -0.5]]
@@ -221,3 +226,26 @@ def test_a_temperature_below_the_floor_is_refused_in_every_layer(layer):
     with pytest.raises(ValueError, match=r"^tau_neg: expected a temperature >= 1e-30 .*got 1e-31$"):
         layer.policy_loss("sapo", *args, tau_neg=SAPO_TAU_MIN / 10)
     assert "sapo_saturation" in RATIO_GUARDS
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_unbiased_kl_is_finite_where_its_product_with_a_far_ratio_is(dtype):
+    """k3_unbiased = r * k3 at a ratio r past the range: 0 where ref_logp = logp, and where r * k3 and its gradient
+    -r * d are representable (a gap d of one unit in the last place of logp), their value; sim's and spec's too."""
+    far = {"float64": 715.0, "float32": 100.0, "bfloat16": 100.0}[dtype]
+    for gap in (0.0, {"float64": 1e-3, "float32": 2.0**-17, "bfloat16": 0.0}[dtype]):
+        logp, old = [[-1.0 + far, -1.0]], [[-1.0, -1.0]]
+        args = (logp, old, [[0.0, 0.0]], [[1.0, 1.0]])
+        hp = dict(ref_logp=[[logp[0][0] + gap, -1.0]], beta=1.0, kl="k3_unbiased")
+        loss, grad, _ = gpu_run("gpg", dtype, args, **hp)
+        want_loss, want, _ = sim.policy_loss("gpg", *args, **hp)
+        if gap == 0:
+            assert loss == want_loss == 0 and grad.tolist() == want.tolist() == [[0.0, 0.0]]
+            continue
+        assert np.isfinite(want).all() and math.isfinite(want_loss)
+        np.testing.assert_allclose(grad, want, rtol=RTOL[dtype] * far)  # e^(log r) rounds log r's error in
+        assert loss == pytest.approx(want_loss, rel=RTOL[dtype] * far)
+        if dtype == "float64":
+            e_loss, e_grad = spec.policy_loss("gpg", *args, **hp)
+            assert want_loss == pytest.approx(float(sp.N(e_loss, 20)), rel=1e-11)  # k3 = expm1(d) - d cancels
+            np.testing.assert_allclose(want, e_grad.astype(float), rtol=1e-12)
