@@ -62,8 +62,8 @@ def serve(handlers: dict, versions, requests: int = 0, replies: int = 1) -> None
         if os.getpid() != pid:
             os._exit(0)
         if forks:
-            reply = {"ok": False, "error": "forked: the call forked the worker process (os.fork or a library that "
-                                           "forks); a child that returns from it exits without answering"}
+            reply = {"ok": False, "error": "forked: the call forked the worker process (its child exits without "
+                                           "answering)"}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 
