@@ -14,7 +14,7 @@ from typer.core import TyperCommand
 
 from harness.conform.targets import BUILTIN as TARGETS
 from spec.extras import install_hint, missing, require
-from spec.schema import cut
+from spec.schema import cut, did_you_mean
 
 app = typer.Typer(help="cliplab: verify, simulate and reproduce LLM policy-optimisation objectives "
                        "(PPO, GRPO, Dr.GRPO, DAPO, GSPO, GSPO-token, DCPO, SAPO, DPO).",
@@ -23,6 +23,30 @@ console = Console()
 
 #: The extra (pyproject.toml) each command needs beyond the core; `cliplab sim` needs none.
 NEEDS = {"verify": "torch", "conform": "torch", "train": "gpu", "report": "reports", "demo": "gpu"}
+
+
+def version() -> str:
+    """cliplab's version: its installed package metadata's, else (a checkout that is not installed)
+    pyproject.toml's."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+    try:
+        return installed("cliplab")
+    except PackageNotFoundError:
+        import tomllib
+        with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+            return tomllib.load(f)["project"]["version"]
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"cliplab {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                               help="Print cliplab's version and exit.")):
+    """Options before the command."""
 
 
 class Command(TyperCommand):
@@ -155,6 +179,10 @@ def _report(dirs: list[Path], out: Optional[Path], labels=(), algos=()) -> Path:
     if labels or algos or (not cliplab_folders(dirs) and cluster_logs.handles(dirs)):
         return cluster_logs.write_report(dirs, out, labels, algos)
     check_dirs(dirs)
+    if not any(p.is_file() for d in dirs for p in Path(d).glob("**/metrics.jsonl")):
+        raise ValueError(f"dirs: no complete runs (config.json + metrics.jsonl, from cliplab sim or cliplab train) "
+                         f"under {', '.join(map(str, dirs))}, and no throughput JSON (python -m gpu.bench_h200 --out "
+                         f"DIR) or cluster logs ({cluster_logs.FORMATS}) to read instead")
     if any('"rollout"' in read_text(p) for d in dirs for p in Path(d).glob("**/config.json") if p.is_file()):
         return real_report.write_report(dirs, out or dirs[0] / "report.md")
     return sim_report.write_report(dirs, out)
@@ -180,8 +208,11 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
             out: Optional[Path] = typer.Option(None, help="Write TARGET.md and TARGET.json here."),
             seeds: Optional[int] = typer.Option(None, help="Generated batches per check and case family (30), or "
                                                 "per grid cell with --level step (5)."),
-            adapter: Optional[str] = typer.Option(None, help="For module:function: algorithm=NAME,agg=MODE,"
-                                                  "logp=PARAM,old_logp=PARAM,adv=PARAM,mask=PARAM,..."),
+            adapter: Optional[str] = typer.Option(None, help="For module:function: KEY=VALUE items separated by "
+                                                  "commas: algorithm=NAME, agg=MODE, your parameter's name for "
+                                                  "each of logp, old_logp, adv, mask, ref_logp, group_size (e.g. "
+                                                  "logp=log_prob), returns=INDEX, adv_shape=token or seq, "
+                                                  "timeout_s=SECONDS, hyper-parameters (e.g. eps_high=0.28)."),
             level: str = typer.Option("loss", help="loss: each loss call; step: one optimisation step "
                                       "(micro-batches, accumulation, ranks), writing OUT/step/TARGET.md and .json."),
             accept: List[str] = typer.Option([], help="Conventions to let pass where the target differs from the "
@@ -193,6 +224,9 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
     and the named convention the target matches instead. Exits 1 when a check differs (and matches no accepted
     convention) or raises (for `all`: in any framework; at --level step: a check that does not agree at every
     split), 0 when all agree, 2 on a usage error."""
+    if target != "all" and ":" not in target and target not in TARGETS:
+        _user_errors(_refuse, f"target: unknown target {target!r}{did_you_mean(target, (*TARGETS, 'all'))}; "
+                              f"expected one of {', '.join(TARGETS)}, all, or module:function (your loss)")
     from harness.conform.engine import conform_command
     from harness.conform.matrix import conform_all
     from spec.records import writable_folder
@@ -257,6 +291,100 @@ def demo(out: Path = typer.Option(Path("reports/demo"), help="Folder for the dem
     index = _user_errors(run_demo, out, (rows, derivations), sim_steps, train_steps)
     console.print(f"report written to {index}")
     raise typer.Exit(0 if ok else 1)
+
+
+recipe_app = typer.Typer(help="Paper-scale recipes for verl and TRL (configs/recipes): list them, launch a run, "
+                              "estimate what the runs cost.", no_args_is_help=True)
+app.add_typer(recipe_app, name="recipe")
+
+
+def _recipe_runs() -> str:
+    """The recipes and their runs, for the help of the commands that take one."""
+    from harness.recipes.launch import all_recipes
+    return "; ".join(f"{r['name']}: {', '.join(r['runs'])}" for r in all_recipes())
+
+
+RECIPE_HELP = "A recipe (" + _recipe_runs() + "), or its folder."
+RUN_HELP = "A run of the recipe (above)."
+launch_app = typer.Typer(help="Launch one run of a recipe with verl or TRL (--dry-run: print what would run).",
+                         no_args_is_help=True)
+recipe_app.add_typer(launch_app, name="launch")
+
+
+@recipe_app.command("list")
+def recipe_list():
+    """The recipes, their papers and their runs (with each run's algorithm; TRL too: it has a TRL variant)."""
+    from harness.recipes.launch import listing
+    typer.echo(listing(), nl=False)
+
+
+@launch_app.command("verl")
+def recipe_launch_verl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
+                       run: str = typer.Argument(..., help=RUN_HELP),
+                       overrides: Optional[List[str]] = typer.Argument(None, help="Hydra overrides after the "
+                                                                       "recipe's (e.g. "
+                                                                       "trainer.total_training_steps=2)."),
+                       model: Path = typer.Option(..., help="The model folder."),
+                       train: Path = typer.Option(..., help="Training data: a parquet file in verl's RL layout."),
+                       val: Path = typer.Option(..., help="Validation data: a parquet file in verl's RL layout."),
+                       out: Path = typer.Option(Path("runs/cluster"), help="Logs go to OUT/RECIPE/RUN."),
+                       dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and its "
+                                                    "environment; run nothing, write nothing.")):
+    """Run verl's trainer with the recipe's settings and cliplab's losses, its logs (verl.jsonl, console.log) and
+    run.json in OUT/RECIPE/RUN for `cliplab report OUT`."""
+    from harness.recipes import launch
+    r = _user_errors(launch.find, recipe)
+    paths = {"model": model, "train": train, "val": val}
+    if dry_run:
+        typer.echo(_user_errors(launch.dry_run_verl, r, run, paths, out, overrides or []), nl=False)
+    else:
+        _user_errors(launch.launch_verl, r, run, paths, out, overrides or [])
+
+
+@launch_app.command("trl")
+def recipe_launch_trl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
+                      run: str = typer.Argument(..., help=RUN_HELP + " Only some have a TRL variant (`cliplab "
+                                                "recipe list`)."),
+                      model: Path = typer.Option(..., help="The model folder."),
+                      train: Path = typer.Option(..., help="Training data: verl's RL parquet, or a GSM8K / MATH "
+                                                 "JSONL file."),
+                      out: Path = typer.Option(Path("runs/cluster"), help="Checkpoints and trainer_state.json go "
+                                               "to OUT/RECIPE/RUN."),
+                      dry_run: bool = typer.Option(False, "--dry-run", help="Print the accelerate command and "
+                                                   "every trainer setting; import nothing, write nothing.")):
+    """Train the TRL variant of a run in this process; launch it on a node with the accelerate command that
+    --dry-run prints (ZeRO-3 over the node's GPUs). Rerunning resumes from the last checkpoint."""
+    from harness.recipes import launch
+    r = _user_errors(launch.find, recipe)
+    paths = {"model": model, "train": train}
+    if dry_run:
+        typer.echo(_user_errors(launch.dry_run_trl, r, run, paths, out), nl=False)
+    else:
+        _user_errors(require, "gpu", "cliplab recipe launch trl")
+        _user_errors(launch.launch_trl, r, run, paths, out)
+
+
+@recipe_app.command("cost")
+def recipe_cost(recipe: Optional[str] = typer.Argument(None, help=RECIPE_HELP + " Default: every recipe."),
+                gpus: Optional[int] = typer.Option(None, help="GPUs per run (memory per GPU and hours); default: "
+                                                   "each recipe's."),
+                mfu: float = typer.Option(0.40, help="Model FLOPs utilisation of training and prefill (0.40: the "
+                                          "middle of Llama 3's 38-43%)."),
+                response_len: Optional[int] = typer.Option(None, help="Mean response length in tokens; default: "
+                                                           "each recipe's maximum (a worst case)."),
+                gen_factor: Optional[float] = typer.Option(None, help="Responses generated per trained one under "
+                                                           "dynamic sampling; default: DAPO's measured "
+                                                           "gen_per_trained in the committed simulator sweep "
+                                                           "(reports/sim/summaries/feature_lm_main.json)."),
+                table_only: bool = typer.Option(False, "--table", help="Print the markdown table only.")):
+    """Estimated GPU-hours and memory per GPU of each recipe run on H100 and H200 (the formula:
+    configs/recipes/README.md), after a line stating the assumptions."""
+    from harness.recipes import launch
+    recipes = None if recipe is None else [_user_errors(launch.find, recipe)]
+    table = _user_errors(launch.cost_table, recipes, gpus, mfu, response_len, gen_factor)
+    if not table_only:
+        typer.echo(_user_errors(launch.cost_assumptions, mfu, response_len, gen_factor))
+    typer.echo(table, nl=False)
 
 
 if __name__ == "__main__":

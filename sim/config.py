@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 
 from spec.contract import resolve_hparams
-from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS
-from spec.schema import Rule
+from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS, ROLLOUT_READS
+from spec.schema import Rule, did_you_mean
 
 ENVS = ("bandit", "toy_lm", "feature_lm")
 REWARD_SCHEMES = {  # reward of (CORRECT, WRONG, MALFORMED)
@@ -103,6 +103,30 @@ def known_keys(env: str) -> list[str]:
     return sorted(set(SETTINGS) | set(ENV_SETTINGS[env]) | set(LOSS_KEYS))
 
 
+def algo_keys(env: str, algos) -> list[str]:
+    """The ``--set`` keys that mean something to ``algos`` on ``env``: the runs' and the environment's settings and
+    the loss settings one of them can read (``spec.registry.Algorithm.reads`` with a KL term and every rollout
+    correction on; DPO reads beta only)."""
+    loss = set()
+    for algo in algos:
+        alg = ALGORITHMS[algo]
+        loss |= set(alg.reads({"beta": 1.0}))
+        if alg.clip != "none":
+            loss |= {k for keys in ROLLOUT_READS.values() for k in keys}
+    return sorted((set(known_keys(env)) - set(LOSS_KEYS)) | (loss & set(LOSS_KEYS)))
+
+
+def check_keys(env: str, algos, keys) -> None:
+    """Every ``--set`` key is one ``env`` has: a ValueError naming the unknown ones, the closest known key, and the
+    keys of ``algos`` (those of the sweep)."""
+    known = known_keys(env)
+    unknown = sorted(set(keys) - set(known))
+    if unknown:
+        raise ValueError(f"set: unknown key(s) {', '.join(unknown)}{did_you_mean(unknown[0], known)} for env "
+                         f"{env!r}; the keys of {', '.join(algos)}: "
+                         f"{', '.join(algo_keys(env, algos))}")
+
+
 def check_env(env: str) -> None:
     if env not in ENVS:
         raise ValueError(f"env: unknown environment {env!r}; expected one of {', '.join(ENVS)}")
@@ -110,7 +134,8 @@ def check_env(env: str) -> None:
 
 def check_algo(algo: str) -> None:
     if algo not in ALGORITHMS:
-        raise ValueError(f"algos: unknown algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
+        raise ValueError(f"algos: unknown algorithm {algo!r}{did_you_mean(algo, ALGORITHMS)}; expected one of "
+                         f"{', '.join(ALGORITHMS)}")
 
 
 def resolve(env: str, algo: str, overrides: dict | None = None) -> dict:
@@ -118,10 +143,7 @@ def resolve(env: str, algo: str, overrides: dict | None = None) -> dict:
     check_env(env)
     check_algo(algo)
     overrides = dict(overrides or {})
-    unknown = sorted(set(overrides) - set(known_keys(env)))
-    if unknown:
-        raise ValueError(f"set: unknown key(s) {', '.join(unknown)} for env {env!r}; expected among "
-                         f"{', '.join(known_keys(env))}")
+    check_keys(env, [algo], overrides)
     cfg = {k: v for k, (v, _, _) in SETTINGS.items()}
     cfg.update({k: v for k, (v, _, _) in ENV_SETTINGS[env].items()})
     cfg["difficulty_low"], cfg["difficulty_high"] = ENV_DIFFICULTY[env]
@@ -319,7 +341,7 @@ def split_sets(grid: dict[str, list], algos: list[str]) -> tuple[dict[str, list]
             continue
         if algo not in algos:
             raise ValueError(f"set: {key!r} targets algorithm {algo!r}, which is not in this sweep "
-                             f"({', '.join(algos)})")
+                             f"({', '.join(algos)}){did_you_mean(algo, algos)}")
         own.setdefault(algo, {})[name] = values
     return shared, own
 
@@ -331,5 +353,5 @@ def check_algo_keys(env: str, algo: str, keys) -> None:
         mine -= set(LOSS_KEYS) - {"beta"}
     for key in keys:
         if key not in mine:
-            raise ValueError(f"set: algorithm {algo!r} has no setting {key!r}; expected among "
-                             f"{', '.join(sorted(mine))}")
+            raise ValueError(f"set: algorithm {algo!r} has no setting {key!r}{did_you_mean(key, mine)}; expected "
+                             f"among {', '.join(algo_keys(env, [algo]))}")

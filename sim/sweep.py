@@ -38,7 +38,8 @@ from tqdm import tqdm
 
 from spec.records import naming, open_lock, read_json, remove_folder, safe_name, take_lock, writable_folder, write_json
 
-from .config import Seeds, check_algo_keys, check_env, env_draw, grid_points, parse_seeds, resolve, split_sets
+from .config import (Seeds, check_algo_keys, check_env, check_keys, env_draw, grid_points, parse_seeds, resolve,
+                     split_sets)
 from .loop import run_stack
 from .metrics import DEFINITIONS, SUMMARY_DEFINITIONS, SUMMARY_KEYS, summarise_run
 
@@ -131,6 +132,7 @@ def plan(env: str, algos: list[str], seeds, steps: int, grid: dict) -> list[dict
         raise ValueError(f"steps: expected a positive integer, got {steps!r}")
     sets = parse_seeds(seeds)
     shared, own = split_sets(grid, algos)
+    check_keys(env, algos, shared)
     _check_size(algos, sets, grid, shared, own)
     for key, values in grid.items():
         again = _repeated(values)

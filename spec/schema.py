@@ -91,3 +91,11 @@ def cut(text: str, limit: int = 1000) -> str:
         return text
     note = f"... (cut from {len(text)} characters)"
     return text[:max(limit - len(note), 0)] + note
+
+
+def did_you_mean(name, choices) -> str:
+    """``" (did you mean 'x'?)"`` naming the choice closest to a misspelt ``name`` (difflib's similarity ratio, at
+    least 0.6), or "" when none is close: said right after the ``name`` an error refuses."""
+    from difflib import get_close_matches
+    close = get_close_matches(str(name), [str(c) for c in choices], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

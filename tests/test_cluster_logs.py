@@ -366,7 +366,7 @@ def test_label_and_algo_mistakes_are_one_line_errors_listing_the_choices(tmp_pat
                                                         f"given paths; expected one of {a}, {b}"),
              (["--label", "x"], "error: label: expected NAME=PATH, got 'x'"),
              (["--label", f"x={a}", "--label", f"x={b}"], "error: label: 'x' is given twice"),
-             (["--algo", "a=grpo2"], "error: algo: unknown algorithm 'grpo2'; expected one of ppo, grpo"),
+             (["--algo", "a=grpo2"], "error: algo: unknown algorithm 'grpo2' (did you mean 'grpo'?); expected one of ppo, grpo"),
              (["--algo", "zz=grpo"], f"error: algo: 'zz' names no run; expected a run's label or a given path: a, b, "
                                      f"{a}, {b}")]
     for extra, expected in cases:

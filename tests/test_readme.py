@@ -94,18 +94,28 @@ def test_trl_plugin_as_described():
 
 
 def commands():
-    """Every `cliplab SUBCOMMAND ...` in the README's shell blocks and inline code, as (subcommand, flags)."""
+    """Every `cliplab [GROUP ...] COMMAND ...` in the README's shell blocks and inline code, as (the command's words,
+    its flags)."""
+    import typer
     lines = [line for body in blocks("bash") for line in body.splitlines()] + INLINE
     found = []
     for line in lines:
-        for m in re.finditer(r"cliplab (\w+)([^`#]*)", line):
-            found.append((m.group(1), tuple(sorted(set(re.findall(r"(--[\w-]+)", m.group(2)))))))
+        for m in re.finditer(r"cliplab ([^`#]*)", line):
+            words, group = [], typer.main.get_command(app)
+            for word in m.group(1).split():
+                if word not in getattr(group, "commands", {}):
+                    break
+                words.append(word)
+                group = group.commands[word]
+            first = (m.group(1).split() or [""])[0]
+            assert words or first.startswith("-"), f"README: `cliplab {first}` is no cliplab command"
+            found.append((" ".join(words), tuple(sorted(set(re.findall(r"(--[\w-]+)", m.group(1)))))))
     return sorted(set(found))
 
 
 @pytest.mark.parametrize("sub,flags", commands())
 def test_cli_commands_and_flags_exist(sub, flags):
-    result = CliRunner().invoke(app, [sub, "--help"], terminal_width=200)
+    result = CliRunner().invoke(app, [*sub.split(), "--help"], terminal_width=200)
     assert result.exit_code == 0, result.output
     for flag in flags:
         assert flag in result.output, f"cliplab {sub} has no {flag}"

@@ -105,21 +105,24 @@ def test_recipe_settings_are_the_papers():
     assert compose_run("dcpo_math7b", "dcpo").trainer.use_v1 is False
 
 
-def test_missing_paths_are_one_line_errors(tmp_path, capsys):
+def test_missing_paths_are_one_line_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
     r = RECIPES["dcpo_math7b"]
-    with pytest.raises(SystemExit) as exc:
-        recipes.main(["verl", str(r["folder"]), "dcpo", "--model", str(tmp_path / "Qwen2.5-Math-7B"),
-                      "--train", str(tmp_path), "--val", str(tmp_path), "--out", str(tmp_path)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exc.value.code == 2 and len(err) == 1 and str(tmp_path / "Qwen2.5-Math-7B") in err[0]
+    result = CliRunner().invoke(app, ["recipe", "launch", "verl", str(r["folder"]), "dcpo", "--model",
+                                      str(tmp_path / "Qwen2.5-Math-7B"), "--train", str(tmp_path), "--val",
+                                      str(tmp_path), "--out", str(tmp_path)])
+    err = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(err) == 1 and str(tmp_path / "Qwen2.5-Math-7B") in err[0]
     (tmp_path / "m").mkdir()
     with pytest.raises(ValueError, match=f"--train: {tmp_path / 'nope.parquet'} does not exist"):
-        recipes.launch_verl(r, "dcpo", {"model": tmp_path / "m", "train": tmp_path / "nope.parquet",
-                                        "val": tmp_path}, tmp_path, [], dry_run=True)
-    cmd = recipes.launch_verl(r, "dcpo", {"model": tmp_path / "m", "train": tmp_path, "val": tmp_path}, tmp_path,
-                              ["trainer.total_training_steps=2"], dry_run=True)
+        recipes.verl_launch(r, "dcpo", {"model": tmp_path / "m", "train": tmp_path / "nope.parquet",
+                                        "val": tmp_path}, tmp_path, [])
+    cmd, _ = recipes.verl_launch(r, "dcpo", {"model": tmp_path / "m", "train": tmp_path, "val": tmp_path}, tmp_path,
+                                 ["trainer.total_training_steps=2"])
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and cmd[-1] == "trainer.total_training_steps=2"
-    assert not (tmp_path / "dcpo_math7b").exists()  # a dry run writes nothing
+    assert not (tmp_path / "dcpo_math7b").exists()  # building the command writes nothing
     import verl  # the launched command line is valid for verl's config too
     with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
                                version_base=None):

@@ -18,8 +18,11 @@ non-embedding parameters and the de-embedding apart), L layers and d the attenti
     decode bytes         (P*G / b) * Lr * 2 * N_total  +  P*G * kv * (Lp*Lr + Lr**2 / 2)
                          (weights read once per decode step for b concurrent sequences, bf16; each sequence reads
                          its KV cache, kv bytes per token, at every step)
-    GPU-seconds          (training + prefill FLOPs) / (peak * MFU)  +  max(decode bytes / bandwidth,
-                                                                         decode FLOPs / (peak * MFU))
+    GPU-seconds          (training + F * prefill FLOPs) / (peak * MFU)  +  F * max(decode bytes / bandwidth,
+                                                                                 decode FLOPs / (peak * MFU))
+
+F is the number of responses generated per trained one: 1, except under DAPO's dynamic sampling (2503.14476
+Sec. 3.2), which refills the groups whose rewards are all equal and so generates about 1/(1 - their share).
 
 Memory per GPU when the model states are fully sharded over n GPUs (FSDP / ZeRO-3, mixed precision with fp32
 master weights, fp32 gradients and Adam's two moments: 16 bytes per parameter), with gradient checkpointing:
@@ -110,7 +113,7 @@ class Budget:
     ref: bool = False  # a reference forward per step (KL loss)
 
 
-def _check(model: str, gpu: str, budget: Budget) -> tuple[Model, Gpu]:
+def _check(model: str, gpu: str, budget: Budget, mfu: float = MFU, gen_factor: float = 1.0) -> tuple[Model, Gpu]:
     if model not in MODELS:
         raise ValueError(f"model: expected one of {', '.join(MODELS)}, got {model!r}")
     if gpu not in GPUS:
@@ -118,6 +121,11 @@ def _check(model: str, gpu: str, budget: Budget) -> tuple[Model, Gpu]:
     for field in ("prompts", "group", "prompt_len", "response_len", "steps", "epochs"):
         if getattr(budget, field) < 1:
             raise ValueError(f"budget.{field}: expected a positive integer, got {getattr(budget, field)!r}")
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu: expected a fraction of the peak in (0, 1], got {mfu!r}")
+    if not 1 <= gen_factor < float("inf"):
+        raise ValueError(f"gen_factor: expected the responses generated per trained one, at least 1, got "
+                         f"{gen_factor!r}")
     return MODELS[model], GPUS[gpu]
 
 
@@ -126,9 +134,11 @@ def _pairs(n: float) -> float:
     return n * (n + 1) / 2
 
 
-def gpu_hours(model: str, gpu: str, budget: Budget, mfu: float = MFU, decode_batch: int = DECODE_BATCH) -> dict:
-    """Estimated GPU-hours of the whole run (training, prefill, decode), by the formula of the module docstring."""
-    m, g = _check(model, gpu, budget)
+def gpu_hours(model: str, gpu: str, budget: Budget, mfu: float = MFU, decode_batch: int = DECODE_BATCH,
+              gen_factor: float = 1.0) -> dict:
+    """Estimated GPU-hours of the whole run (training, prefill, decode), by the formula of the module docstring;
+    ``gen_factor`` responses generated per trained one (F)."""
+    m, g = _check(model, gpu, budget, mfu, gen_factor)
     n, ld = m.matmul_params, m.layers * m.attention_width
     responses = budget.prompts * budget.group
     lp, lr = budget.prompt_len, budget.response_len
@@ -142,7 +152,7 @@ def gpu_hours(model: str, gpu: str, budget: Budget, mfu: float = MFU, decode_bat
         lp * lr + lr ** 2 / 2)
     speed = g.peak_flops * mfu
     decode_s = max(decode_bytes / g.bandwidth, decode / speed)
-    train_s, prefill_s = train / speed, prefill / speed
+    train_s, prefill_s, decode_s = train / speed, gen_factor * prefill / speed, gen_factor * decode_s
     per_step = train_s + prefill_s + decode_s
     return {"tokens_per_step": tokens, "train_flops_per_step": train, "train_attention_flops_per_step": train_attention,
             "decode_bytes_per_step": decode_bytes, "train_h": train_s * budget.steps / 3600,

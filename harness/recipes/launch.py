@@ -1,9 +1,10 @@
 """Paper-scale recipes (``configs/recipes/<name>/recipe.yaml``): verl hydra overrides and TRL + accelerate
-settings, each next to its source, and the commands that launch them.
+settings, each next to its source, and the commands that launch them, behind ``cliplab recipe``:
 
-    python -m harness.recipes.launch verl configs/recipes/dcpo_math7b dcpo --model DIR --train FILE --val FILE --out DIR
-    accelerate launch -m harness.recipes.launch trl configs/recipes/dcpo_math7b dcpo --model DIR ... --out DIR
-    python -m harness.recipes.launch cost            # the cost table of configs/recipes/README.md
+    cliplab recipe list                                        # the recipes and their runs
+    cliplab recipe launch verl dcpo_math7b dcpo --model DIR --train FILE --val FILE --out DIR [--dry-run]
+    accelerate launch -m harness.cli recipe launch trl dcpo_math7b dcpo --model DIR --train FILE --out DIR
+    cliplab recipe cost                                        # the cost table of configs/recipes/README.md
 
 A launch writes ``OUT/<recipe>/<run>/run.json`` (what the run is) beside the framework's own logs (verl: its file
 logger's ``verl.jsonl`` and the console in ``console.log``; TRL: ``trainer_state.json``), which
@@ -11,9 +12,9 @@ logger's ``verl.jsonl`` and the console in ``console.log``; TRL: ``trainer_state
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from spec.registry import ALGORITHMS
+from spec.schema import did_you_mean
 
 from harness.recipes import cost as recipe_cost
 
@@ -72,9 +74,31 @@ def all_recipes(root=ROOT) -> list[dict]:
     return [load(p.parent) for p in sorted(Path(root).glob("*/recipe.yaml"))]
 
 
+def find(recipe: str, root=ROOT) -> dict:
+    """A recipe by its name (a folder of ``root``) or its folder; a ValueError naming the recipes otherwise."""
+    names = sorted(p.parent.name for p in Path(root).glob("*/recipe.yaml"))
+    if recipe in names:
+        return load(Path(root) / recipe)
+    if (Path(recipe) / "recipe.yaml").is_file():
+        return load(recipe)
+    raise ValueError(f"recipe: unknown recipe {recipe!r}{did_you_mean(recipe, names)}; expected one of "
+                     f"{', '.join(names)} or a folder holding a recipe.yaml")
+
+
+def listing(recipes=None) -> str:
+    """The recipes, one line each, and their runs (algorithm; the runs with a TRL variant marked)."""
+    lines = []
+    for r in recipes or all_recipes():
+        runs = ", ".join(f"{run} ({spec['algorithm']}{', TRL too' if 'trl' in spec else ''})"
+                         for run, spec in r["runs"].items())
+        lines += [f"{r['name']}: {r['title']}", f"  paper: {r['paper']}", f"  runs: {runs}"]
+    return "\n".join(lines) + "\n"
+
+
 def _run(r: dict, run: str) -> dict:
     if run not in r["runs"]:
-        raise ValueError(f"run: {r['folder'] / 'recipe.yaml'} has runs {', '.join(r['runs'])}, got {run!r}")
+        raise ValueError(f"run: {r['folder'] / 'recipe.yaml'} has runs {', '.join(r['runs'])}, got {run!r}"
+                         f"{did_you_mean(run, r['runs'])}")
     return r["runs"][run]
 
 
@@ -116,21 +140,35 @@ def _sidecar(r: dict, run: str, framework: str, out: Path, steps: int) -> Path:
     return folder
 
 
-def launch_verl(r: dict, run: str, paths: dict, out: Path, extra: list[str], dry_run: bool = False) -> list[str]:
-    """Run verl's trainer with the recipe's overrides, its file and console loggers writing into OUT/recipe/run."""
+def verl_launch(r: dict, run: str, paths: dict, out: Path, extra=()) -> tuple[list[str], dict]:
+    """The command that runs verl's trainer with the recipe's overrides (then ``extra``), and the environment it
+    adds: verl's file logger writing into OUT/recipe/run and cliplab's plug-in loaded in every process."""
     check_paths(r, paths)
-    folder = out / r["name"] / run
+    folder = Path(out) / r["name"] / run
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(r, run, paths),
            "trainer.logger=[console,file]", f"trainer.project_name={r['name']}", f"trainer.experiment_name={run}",
            f"trainer.default_local_dir={folder / 'checkpoints'}", *extra]
-    if dry_run:
-        return cmd
+    env = {"VERL_FILE_LOGGER_PATH": str(folder / "verl.jsonl"),
+           "VERL_USE_EXTERNAL_MODULES": "gpu.integrations.verl_plugin"}
+    return cmd, env
+
+
+def dry_run_verl(r: dict, run: str, paths: dict, out: Path, extra=()) -> str:
+    """What ``launch_verl`` runs, as one shell line with its environment, and what it writes."""
+    cmd, env = verl_launch(r, run, paths, out, extra)
+    folder = Path(out) / r["name"] / run
+    return (f"# verl: {r['name']} / {run}; writes {folder / 'run.json'}, verl.jsonl and console.log beside it\n"
+            + shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *cmd]) + "\n")
+
+
+def launch_verl(r: dict, run: str, paths: dict, out: Path, extra=()) -> list[str]:
+    """Run verl's trainer (``verl_launch``), its console teed into OUT/recipe/run/console.log."""
+    cmd, env = verl_launch(r, run, paths, out, extra)
     key = "trainer.total_training_steps="
     steps = [int(o[len(key):]) for o in cmd if o.startswith(key)]
-    _sidecar(r, run, "verl", out, steps[-1] if steps else r["budget"]["steps"])
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(folder / "verl.jsonl"),
-           "VERL_USE_EXTERNAL_MODULES": "gpu.integrations.verl_plugin"}
-    with (folder / "console.log").open("a") as log, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+    folder = _sidecar(r, run, "verl", Path(out), steps[-1] if steps else r["budget"]["steps"])
+    with (folder / "console.log").open("a") as log, subprocess.Popen(cmd, env={**os.environ, **env},
+                                                                     stdout=subprocess.PIPE,
                                                                      stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:
             sys.stdout.write(line)
@@ -169,22 +207,55 @@ def _trl_reward(name: str):
     return reward
 
 
-def trl_trainer(r: dict, run: str, paths: dict, out: Path, **args):
-    """The recipe's CliplabGRPOTrainer for ``run``; ``args`` override GRPOConfig fields (e.g. for a small machine)."""
+def trl_plan(r: dict, run: str, paths: dict, out: Path, **args) -> dict:
+    """What the TRL variant of ``run`` trains with, without importing TRL: its GRPOConfig fields (``args``
+    override them, e.g. for a small machine; ``output_dir`` is OUT/recipe/run), cliplab's algorithm and
+    hyper-parameters, the reward, and the accelerate command that launches it on one node."""
     spec = _run(r, run)
     if "trl" not in spec:
         raise ValueError(f"run: {run!r} of {r['folder'] / 'recipe.yaml'} has no TRL variant (see its not_reproduced)")
     check_paths(r, paths, keys=("model", "train"))
-    from harness.conform.targets.trl import _import_trl
-    trl = _import_trl()
-    from gpu.integrations.trl_plugin import CliplabGRPOTrainer
     config = {k: v for k, v, _ in r["trl"]["args"]}
     config.update({k: v for k, v, _ in spec["trl"].get("args", [])})
     config.update(args)
-    config["output_dir"] = str(_sidecar(r, run, "trl", out, config["max_steps"]))
-    return CliplabGRPOTrainer(model=str(paths["model"]), reward_funcs=_trl_reward(r["trl"]["reward"]),
+    config["output_dir"] = str(Path(out) / r["name"] / run)
+    accelerate = ["accelerate", "launch", "--config_file", str(r["folder"] / "accelerate_zero3.yaml"), "-m",
+                  "harness.cli", "recipe", "launch", "trl", str(r["folder"]), run, "--model", str(paths["model"]),
+                  "--train", str(paths["train"]), "--out", str(out)]
+    return {"config": config, "algorithm": spec["algorithm"], "hparams": dict(spec["trl"].get("hparams") or {}),
+            "reward": r["trl"]["reward"], "command": accelerate}
+
+
+def dry_run_trl(r: dict, run: str, paths: dict, out: Path) -> str:
+    """The accelerate command of the TRL variant of ``run``, its trainer and every GRPOConfig field it sets."""
+    plan = trl_plan(r, run, paths, out)
+    lines = [f"# TRL + accelerate: {r['name']} / {run} on one node of {r['trl']['gpus']} GPUs (ZeRO-3); writes "
+             f"{Path(plan['config']['output_dir']) / 'run.json'}, checkpoints and trainer_state.json beside it",
+             shlex.join(plan["command"]),
+             f"# CliplabGRPOTrainer(algorithm={plan['algorithm']!r}, hparams={plan['hparams']}, reward "
+             f"{plan['reward']!r}), GRPOConfig:",
+             *(f"#   {k} = {v!r}" for k, v in plan["config"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def trl_trainer(r: dict, run: str, paths: dict, out: Path, **args):
+    """The recipe's CliplabGRPOTrainer for ``run`` (``trl_plan``); ``args`` override GRPOConfig fields."""
+    plan = trl_plan(r, run, paths, out, **args)
+    from harness.conform.targets.trl import _import_trl
+    trl = _import_trl()
+    from gpu.integrations.trl_plugin import CliplabGRPOTrainer
+    config = plan["config"]
+    _sidecar(r, run, "trl", Path(out), config["max_steps"])
+    return CliplabGRPOTrainer(model=str(paths["model"]), reward_funcs=_trl_reward(plan["reward"]),
                               args=trl.GRPOConfig(**config), train_dataset=_dataset(paths["train"]),
-                              algorithm=spec["algorithm"], hparams=dict(spec["trl"].get("hparams") or {}))
+                              algorithm=plan["algorithm"], hparams=plan["hparams"])
+
+
+def launch_trl(r: dict, run: str, paths: dict, out: Path) -> None:
+    """Train the TRL variant of ``run`` in this process (one of accelerate's), resuming from its last checkpoint."""
+    trainer = trl_trainer(r, run, paths, out)
+    trainer.train(resume_from_checkpoint=any(Path(trainer.args.output_dir).glob("checkpoint-*")) or None)
+    trainer.save_state()
 
 
 # ---- the cost table --------------------------------------------------------------------------------------------
@@ -197,32 +268,61 @@ def trl_sharding(r: dict) -> dict:
             "tokens_per_gpu": tokens}
 
 
-def run_cost(r: dict, run: str, gpu: str, sharding: dict | None = None) -> dict:
+#: The committed simulator sweep whose DAPO runs measure dynamic sampling's generation factor (feature_lm: the
+#: language-model environment with shared parameters; its report is reports/sim/report.md).
+GEN_FACTOR_SOURCE = ROOT.parents[1] / "reports" / "sim" / "summaries" / "feature_lm_main.json"
+
+
+def measured_gen_factor(path=GEN_FACTOR_SOURCE) -> float:
+    """DAPO's responses generated per trained response (``gen_per_trained``, the mean over seeds and steps) in the
+    committed simulator sweep ``path``: the default factor of the dynamic-sampling runs' generation cost."""
+    from spec.records import read_json
+    return float(read_json(path)["algorithms"]["dapo"]["gen_per_trained"])
+
+
+def dynamic_sampling(r: dict, run: str) -> bool:
+    """Whether ``run`` refills all-equal groups (verl's ``algorithm.filter_groups``, DAPO's dynamic sampling)."""
+    return "algorithm.filter_groups.enable=True" in overrides(r, run)
+
+
+def run_cost(r: dict, run: str, gpu: str, sharding: dict | None = None, mfu: float = recipe_cost.MFU,
+             response_len: int | None = None, gen_factor: float | None = None) -> dict:
     """Estimated GPU-hours and memory of one run of a recipe on ``gpu`` (under the recipe's verl sharding unless
-    given)."""
+    given), at ``mfu``, with responses of ``response_len`` tokens (default: the budget's maximum) and, for a
+    dynamic-sampling run, ``gen_factor`` responses generated per trained one (default: ``measured_gen_factor``)."""
     b, s = r["budget"], sharding or r["sharding"]
     ref = any(o == "actor_rollout_ref.actor.use_kl_loss=True" for o in overrides(r, run))
-    budget = recipe_cost.Budget(b["prompts"], b["group"], b["prompt_len"], b["response_len"], b["steps"],
-                                b.get("epochs", 1), ref)
-    cost = recipe_cost.gpu_hours(r["model"]["name"], gpu, budget)
+    budget = recipe_cost.Budget(b["prompts"], b["group"], b["prompt_len"], response_len or b["response_len"],
+                                b["steps"], b.get("epochs", 1), ref)
+    factor = (measured_gen_factor() if gen_factor is None else gen_factor) if dynamic_sampling(r, run) else 1.0
+    cost = recipe_cost.gpu_hours(r["model"]["name"], gpu, budget, mfu=mfu, gen_factor=factor)
     mem = recipe_cost.memory_per_gpu(r["model"]["name"], gpu, s["gpus"], s["tokens_per_gpu"], s["rollout_share"],
                                      s.get("engine_resident", False))
-    return {**cost, **{f"mem_{k}": v for k, v in mem.items()}}
+    return {**cost, "gen_factor": factor, "gpus": s["gpus"], **{f"mem_{k}": v for k, v in mem.items()}}
 
 
-def cost_table(recipes=None) -> str:
-    """The markdown cost table of estimated GPU-hours: one row per recipe run, H100 and H200."""
-    lines = ["| recipe | run | framework, GPUs | tokens/step | H100 GPU-h | H200 GPU-h | of which generation (H200) | "
-             "attention share of training FLOPs | memory/GPU training (states + activations) | H100 fits | "
-             "H200 fits |", "|---" * 11 + "|"]
+def cost_table(recipes=None, gpus: int | None = None, mfu: float = recipe_cost.MFU, response_len: int | None = None,
+               gen_factor: float | None = None) -> str:
+    """The markdown cost table of estimated GPU-hours: one row per recipe run, H100 and H200, each run on its
+    recipe's GPUs (or ``gpus``), at ``mfu``, ``response_len`` and ``gen_factor`` as ``run_cost``."""
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise ValueError(f"gpus: expected a positive number of GPUs, got {gpus!r}")
+    if response_len is not None and (isinstance(response_len, bool) or not isinstance(response_len, int)
+                                     or response_len < 1):
+        raise ValueError(f"response_len: expected a positive number of tokens, got {response_len!r}")
+    lines = ["| recipe | run | framework, GPUs | generated per trained | tokens/step | H100 GPU-h | H200 GPU-h | "
+             "of which generation (H200) | H200 hours on its GPUs | attention share of training FLOPs | "
+             "memory/GPU training (states + activations) | H100 fits | H200 fits |", "|---" * 13 + "|"]
     for r in recipes or all_recipes():
         rows = [(run, "verl", r["sharding"]) for run in r["runs"]]
         rows += [(run, "TRL", trl_sharding(r)) for run, spec in r["runs"].items() if "trl" in spec]
         for run, framework, shard in rows:
-            h100, h200 = run_cost(r, run, "H100", shard), run_cost(r, run, "H200", shard)
+            shard = shard if gpus is None else {**shard, "gpus": gpus}
+            h100, h200 = (run_cost(r, run, gpu, shard, mfu, response_len, gen_factor) for gpu in ("H100", "H200"))
             lines.append(
-                f"| {r['name']} | {run} | {framework}, {shard['gpus']} | {h200['tokens_per_step']:.3g} | "
-                f"{h100['gpu_hours']:,.0f} | {h200['gpu_hours']:,.0f} | {h200['generate_h']:,.0f} | "
+                f"| {r['name']} | {run} | {framework}, {shard['gpus']} | {h200['gen_factor']:.3g} | "
+                f"{h200['tokens_per_step']:,.0f} | {h100['gpu_hours']:,.0f} | {h200['gpu_hours']:,.0f} | "
+                f"{h200['generate_h']:,.0f} | {h200['gpu_hours'] / shard['gpus']:,.1f} | "
                 f"{h200['train_attention_flops_per_step'] / h200['train_flops_per_step']:.0%} | "
                 f"{h200['mem_train'] / 1e9:.1f} GB ({h200['mem_states'] / 1e9:.1f} + "
                 f"{h200['mem_activations'] / 1e9:.1f}) | {'yes' if h100['mem_fits'] else 'no'} | "
@@ -230,39 +330,12 @@ def cost_table(recipes=None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m harness.recipes.launch", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("verl", "trl"):
-        s = sub.add_parser(name)
-        s.add_argument("recipe")
-        s.add_argument("run")
-        s.add_argument("--model", required=True)
-        s.add_argument("--train", required=True)
-        s.add_argument("--val", default=None)
-        s.add_argument("--out", default="runs/cluster")
-        s.add_argument("--dry-run", action="store_true")
-    sub.add_parser("cost")
-    args, extra = p.parse_known_args(argv)
-    try:
-        if args.cmd == "cost":
-            print(cost_table(), end="")
-            return
-        r = load(args.recipe)
-        paths = {"model": args.model, "train": args.train, "val": args.val}
-        if args.cmd == "verl":
-            cmd = launch_verl(r, args.run, paths, Path(args.out), extra, args.dry_run)
-            if args.dry_run:
-                print(" ".join(cmd))
-        else:
-            trainer = trl_trainer(r, args.run, paths, Path(args.out))
-            if not args.dry_run:
-                trainer.train(resume_from_checkpoint=any(Path(trainer.args.output_dir).glob("checkpoint-*")) or None)
-                trainer.save_state()
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-if __name__ == "__main__":
-    main()
+def cost_assumptions(mfu: float = recipe_cost.MFU, response_len: int | None = None,
+                     gen_factor: float | None = None) -> str:
+    """The assumptions of ``cost_table`` in one line, the generation factor's source named."""
+    length = f"{response_len} tokens on average" if response_len else "at each recipe's maximum length"
+    source = ("given" if gen_factor is not None else
+              f"DAPO's measured gen_per_trained in {GEN_FACTOR_SOURCE.relative_to(ROOT.parents[1])}")
+    factor = measured_gen_factor() if gen_factor is None else gen_factor
+    return (f"MFU {mfu:g}; responses {length}; dynamic sampling generates {factor:.3g} responses per trained one "
+            f"({source})")

@@ -18,7 +18,7 @@ import numpy as np
 
 from spec.extras import require
 from spec.records import naming, read_json, read_text, safe_name, write_text
-from spec.schema import show
+from spec.schema import did_you_mean, show
 
 from harness.reports.claims import CLAIMS
 from harness.reports.published import published
@@ -79,16 +79,18 @@ def _lines(path: Path, errors: str = "strict") -> tuple[list[str], bool]:
     return text.split("\n")[:-1], text.endswith("\n") or not text
 
 
-def _mapped(step: int, data: dict, names: dict) -> dict:
+def _mapped(step: int, data: dict, names: dict, where: str) -> dict:
     """A step's numbers under cliplab's names; verl's validation metrics under their own keys until ``_validation``
-    picks one per run."""
+    picks one per run. A metric read here whose value is not a number is a ValueError naming ``where`` (the file
+    and its line or entry) and the key; null is a metric not logged at that step; other keys are not read."""
     rec = {"step": step}
     for key, value in data.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if key in names:
-                rec[names[key]] = float(value)
-            elif names is VERL and VERL_VAL.match(key):
-                rec[key] = float(value)
+        name = names.get(key) or (key if names is VERL and VERL_VAL.match(key) else None)
+        if name is None or value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{where}: {key}: expected a number, got {show(value)}")
+        rec[name] = float(value)
     return rec
 
 
@@ -123,7 +125,7 @@ def read_verl_jsonl(path: Path) -> tuple[list[dict], str]:
             raise ValueError(f"{path}: line {i + 1} is not JSON; expected {FORMATS}") from None
         if not (isinstance(obj, dict) and isinstance(obj.get("step"), int) and isinstance(obj.get("data"), dict)):
             raise ValueError(f"{path}: line {i + 1} is not a verl file-logger record {{step, data}}")
-        records.append(_mapped(obj["step"], obj["data"], VERL))
+        records.append(_mapped(obj["step"], obj["data"], VERL, f"{path}: line {i + 1}"))
     if not complete:
         note = "cut short (its last line is incomplete)"
     return _merge(records), note
@@ -147,17 +149,17 @@ def read_verl_console(path: Path) -> tuple[list[dict], str]:
     its workers' output with ``(TaskRunner pid=...)``; bytes that are not UTF-8 in other output are read as U+FFFD)."""
     lines, complete = _lines(path, errors="replace")
     records = []
-    for line in lines:
+    for i, line in enumerate(lines):
         m = _CONSOLE_STEP.search(line)
         if not m:
             continue  # other console output
         data = {}
         for part in m.group("rest").split(" - "):
             key, sep, value = part.partition(":")
-            number = _console_value(value) if sep else None
-            if number is not None:
-                data[key.strip()] = number
-        records.append(_mapped(int(m.group("step")), data, VERL))
+            if sep:
+                number = _console_value(value)
+                data[key.strip()] = value.strip() if number is None else number
+        records.append(_mapped(int(m.group("step")), data, VERL, f"{path}: line {i + 1}"))
     if not records:
         raise ValueError(f"{path}: no 'step:N - key:value' lines; expected {FORMATS}")
     return _merge(records), "" if complete else "cut short (its last line is incomplete)"
@@ -178,7 +180,7 @@ def read_trl_state(path: Path) -> tuple[list[dict], str]:
             raise ValueError(f"{path}: log_history[{i}]: expected an object, got {show(entry)}")
         if "step" in entry and "train_runtime" not in entry:
             _check_int(path, f"log_history[{i}].step", entry["step"], required=True)
-            records.append(_mapped(entry["step"], entry, TRL))
+            records.append(_mapped(entry["step"], entry, TRL, f"{path}: log_history[{i}]"))
     done, planned = state.get("global_step"), state.get("max_steps")
     note = f"cut short at step {done} of {planned}" if done and planned and done < planned else ""
     return _merge(records), note
@@ -218,7 +220,8 @@ def read_tensorboard(paths) -> tuple[list[dict], str, str]:
             key = t.removeprefix("train/") if trl else t
             for e in acc.Scalars(t):
                 data.setdefault(e.step, {})[key] = e.value
-    records = [_mapped(step, d, TRL if trl else VERL) for step, d in data.items()]
+    records = [_mapped(step, d, TRL if trl else VERL, f"{', '.join(map(str, paths))}: step {step}")
+               for step, d in data.items()]
     return _merge(records), "trl" if trl else "verl", ""
 
 
@@ -360,6 +363,7 @@ def load(paths, labels=(), algos=()) -> tuple[list[dict], list[str]]:
             runs.append(run)
     if not runs:
         raise ValueError(f"paths: no logs under {', '.join(map(str, paths))}; expected {FORMATS}")
+    _apart_from_simulator(runs)
     name_runs(runs, paths, labels, algos)
     _unique_labels(runs)
     for r in runs:
@@ -367,6 +371,17 @@ def load(paths, labels=(), algos=()) -> tuple[list[dict], list[str]]:
             warn(r["label"], f"no algorithm known, so no claim reads it; name it with --algo {r['label']}=ALGO "
                              "or in its run.json")
     return runs, notes
+
+
+def _apart_from_simulator(runs: list[dict]) -> None:
+    """A simulator sweep's runs (a toy environment's) and a cluster's logs are no one comparison: a ValueError
+    naming the paths of each and the two commands that report them apart."""
+    sim = sorted({str(r["path"]) for r in runs if r["framework"] == "cliplab" and r.get("env")})
+    cluster = sorted({str(r["path"]) for r in runs if r["framework"] != "cliplab"})
+    if sim and cluster:
+        raise ValueError(f"paths: {', '.join(sim)} hold simulator runs (cliplab sim) and {', '.join(cluster)} "
+                         f"cluster logs, which one table would compare as equals; report them apart: "
+                         f"{shell_line('cliplab', 'report', *sim)} and {shell_line('cliplab', 'report', *cluster)}")
 
 
 def _run_of(folder: Path, log) -> dict:
@@ -416,7 +431,8 @@ def name_runs(runs: list[dict], paths, labels=(), algos=()) -> None:
         mine[0]["label"] = name
     for name, algo in _pairs(algos, "algo", "ALGO", at_last=True):  # a folder's name may hold '=', no algorithm does
         if algo not in ALGORITHMS:
-            raise ValueError(f"algo: unknown algorithm {algo!r}; expected one of {', '.join(ALGORITHMS)}")
+            raise ValueError(f"algo: unknown algorithm {algo!r}{did_you_mean(algo, ALGORITHMS)}; expected one of "
+                             f"{', '.join(ALGORITHMS)}")
         p = given.get(Path(name).resolve())
         mine = [r for r in runs if r["label"] == name or r["path"] == p]
         if not mine:
@@ -463,7 +479,11 @@ def _value(groups: Groups, label: str, key: str, part: str) -> float:
 
 
 def _cell(v: float, key: str) -> str:
-    return "absent" if v != v else fmt(v, pct=key in PERCENT)
+    """A measured value as the tables show it: a percentage, three significant digits, or a whole number with
+    thousands separated (1,234 tokens, not 1.23e+03); absent when not logged."""
+    if v != v:
+        return "absent"
+    return f"{v:,.0f}" if abs(v) >= 1000 and key not in PERCENT else fmt(v, pct=key in PERCENT)
 
 
 def logged_as(metric: str) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 from sim.config import parse_sets
 from spec.records import read_json, read_jsonl
 from spec.registry import ALGORITHMS
+from spec.schema import did_you_mean
 from spec.tracking import WandbRun, wandb_ready
 
 BACKENDS = ("process", "ray")
@@ -23,7 +24,8 @@ def parse_algos(text: str) -> list[str]:
         raise ValueError("algos: expected a comma-separated list of algorithms (or 'all')")
     for name in names:
         if name not in ALGORITHMS:
-            raise ValueError(f"algos: unknown algorithm {name!r}; expected among {', '.join(ALGORITHMS)} or 'all'")
+            raise ValueError(f"algos: unknown algorithm {name!r}{did_you_mean(name, ALGORITHMS)}; expected among "
+                             f"{', '.join(ALGORITHMS)} or 'all'")
     if len(set(names)) != len(names):
         raise ValueError(f"algos: an algorithm is listed twice in {text!r}")
     return names

@@ -5,4 +5,4 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/../../.."
-exec accelerate launch --config_file "$here/accelerate_zero3.yaml" -m harness.recipes.launch trl "$here" "$@"
+exec accelerate launch --config_file "$here/accelerate_zero3.yaml" -m harness.cli recipe launch trl "$here" "$@"

@@ -5,4 +5,4 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/../../.."
-exec python -m harness.recipes.launch verl "$here" "$@"
+exec python -m harness.cli recipe launch verl "$here" "$@"
