@@ -179,7 +179,7 @@ def _report(dirs: list[Path], out: Optional[Path], labels=(), algos=()) -> Path:
     if labels or algos or (not cliplab_folders(dirs) and cluster_logs.handles(dirs)):
         return cluster_logs.write_report(dirs, out, labels, algos)
     check_dirs(dirs)
-    if not any(p.is_file() for d in dirs for p in Path(d).glob("**/metrics.jsonl")):
+    if not any(any(Path(d).glob("**/metrics.jsonl")) for d in dirs):  # a FIFO or folder: refused by its reader
         raise ValueError(f"dirs: no complete runs (config.json + metrics.jsonl, from cliplab sim or cliplab train) "
                          f"under {', '.join(map(str, dirs))}, and no throughput JSON (python -m gpu.bench_h200 --out "
                          f"DIR) or cluster logs ({cluster_logs.FORMATS}) to read instead")
