@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import importable_module
 
-from harness.conform.engine import check_records, conform, conform_command, markdown, shrink, strict_json
+from harness.conform.engine import (check_records, conform, conform_command, markdown, shrink, strict_json,
+                                     verdict)
 from harness.conform.cases import (EXTREME_LOG_RATIOS, TOLERANCE, Batch, at_ties, batch_of, far_ref,
                                    rollout_batch)
 from harness.conform.targets import BUILTIN, load_target
@@ -81,6 +82,7 @@ def test_a_token_mean_dapo_is_found_to_match_token_mean_not_eq_8():
     assert typical["kind"] == "differs" and typical["reference"] == "dapo"
     assert "dapo[agg=token_mean]" in typical["matches"]
     assert [f["name"] for f in typical["findings"]] == ["matches dapo[agg=token_mean]"]
+    assert "is agg=token_mean (adapter agg=token_mean)" in typical["note"]  # the way out, not only a group size
     minimal = typical["findings"][0]["minimal_input"]
     # token_mean and group_token_mean differ only with two groups whose token counts differ: at least 2 rows and
     # 3 tokens, and the shrinker gets there
@@ -176,18 +178,14 @@ def test_a_clamp_is_a_named_finding_with_its_minimal_input():
     assert abs(m["target"] - m["reference"]) > TOLERANCE * max(1.0, abs(m["reference"]))
 
 
-def test_a_float32_ratio_differs_at_exact_ties_only():
+def test_a_float32_ratio_agrees_at_exact_ties_with_its_tie_break_named():
     report = conform("cliplab_user_losses:float32_ratio_grpo", seeds=8, adapter="algorithm=grpo,beta=0")
     rows = {r["family"]: r for r in report["rows"]}
-    assert rows["typical"]["kind"] == "agrees"
-    assert rows["ties"]["kind"] == "differs"
-    finding = rows["ties"]["findings"][0]
-    assert finding["name"].startswith("at exact ties on its bounds")
-    m = finding["minimal_input"]
+    assert rows["typical"]["kind"] == rows["ties"]["kind"] == "agrees"
     # float32(1.2) > 1.2 and float32(0.8) > 0.8: at r = 1.2 with A > 0 the float32 ratio is clipped (gradient 0)
-    # where the reference's unclipped branch keeps -A * r / n; the values agree
-    assert abs(m["target"] - m["reference"]) <= TOLERANCE
-    assert np.abs(np.array(m["target_grad"]) - np.array(m["reference_grad"])).max() > TOLERANCE
+    # where the reference's unclipped branch keeps -A * r / n: the other one-sided limit, a tie-break convention
+    assert rows["ties"]["grad_diff"] <= TOLERANCE
+    assert "takes the other branch" in rows["ties"]["tie_break"] and "tie-break" in verdict(rows["ties"])
 
 
 def test_a_target_that_raises_is_a_finding_never_dropped():

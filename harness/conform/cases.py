@@ -3,6 +3,7 @@ conventions, and the check of one algorithm x knob. The engine (harness.conform.
 (harness.conform.targets) both import this module; it imports neither."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -18,6 +19,27 @@ STEP_FAMILIES = {"mixed": "mixed response lengths (1 to 6 tokens; every row has 
 #: max |target - reference| / max(1, max |reference|) under which float64 results agree. Outside code adds
 #: stabilisers (1e-8 in denominators, clamps far outside these inputs' range) that stay below it.
 TOLERANCE = 1e-6
+#: Roundings on the longest path from an input to a loss or gradient element, for a target that computes in a
+#: narrower float than float64: logp and old_logp rounded (2), the log-ratio and its exponential (2), the clip,
+#: the product with the advantage and the minimum (3), the weight and the sum with a float accumulator (2), and
+#: the backward pass through the same operations (7): 16, each of at most eps relative; and the exponential turns
+#: the log-ratio's absolute error, eps * |logp|, into a relative one, with |logp| and |log-ratio| < 2^8 in the
+#: generated batches (log-ratios up to 100 on log-probs down to about -40).
+ROUNDINGS = 16 * 2 ** 8
+
+
+def tolerance_of(dtype: str) -> float:
+    """The tolerance for a target that computes in ``dtype``: ROUNDINGS times the dtype's machine epsilon, never
+    below TOLERANCE: float64 1e-6, float32 4.9e-4, bfloat16 32, float16 3.9. Past 1 (bfloat16, float16) no value
+    is held to the reference, only finiteness, raises and shapes: their 8 and 11 bits cannot tell a convention from
+    rounding on these batches."""
+    import torch
+    try:
+        eps = torch.finfo(getattr(torch, dtype)).eps
+    except (AttributeError, TypeError):
+        raise ValueError(f"dtype: expected a torch floating dtype (float64, float32, bfloat16, float16), got "
+                         f"{dtype!r}") from None
+    return max(TOLERANCE, ROUNDINGS * eps)
 FAMILIES = {"typical": {"extreme": False, "small_q": False}, "extreme": {"extreme": True}}
 #: What each case family holds (the report's preamble lists them). far_ref and ties are built by the engine from a
 #: check's typical batches (``family_batch``), for the checks whose reference reads ref_logp or has bounds.
@@ -144,6 +166,60 @@ def at_ties(b: Batch, ties: dict, seed: int) -> Batch:
     return out
 
 
+#: How far past a bound (in log space) ``tie_sides`` puts a tie: above float64's rounding, far below any tolerance.
+TIE_STEP = 1e-9
+
+
+def tie_sides(ties: dict | None, b: Batch, rho: float, per_row: bool = False) -> tuple[list[Batch], np.ndarray]:
+    """The one-sided limits of ``b`` at its ties, and where they are: every token whose quantity in ``ties`` (see
+    Convention) lies within a relative ``rho`` of one of its bounds (with ``per_row``, every token of a row whose
+    sequence ratio exp(mean log-ratio) does) put TIE_STEP inside that bound (towards a ratio of 1, inside every
+    bound's range), then TIE_STEP outside, by the policy's log-probs for ratio, log_ratio and dcpo, by the rollout
+    log-probs for rollout, each combination once; ([], no token) when none is at a bound. At a bound the branches
+    agree in value, not in gradient: a target may take either (a comparison, ``torch.min`` or ``torch.where``,
+    breaks by rounding) or split it (``torch.min`` of two equal values halves the gradient between the surrogate
+    and its clip), and a float tie may not be representable at all (a log-ratio rounded to float32, a sequence
+    mean)."""
+    at = np.zeros(b.mask.shape, bool)
+    if not ties or not b.mask.size:
+        return [], at
+    on, lr = b.mask > 0, b.logp - b.old_logp
+    if per_row:
+        lens = np.maximum(on.sum(1, keepdims=True), 1)
+        lr = np.broadcast_to(np.where(on, lr, 0.0).sum(1, keepdims=True) / lens, lr.shape)
+    # per kind: the log-space move onto the nearest bound, the way inside (sign towards 0), where there is a tie
+    moves = {kind: [np.zeros(lr.shape), np.zeros(lr.shape), at.copy()] for kind in ("policy", "rollout")}
+
+    def land(kind, log_q, log_bound):
+        move, inward, hit = moves[kind]
+        near = on & ~hit & (np.abs(log_q - log_bound) <= rho)
+        move[near], inward[near], hit[near] = (log_bound - log_q)[near], -np.sign(log_bound)[near], True
+
+    for quantity, values in ties.items():
+        if quantity == "dcpo":
+            import torch
+
+            import gpu
+            values = [np.log(t.numpy()) for t in gpu.dcpo_bounds(torch.from_numpy(np.exp(b.old_logp)), *values)]
+        elif quantity in ("ratio", "rollout"):
+            values = [np.log(v) for v in values]
+        for log_bound in values:
+            log_bound = np.broadcast_to(log_bound, lr.shape)
+            if quantity != "rollout":
+                land("policy", lr, log_bound)
+            elif "rollout_logp" in b.extra:
+                land("rollout", b.old_logp - b.extra["rollout_logp"], log_bound)
+    step = lambda kind, side: np.where(moves[kind][2], moves[kind][0] + side * TIE_STEP * moves[kind][1], 0.0)  # noqa: E731
+    sides = []
+    for mine, out in itertools.product(*((1, -1) if moves[k][2].any() else (0,) for k in ("policy", "rollout"))):
+        if mine or out:
+            side = replace(b, logp=b.logp + step("policy", mine), extra=dict(b.extra))
+            if out:
+                side.extra["rollout_logp"] = b.extra["rollout_logp"] - step("rollout", out)
+            sides.append(side)
+    return sides, moves["policy"][2] | moves["rollout"][2]
+
+
 @dataclass(frozen=True)
 class Convention:
     """A named reading of the reference: ``fn(batch) -> (value, gradient or None)``; ``named`` is False for a
@@ -180,12 +256,15 @@ class Check:
     families: tuple | None = None
     exact: Callable | None = None
     note: str = ""
-    tolerance: float = TOLERANCE
+    tolerance: float | None = None
     reads: str = "logp, old_logp, adv, mask (policy log-probs, sampling log-probs, advantages, response mask)"
+    dtype: str = "float64"
 
     def __post_init__(self):
-        """By default: typical and extreme, with far_ref when the reference reads ref_logp and ties when it has
-        bounds."""
+        """By default: the tolerance of the dtype the target computes in (``tolerance_of``); typical and extreme,
+        with far_ref when the reference reads ref_logp and ties when it has bounds."""
+        if self.tolerance is None:
+            self.tolerance = tolerance_of(self.dtype)
         if self.families is None:
             conv = self.reference
             self.families = ("typical", "extreme") + (("far_ref",) if conv and conv.far_ref else ()) + (

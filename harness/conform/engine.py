@@ -17,23 +17,49 @@ from spec.records import write_text
 from spec.registry import (AGG_MODES, CAP_MODES, HPARAMS, KL_KINDS, POLICY_ALGORITHMS, ROLLOUT_CORRECTIONS,
                            get_algorithm)
 
-from harness.conform.cases import FAMILY_TEXT, SEED_SHARE, TOLERANCE, Batch, Check, Convention
+from harness.conform.cases import FAMILY_TEXT, SEED_SHARE, TOLERANCE, Batch, Check, Convention, tie_sides
 from harness.verify.layers import scaled_diff
 
-def _diff(got, want) -> tuple[float, float]:
-    """Scaled differences of value and gradient; inf where the target is not finite and the reference is."""
-    def one(a, b):
+def _diff(got, want, band=None) -> tuple[float, float]:
+    """Scaled differences of value and gradient; inf where the target is not finite and the reference is. With
+    ``band`` ((low value, low gradient), (high value, high gradient)), the distance from it: at a tie, either
+    one-sided limit and anything between them (torch.min's half split) agrees."""
+    def one(a, b, low=None, high=None):
         a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
         if not np.array_equal(np.isfinite(a), np.isfinite(b)):
             return float("inf")
-        return scaled_diff(np.nan_to_num(a), np.nan_to_num(b))
-    return one(got[0], want[0]), 0.0 if got[1] is None or want[1] is None else one(got[1], want[1])
+        a, b = np.nan_to_num(a), np.nan_to_num(b)
+        if low is not None:
+            b = np.clip(a, np.nan_to_num(low), np.nan_to_num(high))
+        return scaled_diff(a, b)
+    low, high = band or ((None, None), (None, None))
+    return (one(got[0], want[0], low[0], high[0]),
+            0.0 if got[1] is None or want[1] is None else one(got[1], want[1], low[1], high[1]))
+
+
+def _expect(check: Check, conv: Convention, used: Batch):
+    """The convention's (value, gradient) on ``used`` and, where a token sits at one of its bounds within the
+    check's tolerance, the band that a tie-break may give there (None elsewhere): between the one-sided limits,
+    and, for the gradient at the tied tokens, between them and 0 (the gradient of the clipped surrogate, which
+    torch.min of two equal values averages in)."""
+    from harness.conform.targets.reference import per_row_ratio
+    want = conv.fn(used)
+    sides, at = tie_sides(conv.ties, used, check.tolerance, per_row=per_row_ratio(conv))
+    if not sides:
+        return want, None
+    every = [want, *(conv.fn(side) for side in sides)]
+    stack = lambda k, pick: pick([np.asarray(w[k], dtype=float) for w in every], axis=0)  # noqa: E731
+    if want[1] is None or any(w[1] is None for w in every):
+        return want, ((stack(0, np.min), None), (stack(0, np.max), None))
+    low, high = stack(1, np.min), stack(1, np.max)
+    return want, ((stack(0, np.min), np.where(at, np.minimum(low, 0.0), low)),
+                  (stack(0, np.max), np.where(at, np.maximum(high, 0.0), high)))
 
 
 def _differs(check: Check, batch: Batch, conv: Convention) -> bool:
     try:
         value, grad, used = check.run(batch)
-        d = _diff((value, grad), conv.fn(used))
+        d = _diff((value, grad), *_expect(check, conv, used))
     except Exception:  # noqa: BLE001 (the target is outside code and may raise anything)
         return False
     return max(d) > check.tolerance
@@ -179,6 +205,9 @@ def _run_family(check: Check, family: str, seeds: int, seen: _Seen | None = None
         if batch.mask.sum() == 0:  # a batch without tokens is reported apart: it would hide every other match
             empty = empty or (used, value)
             continue
+        if check.reference is not None and not _representable(check, used):
+            row["out_of_range"] = row.get("out_of_range", 0) + 1
+            continue
         runs.append((batch, used, value, grad))
     row["cases"], row["target_errors"] = len(runs), sorted(raised)
     seen = seen or _Seen()
@@ -186,13 +215,23 @@ def _run_family(check: Check, family: str, seeds: int, seen: _Seen | None = None
     if empty is not None and check.reference is not None:
         findings += _empty_finding(check, family, *empty)
     if runs and check.reference is None:
-        row.update(_match_labels(_matches(check, _Cases(runs))))
+        row.update(_match_labels(_matches(check, _Cases(check, runs))))
     elif runs:
         findings += _differences(check, family, seeds, runs, row, seen)
     row["findings"] = findings
     row["kind"] = ("raises" if raised else "differs" if findings else
                    "no reference" if check.reference is None else "agrees")
     return row
+
+
+def _representable(check: Check, used: Batch) -> bool:
+    """Whether the reference's value and gradient on ``used`` fit in the dtype the target computes in (a float32
+    loss cannot give exp(100) = 2.7e43): a case past its range is not compared."""
+    if check.dtype == "float64":
+        return True
+    import torch
+    top = torch.finfo(getattr(torch, check.dtype)).max
+    return all(x is None or np.all(np.abs(np.asarray(x, dtype=float)) <= top) for x in check.reference.fn(used))
 
 
 def _raise_finding(check: Check, family: str, seeds: int, message: str, batches: list, seen: _Seen) -> dict:
@@ -224,17 +263,26 @@ def _short(x) -> str:
 
 class _Cases:
     """The compared cases of one family, (batch, batch used, value, gradient) each, and the scaled differences of
-    the target from each convention, computed once per convention and case."""
+    the target from each convention (at ties: from the band between its one-sided limits), computed once per
+    convention and case."""
 
-    def __init__(self, runs: list):
-        self.runs, self._memo = runs, {}
+    def __init__(self, check: Check, runs: list):
+        self.check, self.runs, self._memo = check, runs, {}
 
-    def diff(self, conv: Convention, k: int) -> tuple[float, float]:
+    def _expected(self, conv: Convention, k: int):
         key = (id(conv), k)
         if key not in self._memo:  # the convention is kept with its numbers: its id stays its own
-            _, used, value, grad = self.runs[k]
-            self._memo[key] = (conv, _diff((value, grad), conv.fn(used)))
-        return self._memo[key][1]
+            self._memo[key] = (conv, *_expect(self.check, conv, self.runs[k][1]))
+        return self._memo[key][1:]
+
+    def diff(self, conv: Convention, k: int) -> tuple[float, float]:
+        _, _, value, grad = self.runs[k]
+        return _diff((value, grad), *self._expected(conv, k))
+
+    def strict(self, conv: Convention, k: int) -> tuple[float, float]:
+        """As ``diff``, with the convention's own tie-break (its value at the tie) instead of the band."""
+        _, _, value, grad = self.runs[k]
+        return _diff((value, grad), self._expected(conv, k)[0])
 
     def worst(self, conv: Convention) -> float:
         return max(max(self.diff(conv, k)) for k in range(len(self.runs)))
@@ -243,7 +291,7 @@ class _Cases:
 def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, seen: _Seen) -> list:
     """Findings against the reference: non-finite results apart, then what the rest matches instead, split into
     one finding per change (a clamp apart from the convention it clamps)."""
-    cases, findings = _Cases(runs), []
+    cases, findings = _Cases(check, runs), []
     diffs = [cases.diff(check.reference, k) for k in range(len(runs))]
     row["loss_diff"], row["grad_diff"] = max(d[0] for d in diffs), max(d[1] for d in diffs)
     bad_finite = [r for r, d in zip(runs, diffs) if not _finite(r[2], r[3]) and max(d) == float("inf")]
@@ -254,17 +302,21 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, s
         findings.append({"name": f"returns {what} where the reference is finite, on {len(bad_finite)} of {seeds} "
                                  "cases", "max_err": float("inf"), "cases": len(bad_finite), "of": seeds,
                          "family": family, "minimal_input": seen.minimal[what]})
-        cases = _Cases([r for r in runs if not any(r is b for b in bad_finite)])
+        cases = _Cases(check, [r for r in runs if not any(r is b for b in bad_finite)])
     if not cases.runs or cases.worst(check.reference) <= check.tolerance:
+        tie_break = cases.runs and _tie_break(check, cases)
+        if tie_break:
+            row["tie_break"] = tie_break
         return findings
     full, value_only, grad_only = _matches(check, cases)
     row.update(_match_labels((full, value_only, grad_only)))
     if not full:
-        hints = [f"value matches {', '.join(_label(c) for c in value_only)}"] if value_only else []
-        hints += [f"gradient matches {', '.join(_label(c) for c in grad_only)}"] if grad_only else []
-        name = ("at exact ties on its bounds (where the reference's unclipped branch wins), " if family == "ties"
-                else "") + "matches none of the reference's conventions" + "".join(f"; {h}" for h in hints)
-        near = (value_only + grad_only + [check.reference])[0]  # the minimal input shows what even it misses
+        near_family = [c for c in value_only + grad_only if in_family(check, c)]
+        hints = [f"{what} matches {', '.join(_label(c) for c in found if c in near_family)}"
+                 for what, found in (("value", value_only), ("gradient", grad_only))
+                 if any(c in near_family for c in found)]
+        name = "matches none of the reference's conventions" + "".join(f"; {h}" for h in hints)
+        near = (near_family + [check.reference])[0]  # the minimal input shows what even it misses
         return findings + [_finding(check, family, seeds, name, cases, near, seen)]
     best = min(full, key=lambda c: c.label not in seen.matched)  # as on an earlier family, if it still matches
     seen.matched.append(best.label)
@@ -276,6 +328,30 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, s
                         agree=best.base)
         findings += [base] if base else []
     return findings
+
+
+def _tie_break(check: Check, cases: _Cases) -> str | None:
+    """How the target breaks the reference's ties, where it agrees with the reference's band and not with the
+    reference's own choice at the tie (the unclipped branch, or the weight kept, wins): a tie-break convention."""
+    split = other = False
+    for k in range(len(cases.runs)):
+        if max(cases.strict(check.reference, k)) <= check.tolerance:
+            continue
+        grad = cases.runs[k][3]
+        want, band = cases._expected(check.reference, k)
+        if band is None or grad is None or band[0][1] is None:
+            continue
+        grad, off = np.asarray(grad, dtype=float), np.abs(np.asarray(grad) - want[1]) > check.tolerance
+        at_side = np.minimum(np.abs(grad - band[0][1]), np.abs(grad - band[1][1])) <= check.tolerance
+        other |= bool((off & at_side).any())
+        split |= bool((off & ~at_side).any())
+    if not (split or other):
+        return None
+    how = " and ".join(w for w, on in (("takes the other branch", other), ("splits the gradient between the two "
+                                                                          "branches (as torch.min does between "
+                                                                          "equal values)", split)) if on)
+    return (f"at exact ties on its bounds it {how}, where the reference's unclipped branch (or kept weight) wins: "
+            "a tie-break convention, within the one-sided limits")
 
 
 def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, against: Convention, seen: _Seen,
@@ -305,6 +381,7 @@ def _describe(check: Check, batch: Batch, against: Convention | None = None) -> 
            "target": _plain(value), "reference": _plain(want[0])}
     if grad is not None and want[1] is not None:
         out["target_grad"], out["reference_grad"] = _plain(grad), _plain(want[1])
+        out["grad_differs"] = _grad_differs(check, used, grad, *_expect(check, against or check.reference, used))
     if against is not None and against.label != check.reference.label:
         other = against.fn(used)
         out["compared_with"] = {"label": _label(against), "value": _plain(other[0])}
@@ -312,6 +389,25 @@ def _describe(check: Check, batch: Batch, against: Convention | None = None) -> 
             out["compared_with"]["grad"] = _plain(other[1])
     if check.exact is not None:
         out["reference_exact"] = _plain(check.exact(used))
+    return out
+
+
+def _grad_differs(check: Check, used: Batch, grad, want, band, most: int = 3) -> list[dict]:
+    """The gradient's elements that differ from the convention (outside the band between its one-sided limits,
+    at a tie), largest first: row, token, both values and the region in words."""
+    from harness.conform.targets.reference import region
+    grad, ref_grad = np.asarray(grad, dtype=float), np.asarray(want[1], dtype=float)
+    nearest = ref_grad if band is None or band[0][1] is None else np.clip(grad, band[0][1], band[1][1])
+    gap = np.abs(np.nan_to_num(grad - nearest, nan=np.inf))
+    gap[~(gap > check.tolerance * max(1.0, float(np.abs(ref_grad).max(initial=0.0))))] = -1.0
+    out = []
+    for flat in np.argsort(-gap, axis=None)[:most]:
+        i, t = (int(x) for x in np.unravel_index(flat, gap.shape))
+        if gap[i, t] < 0:
+            break
+        text = region(check.reference, used, i, t, float(grad[i, t]), float(ref_grad[i, t]))
+        out.append({"row": i, "token": t, "target": float(grad[i, t]), "reference": float(ref_grad[i, t]),
+                    **({"region": text} if text else {})})
     return out
 
 
@@ -383,7 +479,8 @@ def conform(target, seeds: int = 30, only: Callable[[Check], bool] | None = None
         torch.set_num_threads(threads)
         if hasattr(tgt, "close"):  # a target's worker process ends with its report
             tgt.close()
-    return {"target": tgt.name, "versions": tgt.versions, "tolerance": getattr(tgt, "tolerance", TOLERANCE),
+    return {"target": tgt.name, "versions": tgt.versions,
+            "tolerance": getattr(tgt, "tolerance", None) or max((c.tolerance for c in checks), default=TOLERANCE),
             "seeds": seeds,
             "how": tgt.how, "rows": rows}
 
@@ -432,7 +529,8 @@ def verdict(row: dict) -> str:
     """One line: the kind, then every finding's name (what the target matches instead, clamps, raises)."""
     if row["kind"] == "raises" and not row["cases"]:
         return "target raised on every case: " + "; ".join(row["target_errors"])
-    names = [f["name"] for f in row["findings"]]
+    names = [f["name"] for f in row["findings"]] + ([f"tie-break: {row['tie_break']}"] if row.get("tie_break")
+                                                    else [])
     if row["kind"] == "no reference":
         names = names or ["matches " + ", ".join(row["matches"]) if row.get("matches") else
                           "matches none of the reference's conventions"]
@@ -501,10 +599,17 @@ def finding_lines(m: dict, reads: str) -> list[str]:
     if "target_grad" in m:
         lines += [f"- target gradient: `{json.dumps(strict_json(m['target_grad']))}`",
                   f"- reference gradient: `{json.dumps(strict_json(m['reference_grad']))}`"]
+        lines += [f"- gradient differs at {_element_text(e)}" for e in m.get("grad_differs", ())]
         if "grad" in m.get("compared_with", {}):
             lines.append(f"- {m['compared_with']['label']}, gradient: "
                          f"`{json.dumps(strict_json(m['compared_with']['grad']))}`")
     return lines
+
+
+def _element_text(e: dict) -> str:
+    """One differing gradient element in words: where, both values, and its region."""
+    return (f"row {e['row']}, token {e['token']}: target {e['target']:.6g}, reference {e['reference']:.6g}"
+            + (f" ({e['region']})" if e.get("region") else ""))
 
 
 def strict_json(obj):
@@ -606,9 +711,17 @@ def accepted_match(row: dict, accepted: dict) -> str | None:
     return None
 
 
+def in_family(check: Check, conv: Convention) -> bool:
+    """Whether ``conv`` is in the family of the check's reference algorithm (targets.reference.FAMILIES); a
+    convention that is not a policy loss's (an aggregation, a KL estimator) is compared within its own kind."""
+    from harness.conform.targets.reference import family_of
+    mine = check.reference.policy if check.reference is not None else None
+    return mine is None or conv.policy is None or family_of(conv.policy[0]) == family_of(mine[0])
+
+
 def closest(check: Check, minimal: dict) -> str | None:
-    """The known convention nearest to the target on a minimal input: the reference or a candidate, with the
-    largest scaled difference there."""
+    """The known convention of the reference's family nearest to the target on a minimal input, with the largest
+    scaled difference there; "none close" when the reference itself is nearest."""
     data = dict(minimal["input"])
     group_size = data.pop("group_size")
     arrays = {k: np.asarray(v, dtype=float) for k, v in data.items()}
@@ -618,14 +731,18 @@ def closest(check: Check, minimal: dict) -> str | None:
     except Exception:  # noqa: BLE001 (the target is outside code)
         return None
     best = None
-    for conv in [c for c in (check.reference, *check.candidates) if c is not None]:
+    for conv in [c for c in (check.reference, *check.candidates) if c is not None and in_family(check, c)]:
         try:
-            gap = max(_diff((value, grad), conv.fn(used)))
+            gap = max(_diff((value, grad), *_expect(check, conv, used)))
         except ValueError:
             continue
         if best is None or gap < best[0]:
-            best = (gap, conv.label if conv.named else conv.label + " (not a reference convention)")
-    return None if best is None else f"{best[1]} (off by {best[0]:.2e} there)"
+            best = (gap, conv)
+    if best is None:
+        return None
+    if best[1] is check.reference:
+        return f"none close in {check.algorithm}'s family (the reference itself is nearest, off by {best[0]:.2e} there)"
+    return f"{_label(best[1])} (off by {best[0]:.2e} there)"
 
 
 def settle(target, report: dict, accepted: dict | None = None) -> dict:
@@ -637,12 +754,16 @@ def settle(target, report: dict, accepted: dict | None = None) -> dict:
         row["outcome"] = row["kind"]
         if row["outcome"] == "differs" and accepted_match(row, accepted or {}):
             row["outcome"] = "accepted"
-        if row["outcome"] == "differs" and row.get("matches"):
-            named = [m for m in row["matches"] if not m.endswith("(not a reference convention)")]
-            row["closest"] = (named or row["matches"])[0]
-        elif row["outcome"] == "differs" and minimal_of(row):
-            checks = checks or {(c.algorithm, c.call, c.knob): c for c in target.checks()}
-            check = checks.get((row["algorithm"], row["call"], row["knob"]))
+        if row["outcome"] != "differs":
+            continue
+        checks = checks or {(c.algorithm, c.call, c.knob): c for c in target.checks()}
+        check = checks.get((row["algorithm"], row["call"], row["knob"]))
+        matches = [m for m in row.get("matches") or () if check is None or any(
+            _label(c) == m and in_family(check, c) for c in (*check.candidates, *_candidates(check)))]
+        if matches:
+            named = [m for m in matches if not m.endswith("(not a reference convention)")]
+            row["closest"] = (named or matches)[0]
+        elif minimal_of(row):
             row["closest"] = check and closest(check, minimal_of(row))
     report["ok"] = not any(r["outcome"] in FAILING for r in report["rows"])
     return report
@@ -673,6 +794,7 @@ def console_lines(report: dict, failing_only: bool = False) -> list[str]:
             else:
                 exact = f" (exact: {json.dumps(m['reference_exact'])})" if "reference_exact" in m else ""
                 lines.append(f"      target {json.dumps(m['target'])}, reference {json.dumps(m['reference'])}{exact}")
+                lines += [f"      gradient differs at {_element_text(e)}" for e in m.get("grad_differs", ())]
         if r.get("closest"):
             lines.append(f"    closest known convention: {r['closest']}")
         if r.get("note"):
@@ -692,6 +814,8 @@ def conform_command(target: str, json_out: bool = False, out: str | Path | None 
     write ``<out>/<target>.md`` and ``.json``; ``report["ok"]`` says whether any check differs or raises."""
     check_seeds(seeds)
     accepted = parse_accept(accept)
+    if isinstance(target, str) and ":" in target:
+        require_algorithm(adapter)
     out = None if out is None else Path(out).absolute()  # whatever the target does, the report lands here
     tgt = target_of(target, adapter)
     report = settle(tgt, conform(tgt, seeds=seeds), accepted)
@@ -702,6 +826,16 @@ def conform_command(target: str, json_out: bool = False, out: str | Path | None 
     else:
         print("\n".join(console_lines(report)))
     return report
+
+
+def require_algorithm(adapter) -> None:
+    """A module:function target must say what it implements: without ``algorithm=`` nothing would be compared
+    and every check would pass as "no reference"."""
+    from harness.conform.targets.callable import parse_adapter
+    if "algorithm" not in parse_adapter(adapter):
+        raise ValueError(f"adapter: algorithm=NAME is required for a module:function target (what the callable "
+                         f"implements); expected one of {', '.join(POLICY_ALGORITHMS)}, e.g. --adapter "
+                         "algorithm=grpo,beta=0")
 
 
 def assert_conforms(fn, algorithm: str, *, seeds: int = 30, accept=(), **adapter) -> dict:

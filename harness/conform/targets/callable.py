@@ -184,7 +184,8 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     except Exception as exc:  # noqa: BLE001 (user code may raise anything: it is the target's verdict)
         return {"raised": [type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:300], _place(exc)]}
     grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
-    return {"loss": float(loss.detach().cpu().double()), "grad": grad.numpy()}
+    return {"loss": float(loss.detach().cpu().double()), "grad": grad.numpy(),
+            "dtype": str(loss.dtype).removeprefix("torch.")}
 
 
 def _loss(out, returns: int):
@@ -304,7 +305,7 @@ class CallableTarget:
                     "(advantages "
                     f"{'[B]' if self.adapter.get('adv_shape') == 'seq' else '[B, T]'}); the gradient is "
                     "d loss / d logp by autograd.")
-        self._checks = None
+        self._checks, self.dtype = None, "float64"  # the dtype it computes in: its loss's, seen by the probe
         self._probe()
 
     def _probe(self):
@@ -326,6 +327,7 @@ class CallableTarget:
             raise BadReturn(f"{self.name} {out['bad']}; expected {EXPECTED}")
         if "raised" in out:
             raise _rebuilt(*out["raised"])
+        self.dtype = out.get("dtype", self.dtype)
         return float(out["loss"]), np.asarray(out["grad"], dtype=float), b
 
     def close(self):
@@ -353,7 +355,8 @@ class CallableTarget:
         cases = partial(batch_of, seq_adv=True) if self.adapter.get("adv_shape") == "seq" else batch_of
         return Check(self.algorithm or "unknown", self.name, ", ".join(f"{k}={v}" for k, v in self.hp.items())
                      or "as called", self.run, conv, cands, cases, note=" ".join(notes),
-                     exact=None if conv is None else ref.exact_policy(self.algorithm, **self.hp))
+                     exact=None if conv is None else ref.exact_policy(self.algorithm, **self.hp),
+                     dtype=self.dtype)
 
     def _kl_unseen(self) -> bool:
         """The claimed reference has a KL term, and the callable takes no reference log-probs to compute one."""
@@ -368,8 +371,10 @@ class CallableTarget:
                          f"{self.name} takes no reference log-probs: a loss without a KL term is "
                          f"{self.algorithm} with beta=0 (adapter beta=0).")
         if hp["agg"] in GROUP_AGG_MODES and "group_size" not in self.binding:
+            batch = (" A loss divided by the batch's token count, as verl, TRL and OpenRLHF compute DAPO, is "
+                     "agg=token_mean (adapter agg=token_mean)." if hp["agg"] == "group_token_mean" else "")
             notes.append(f"The reference aggregates per group (agg={hp['agg']}) and {self.name} takes no group "
-                         "size (adapter group_size=PARAM).")
+                         f"size, so it cannot compute that; one that does takes it (adapter group_size=PARAM).{batch}")
         if "adv_shape" not in self.adapter and self._agrees_only_per_sequence(conv):
             notes.append(f"Called with one advantage per sequence, shape [B], {self.name} agrees with the "
                          "reference on probe batches: add adv_shape=seq to the adapter (the default passes "

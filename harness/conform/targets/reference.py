@@ -198,7 +198,59 @@ def _shifted(b, logp):
 
 
 def _variant(conv: Convention, part: str, fn) -> Convention:
-    return Convention(f"{conv.label}, {part}", fn, named=False, policy=conv.policy, base=conv, part=part)
+    return Convention(f"{conv.label}, {part}", fn, named=False, ties=conv.ties, policy=conv.policy, base=conv,
+                      part=part)
+
+
+#: Families of policy losses, for the hints of a difference: PPO-clip on token ratios (PPO 1707.06347 Eq. 7 and
+#: the GRPO line that keeps it), sequence-level ratios (GSPO 2507.18071, GMPO's geometric mean), and the losses
+#: that replace the clip: SAPO's soft gate, CISPO's truncated weight, GPG's plain policy gradient.
+FAMILIES = {"token PPO-clip": ("ppo", "grpo", "dr_grpo", "dapo", "dcpo", "clip_cov", "kl_cov"),
+            "sequence ratio": ("gspo", "gspo_token", "gmpo"), "soft gate": ("sapo",), "truncated weight": ("cispo",),
+            "plain policy gradient": ("gpg",)}
+
+
+def per_row_ratio(conv: Convention) -> bool:
+    """Whether the convention clips one ratio per sequence (GSPO and GSPO-token): its ties are the rows'."""
+    return conv.policy is not None and get_algorithm(conv.policy[0]).ratio in ("sequence", "sequence_token")
+
+
+def family_of(name: str) -> str:
+    return next((family for family, names in FAMILIES.items() if name in names), name)
+
+
+def region(conv: Convention, b, i: int, t: int, target_grad: float, reference_grad: float) -> str:
+    """Where token (i, t) of ``b`` lies for a policy convention, in words: the advantage's sign, the ratio (the
+    row's sequence ratio for a sequence-level loss) against the clip bounds, and the branch each side takes."""
+    if conv.policy is None:
+        return ""
+    if b.mask[i, t] <= 0:
+        return "a masked token (outside the response: the reference's gradient there is 0)"
+    name, hp = conv.policy[:2]
+    alg, h = get_algorithm(name), _resolved(name, hp)
+    on = b.mask[i] > 0
+    if alg.ratio in ("sequence", "sequence_token", "geometric"):
+        what, r = "s", float(np.exp((b.logp[i] - b.old_logp[i])[on].mean())) if on.any() else 1.0
+    else:
+        what, r = "r", float(np.exp(b.logp[i, t] - b.old_logp[i, t]))
+    a = float(b.adv[i, t])
+    words = [f"A {'>' if a > 0 else '<' if a < 0 else '='} 0", f"{what} = {r:.6g}"]
+    if alg.clip == "fixed":
+        lo, hi = 1 - h["eps_low"], 1 + h["eps_high"]
+        side = (f"{what} < 1 - eps_low = {lo:g}" if r < lo else f"{what} > 1 + eps_high = {hi:g}" if r > hi
+                else f"{lo:g} <= {what} <= {hi:g}")
+        clipped = (a > 0 and r > hi) or (a < 0 and r < lo)
+        dual = h["dual_clip"] is not None and a < 0 and r > h["dual_clip"]
+        words[1] = side
+        branch = ("the dual clip's constant -c * A" if dual else "the clipped branch" if clipped
+                  else "the unclipped branch")
+        words.append(f"the reference takes {branch} (gradient {reference_grad:.6g}), yours gives {target_grad:.6g}"
+                     + (" (as the clipped branch would)" if target_grad == 0 and reference_grad != 0 else
+                        " (as the unclipped branch would)" if reference_grad == 0 and np.isfinite(target_grad)
+                        and target_grad != 0 else ""))
+    else:
+        words.append(f"the reference's gradient {reference_grad:.6g}, yours {target_grad:.6g}")
+    return ", ".join(words[:2]) + ": " + words[2]
 
 
 def exact_policy(name: str, **hp):
