@@ -45,7 +45,8 @@ class Rule:
             return None
         typed = self._typed(value)
         if typed is None or not self._in_range(typed):
-            raise ValueError(f"{name}: expected {self.expected()}, got {show(value)}")
+            hint = did_you_mean(value, self.choices) if self.choices and isinstance(value, str) else ""
+            raise ValueError(f"{name}: expected {self.expected()}, got {show(value)}{hint}")
         return typed
 
     def _typed(self, value):
@@ -94,8 +95,14 @@ def cut(text: str, limit: int = 1000) -> str:
 
 
 def did_you_mean(name, choices) -> str:
-    """``" (did you mean 'x'?)"`` naming the choice closest to a misspelt ``name`` (difflib's similarity ratio, at
-    least 0.6), or "" when none is close: said right after the ``name`` an error refuses."""
-    from difflib import get_close_matches
-    close = get_close_matches(str(name), [str(c) for c in choices], n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """``" (did you mean 'x'?)"`` naming the choice closest to a misspelt ``name`` by difflib's similarity ratio (at
+    least 0.6; those equally close, up to three, when several are), or "" when none is close: said right after the
+    ``name`` an error refuses."""
+    from difflib import SequenceMatcher, get_close_matches
+    choices = [str(c) for c in choices]
+    close = get_close_matches(str(name), choices, n=max(len(choices), 1))
+    if not close:
+        return ""
+    best = SequenceMatcher(None, close[0], str(name)).ratio()
+    tied = [repr(c) for c in sorted(c for c in close if SequenceMatcher(None, c, str(name)).ratio() == best)[:3]]
+    return f" (did you mean {' or '.join([', '.join(tied[:-1]), tied[-1]] if len(tied) > 1 else tied)}?)"

@@ -18,6 +18,7 @@ from harness.cli import app
 from harness.recipes import cost as recipe_cost, launch as recipes
 from harness.reports.cluster import FORMATS
 from sim.config import algo_keys, known_keys
+from spec.schema import did_you_mean
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,6 +55,15 @@ def test_a_misspelt_algorithm_or_target_names_the_closest(tmp_path):
     assert "unknown target 'verlx' (did you mean 'verl'?)" in line and "module:function" in line
     assert "did you mean" not in one_line_error(["conform", "qqqqq"])  # nothing close: no guess
     assert not (tmp_path / "s").exists()
+    assert "got 'adma' (did you mean 'adam'?)" in one_line_error(  # any setting with choices (spec.schema.Rule)
+        ["sim", "--algos", "grpo", "--set", "optimizer=adma", "--steps", "2", "--out", tmp_path / "s"])
+
+
+def test_did_you_mean_names_the_closest_or_all_those_equally_close():
+    algos = ["grpo", "gspo", "gmpo", "dapo", "dcpo", "dpo"]
+    assert did_you_mean("dapox", algos) == " (did you mean 'dapo'?)"
+    assert did_you_mean("gpro", algos) == " (did you mean 'gmpo', 'grpo' or 'gspo'?)"  # equally close: all
+    assert did_you_mean("xyz", algos) == "" and did_you_mean("grpo", []) == ""
 
 
 def test_an_unknown_set_key_names_the_closest_and_lists_only_the_sweeps_keys(tmp_path):
