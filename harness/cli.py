@@ -1,7 +1,9 @@
 """The ``cliplab`` command line."""
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -51,7 +53,12 @@ def _options(show_version: bool = typer.Option(False, "--version", callback=_pri
 
 class Command(TyperCommand):
     """A cliplab command: once its options are read (so that --help works on any install) and before it runs, the
-    extra it needs (NEEDS) is checked, a one-line error naming it when it is not installed."""
+    extra it needs (NEEDS) is checked, a one-line error naming it when it is not installed. Its help's paragraphs
+    are wrapped to the terminal, not at the docstring's line breaks."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.help = re.sub(r"(?<=\S)\n[ \t]*(?=\S)", " ", inspect.cleandoc(self.help or ""))
 
     def invoke(self, ctx):
         if self.name in NEEDS:
@@ -311,14 +318,14 @@ launch_app = typer.Typer(help="Launch one run of a recipe with verl or TRL (--dr
 recipe_app.add_typer(launch_app, name="launch")
 
 
-@recipe_app.command("list")
+@recipe_app.command("list", cls=Command)
 def recipe_list():
     """The recipes, their papers and their runs (with each run's algorithm; TRL too: it has a TRL variant)."""
     from harness.recipes.launch import listing
     typer.echo(listing(), nl=False)
 
 
-@launch_app.command("verl")
+@launch_app.command("verl", cls=Command)
 def recipe_launch_verl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
                        run: str = typer.Argument(..., help=RUN_HELP),
                        overrides: Optional[List[str]] = typer.Argument(None, help="Hydra overrides after the "
@@ -341,7 +348,7 @@ def recipe_launch_verl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
         _user_errors(launch.launch_verl, r, run, paths, out, overrides or [])
 
 
-@launch_app.command("trl")
+@launch_app.command("trl", cls=Command)
 def recipe_launch_trl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
                       run: str = typer.Argument(..., help=RUN_HELP + " Only some have a TRL variant (`cliplab "
                                                 "recipe list`)."),
@@ -364,7 +371,7 @@ def recipe_launch_trl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
         _user_errors(launch.launch_trl, r, run, paths, out)
 
 
-@recipe_app.command("cost")
+@recipe_app.command("cost", cls=Command)
 def recipe_cost(recipe: Optional[str] = typer.Argument(None, help=RECIPE_HELP + " Default: every recipe."),
                 gpus: Optional[int] = typer.Option(None, help="GPUs per run (memory per GPU and hours); default: "
                                                    "each recipe's."),
