@@ -55,6 +55,7 @@ def test_a_misspelt_algorithm_or_target_names_the_closest(tmp_path):
     assert "unknown target 'verlx' (did you mean 'verl'?)" in line and "module:function" in line
     assert "did you mean" not in one_line_error(["conform", "qqqqq"])  # nothing close: no guess
     assert not (tmp_path / "s").exists()
+    assert "unknown 'gea' (did you mean 'gae'?)" in one_line_error(["verify", "--algos", "grpo,gea"])
     assert "got 'adma' (did you mean 'adam'?)" in one_line_error(  # any setting with choices (spec.schema.Rule)
         ["sim", "--algos", "grpo", "--set", "optimizer=adma", "--steps", "2", "--out", tmp_path / "s"])
 

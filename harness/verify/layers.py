@@ -13,6 +13,7 @@ import gpu
 import sim
 import spec
 from spec.registry import AGG_MODES, KL_KINDS, POLICY_ALGORITHMS, get_algorithm
+from spec.schema import did_you_mean
 
 from harness.verify.cases import Case, make_case
 
@@ -304,8 +305,9 @@ def names(text: str) -> list[str]:
     chosen = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in known]
     if unknown or not chosen:
-        raise ValueError(f"algos: unknown {', '.join(map(repr, unknown)) or 'empty list'}; expected names separated "
-                         f"by commas among {', '.join(known)}")
+        hint = did_you_mean(unknown[0], known) if unknown else ""
+        raise ValueError(f"algos: unknown {', '.join(map(repr, unknown)) or 'empty list'}{hint}; expected names "
+                         f"separated by commas among {', '.join(known)}")
     return chosen
 
 
