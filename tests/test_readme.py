@@ -126,3 +126,14 @@ def test_cli_commands_and_flags_exist(sub, flags):
                                           | set(re.findall(r"`make (\w+)`", README))))
 def test_make_targets_exist(target):
     assert re.search(rf"^{target}:", (ROOT / "Makefile").read_text(), flags=re.M)
+
+
+def test_quick_start_shows_the_three_jobs_and_names_verify_the_self_check():
+    """Check my loss, ablate, reproduce: one command each in the Quick start's shell blocks; `cliplab verify` named
+    as cliplab's own check, not a check of the user's code."""
+    quick = README.split("## Quick start")[1].split("\n## ")[0]
+    shown = {words[1]: words for body in re.findall(r"^```bash\n(.*?)^```", quick, flags=re.M | re.S)
+             for line in body.splitlines() if (words := line.split("#")[0].split())[:1] == ["cliplab"]}
+    assert re.fullmatch(r"[\w.]+:\w+", shown["conform"][2]) and "--adapter" in shown["conform"]  # the user's loss
+    assert "--algos" in shown["sim"] and shown["recipe"][2] == "launch"
+    assert "`cliplab verify` is cliplab's self-check" in " ".join(quick.split())
