@@ -307,8 +307,8 @@ app.add_typer(recipe_app, name="recipe")
 
 def _recipe_runs() -> str:
     """The recipes and their runs, for the help of the commands that take one."""
-    from harness.recipes.launch import all_recipes
-    return "; ".join(f"{r['name']}: {', '.join(r['runs'])}" for r in all_recipes())
+    from harness.recipes.launch import run_names
+    return "; ".join(f"{name}: {', '.join(runs)}" for name, runs in run_names().items())
 
 
 RECIPE_HELP = "A recipe (" + _recipe_runs() + "), or its folder."

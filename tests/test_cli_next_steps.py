@@ -132,6 +132,19 @@ def test_recipe_list_and_the_launch_help_name_every_run():
                                                     ROOT, "--train", ROOT, "--val", ROOT, "--dry-run"])
 
 
+def test_a_broken_recipe_leaves_the_help_of_the_others(tmp_path):
+    """The help texts read the run names without checking a recipe, so that one broken recipe.yaml cannot stop
+    every cliplab command at import; `cliplab recipe launch` on it still refuses it by name."""
+    for name, text in (("ok", "runs: {a: {}, b: {}}\n"), ("broken", "runs: [\n"), ("odd", "- 1\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "recipe.yaml").write_text(text)
+    assert recipes.run_names(tmp_path) == {"broken": [], "odd": [], "ok": ["a", "b"]}
+    assert recipes.run_names() == recipe_runs()
+    assert "expected the keys" in one_line_error(["recipe", "cost", tmp_path / "odd"])
+    assert f"{tmp_path / 'broken' / 'recipe.yaml'}: not YAML" in one_line_error(["recipe", "cost",
+                                                                                 tmp_path / "broken"])
+
+
 def test_the_verl_dry_run_prints_the_launchs_whole_environment(tmp_path, monkeypatch):
     """The dry run's shell line is what the launch runs: the same command, and the same variables added to the
     environment (verl's file logger path, cliplab's plug-in module)."""

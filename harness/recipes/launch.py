@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from spec.records import read_text
 from spec.registry import ALGORITHMS
 from spec.schema import did_you_mean
 
@@ -51,7 +52,10 @@ def load(folder) -> dict:
     folder = Path(folder)
     path = folder / "recipe.yaml"
     _need(path.is_file(), path, "no such recipe file")
-    r = yaml.safe_load(path.read_text())
+    try:
+        r = yaml.safe_load(read_text(path))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not YAML ({' '.join(str(exc).split())})") from None
     _need(isinstance(r, dict) and set(r) <= KEYS and KEYS - {"trl", "settings"} <= set(r), path,
           f"expected the keys {sorted(KEYS)} (trl and settings optional)")
     _need(r["model"].get("name") in recipe_cost.MODELS, path, f"model.name: expected one of {list(recipe_cost.MODELS)}")
@@ -72,6 +76,18 @@ def load(folder) -> dict:
 
 def all_recipes(root=ROOT) -> list[dict]:
     return [load(p.parent) for p in sorted(Path(root).glob("*/recipe.yaml"))]
+
+
+def run_names(root=ROOT) -> dict[str, list[str]]:
+    """Each recipe's run names, read without checking the recipe (``load`` does): for help texts, which a broken
+    recipe must not stop (its runs are then left out)."""
+    names = {}
+    for path in sorted(Path(root).glob("*/recipe.yaml")):
+        try:
+            names[path.parent.name] = [str(run) for run in yaml.safe_load(read_text(path))["runs"]]
+        except (ValueError, yaml.YAMLError, KeyError, TypeError):
+            names[path.parent.name] = []
+    return names
 
 
 def find(recipe: str, root=ROOT) -> dict:
