@@ -103,28 +103,33 @@ def known_keys(env: str) -> list[str]:
     return sorted(set(SETTINGS) | set(ENV_SETTINGS[env]) | set(LOSS_KEYS))
 
 
-def algo_keys(env: str, algos) -> list[str]:
-    """The ``--set`` keys that mean something to ``algos`` on ``env``: the runs' and the environment's settings and
-    the loss settings one of them can read (``spec.registry.Algorithm.reads`` with a KL term and every rollout
-    correction on; DPO reads beta only)."""
-    loss = set()
+def loss_keys(algos) -> list[str]:
+    """The loss settings one of ``algos`` can read (``spec.registry.Algorithm.reads`` with a KL term and every
+    rollout correction on; DPO reads beta only)."""
+    read = set()
     for algo in algos:
         alg = ALGORITHMS[algo]
-        loss |= set(alg.reads({"beta": 1.0}))
+        read |= set(alg.reads({"beta": 1.0}))
         if alg.clip != "none":
-            loss |= {k for keys in ROLLOUT_READS.values() for k in keys}
-    return sorted((set(known_keys(env)) - set(LOSS_KEYS)) | (loss & set(LOSS_KEYS)))
+            read |= {k for keys in ROLLOUT_READS.values() for k in keys}
+    return [k for k in LOSS_KEYS if k in read]
+
+
+def expected_keys(env: str, algos) -> str:
+    """The ``--set`` keys that mean something to ``algos`` on ``env``, in words: their loss settings, then those of
+    every run and of the environment."""
+    return (f"the loss settings of {', '.join(algos)} ({', '.join(loss_keys(algos))}) or the run's and {env}'s "
+            f"({', '.join(sorted(set(known_keys(env)) - set(LOSS_KEYS)))})")
 
 
 def check_keys(env: str, algos, keys) -> None:
     """Every ``--set`` key is one ``env`` has: a ValueError naming the unknown ones, the closest known key, and the
-    keys of ``algos`` (those of the sweep)."""
+    keys that mean something to ``algos`` (those of the sweep)."""
     known = known_keys(env)
     unknown = sorted(set(keys) - set(known))
     if unknown:
         raise ValueError(f"set: unknown key(s) {', '.join(unknown)}{did_you_mean(unknown[0], known)} for env "
-                         f"{env!r}; the keys of {', '.join(algos)}: "
-                         f"{', '.join(algo_keys(env, algos))}")
+                         f"{env!r}; expected {expected_keys(env, algos)}")
 
 
 def check_env(env: str) -> None:
@@ -354,4 +359,4 @@ def check_algo_keys(env: str, algo: str, keys) -> None:
     for key in keys:
         if key not in mine:
             raise ValueError(f"set: algorithm {algo!r} has no setting {key!r}{did_you_mean(key, mine)}; expected "
-                             f"among {', '.join(algo_keys(env, [algo]))}")
+                             f"{expected_keys(env, [algo])}")

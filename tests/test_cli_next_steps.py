@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.recipes import cost as recipe_cost, launch as recipes
 from harness.reports.cluster import FORMATS
-from sim.config import algo_keys, known_keys
+from sim.config import known_keys
 from spec.schema import did_you_mean
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,15 +70,18 @@ def test_did_you_mean_names_the_closest_or_all_those_equally_close():
 def test_an_unknown_set_key_names_the_closest_and_lists_only_the_sweeps_keys(tmp_path):
     line = one_line_error(["sim", "--algos", "grpo,dapo", "--set", "eps_hihg=0.3", "--steps", "2", "--out",
                            tmp_path / "s"])
-    assert "unknown key(s) eps_hihg (did you mean 'eps_high'" in line
-    listed = line.split("the keys of grpo, dapo: ")[1].split(", ")
-    assert listed == algo_keys("toy_lm", ["grpo", "dapo"]) and len(listed) < len(known_keys("toy_lm"))
-    assert {"eps_high", "eps_low", "beta", "kl", "lr", "group_size"} <= set(listed)
+    assert "unknown key(s) eps_hihg (did you mean 'eps_high'?) for env 'toy_lm'" in line
+    listed = re.search(r"the loss settings of grpo, dapo \((.*)\) or the run's and toy_lm's \((.*)\)$", line)
+    loss, run = (part.split(", ") for part in listed.groups())
+    assert {"eps_high", "eps_low", "beta", "kl", "agg", "dual_clip"} <= set(loss) and {"lr", "group_size"} <= set(run)
     # the settings of algorithms outside the sweep: SAPO's temperatures, DCPO's cap, the Cov selections
-    assert not {"tau_pos", "tau_neg", "r_max", "clip_cov_ratio", "kl_cov_coef", "cap_mode"} & set(listed)
+    assert not {"tau_pos", "tau_neg", "r_max", "clip_cov_ratio", "kl_cov_coef", "cap_mode"} & set(loss + run)
+    assert sorted(loss + run) == sorted(set(known_keys("toy_lm")) - {"tau_pos", "tau_neg", "r_max", "cap_mode",
+                                                                      "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
+                                                                      "cov_seed", "kl_cov_ratio", "kl_cov_coef"})
     line = one_line_error(["sim", "--algos", "grpo,dpo", "--set", "dpo.eps_high=0.3", "--steps", "2", "--out",
                            tmp_path / "s"])
-    assert "algorithm 'dpo' has no setting 'eps_high'" in line and " eps_low" not in line and "beta" in line
+    assert "algorithm 'dpo' has no setting 'eps_high'" in line and "the loss settings of dpo (beta)" in line
 
 
 # ---- help at 80 columns -------------------------------------------------------------------------------------------
@@ -251,8 +254,8 @@ def verl_log(path: Path, steps: int, overrides=None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = []
     for s in range(1, steps + 1):
-        data = {"actor/pg_clipfrac": 0.01, "actor/entropy": 1.0, "response_length/mean": 1234.0, **(overrides or {}).get(
-            s, {})}
+        data = {"actor/pg_clipfrac": 0.01, "actor/entropy": 1.0, "response_length/mean": 1234.0,
+                **(overrides or {}).get(s, {})}
         lines.append(json.dumps({"step": s, "data": data}))
     path.write_text("\n".join(lines) + "\n")
     return path
