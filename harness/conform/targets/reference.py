@@ -225,7 +225,7 @@ def region(conv: Convention, b, i: int, t: int, target_grad: float, reference_gr
     if conv.policy is None:
         return ""
     if b.mask[i, t] <= 0:
-        return "a masked token (outside the response: the reference's gradient there is 0)"
+        return "a masked token, outside the response, where the reference's gradient is 0"
     name, hp = conv.policy[:2]
     alg, h = get_algorithm(name), _resolved(name, hp)
     on = b.mask[i] > 0
@@ -235,21 +235,21 @@ def region(conv: Convention, b, i: int, t: int, target_grad: float, reference_gr
         what, r = "r", float(np.exp(b.logp[i, t] - b.old_logp[i, t]))
     a = float(b.adv[i, t])
     words = [f"A {'>' if a > 0 else '<' if a < 0 else '='} 0", f"{what} = {r:.6g}"]
+    tail = f"the reference's gradient {reference_grad:.6g}, yours {target_grad:.6g}"
     if alg.clip == "fixed":
         lo, hi = 1 - h["eps_low"], 1 + h["eps_high"]
-        side = (f"{what} < 1 - eps_low = {lo:g}" if r < lo else f"{what} > 1 + eps_high = {hi:g}" if r > hi
-                else f"{lo:g} <= {what} <= {hi:g}")
+        words[1] = (f"{what} < 1 - eps_low = {lo:g}" if r < lo else f"{what} > 1 + eps_high = {hi:g}" if r > hi
+                    else f"{lo:g} <= {what} <= {hi:g}")
         clipped = (a > 0 and r > hi) or (a < 0 and r < lo)
         dual = h["dual_clip"] is not None and a < 0 and r > h["dual_clip"]
-        words[1] = side
         branch = ("the dual clip's constant -c * A" if dual else "the clipped branch" if clipped
                   else "the unclipped branch")
-        words.append(f"the reference takes {branch} (gradient {reference_grad:.6g}), yours gives {target_grad:.6g}"
-                     + (" (as the clipped branch would)" if target_grad == 0 and reference_grad != 0 else
-                        " (as the unclipped branch would)" if reference_grad == 0 and np.isfinite(target_grad)
-                        and target_grad != 0 else ""))
-    else:
-        words.append(f"the reference's gradient {reference_grad:.6g}, yours {target_grad:.6g}")
+        tail = ("the clip's branches contribute 0 there; " + tail if a == 0 else
+                f"the reference takes {branch} (gradient {reference_grad:.6g}), yours gives {target_grad:.6g}"
+                + (" (as the clipped branch would)" if target_grad == 0 and reference_grad != 0 else
+                   " (as the unclipped branch would)" if reference_grad == 0 and np.isfinite(target_grad)
+                   and target_grad != 0 else ""))
+    words.append(tail)
     return ", ".join(words[:2]) + ": " + words[2]
 
 
