@@ -3,7 +3,7 @@ settings, each next to its source, and the commands that launch them, behind ``c
 
     cliplab recipe list                                        # the recipes and their runs
     cliplab recipe launch verl dcpo_math7b dcpo --model DIR --train FILE --val FILE --out DIR [--dry-run]
-    accelerate launch -m harness.cli recipe launch trl dcpo_math7b dcpo --model DIR --train FILE --out DIR
+    configs/recipes/dcpo_math7b/launch_trl.sh dcpo --model DIR --train FILE --out DIR   # accelerate launch ... trl
     cliplab recipe cost                                        # the cost table of configs/recipes/README.md
 
 A launch writes ``OUT/<recipe>/<run>/run.json`` (what the run is) beside the framework's own logs (verl: its file
