@@ -202,8 +202,13 @@ def test_a_finding_names_the_gradient_that_differs_and_its_region():
 
 
 def test_a_module_function_without_algorithm_is_a_usage_error_listing_them():
+    from typer.testing import CliRunner
+
+    from harness.cli import app
     with pytest.raises(ValueError, match="algorithm=NAME is required.*grpo.*gspo"):
         conform_command("mypkg.losses:grpo_loss", adapter="beta=0")  # refused before any import
+    result = CliRunner().invoke(app, ["conform", "mypkg.losses:grpo_loss"])
+    assert result.exit_code == 2 and "algorithm=NAME is required" in result.output, result.output
 
 
 def test_the_closest_convention_stays_in_the_claimed_algorithms_family():
