@@ -267,9 +267,10 @@ def test_a_malformed_metric_value_names_file_line_and_key(tmp_path):
     assert f"{log}: line 2: actor/entropy: expected a number, got '1.0x'" in line
     console = tmp_path / "c" / "console.log"
     console.parent.mkdir()
-    console.write_text("starting\nstep:1 - actor/entropy:0.9 - timing_s/gen:fast\nstep:2 - actor/pg_clipfrac:n/a\n")
+    console.write_text("starting\nstep:1 - actor/entropy:0.9 - timing_s/gen:fast - actor/kl_loss:None\n"
+                       "step:2 - actor/pg_clipfrac:n/a\n")
     assert f"{console}: line 3: actor/pg_clipfrac: expected a number, got 'n/a'" in one_line_error(
-        ["report", console, "--out", tmp_path / "r.md"])  # an unread key (timing) may hold anything
+        ["report", console, "--out", tmp_path / "r.md"])  # an unread key (timing) may hold anything; None: absent
     state = tmp_path / "t" / "trainer_state.json"
     state.parent.mkdir()
     state.write_text(json.dumps({"global_step": 2, "max_steps": 2, "log_history": [

@@ -156,7 +156,7 @@ def read_verl_console(path: Path) -> tuple[list[dict], str]:
         data = {}
         for part in m.group("rest").split(" - "):
             key, sep, value = part.partition(":")
-            if sep:
+            if sep and value.strip() != "None":  # Python's None printed: not logged at this step
                 number = _console_value(value)
                 data[key.strip()] = value.strip() if number is None else number
         records.append(_mapped(int(m.group("step")), data, VERL, f"{path}: line {i + 1}"))
