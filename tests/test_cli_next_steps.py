@@ -201,6 +201,24 @@ def test_the_trl_dry_run_needs_neither_trl_nor_deepspeed(tmp_path, monkeypatch):
                                                    tmp_path / "m", "--train", tmp_path, "--dry-run"])
 
 
+def test_the_trl_script_dry_runs_without_accelerates_launcher_and_names_deepspeed_when_missing(tmp_path):
+    """launch_trl.sh --dry-run calls cliplab directly (accelerate's ZeRO-3 launcher needs DeepSpeed before any of
+    cliplab runs); a real launch without DeepSpeed stops with one line naming it."""
+    import importlib.util
+    import os
+    import subprocess
+    script = ROOT / "configs" / "recipes" / "dcpo_math7b" / "launch_trl.sh"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    (tmp_path / "m").mkdir()
+    args = ["bash", script, "dcpo", "--model", tmp_path / "m", "--train", tmp_path, "--out", tmp_path / "out"]
+    proc = subprocess.run([*map(str, args), "--dry-run"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and shlex.split(proc.stdout.splitlines()[1])[:2] == ["accelerate", "launch"]
+    if importlib.util.find_spec("deepspeed") is None:
+        proc = subprocess.run(list(map(str, args)), env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "needs DeepSpeed: pip install deepspeed" \
+            in proc.stderr and not (tmp_path / "out").exists()
+
+
 def _rows(out: str) -> dict:
     """The cost table's rows by (run, framework): their cells."""
     rows = {}
