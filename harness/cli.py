@@ -15,6 +15,7 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from harness.conform.targets import BUILTIN as TARGETS
+from harness.recipes.cost import MFU
 from spec.extras import install_hint, missing, require
 from spec.schema import cut, did_you_mean
 
@@ -375,8 +376,8 @@ def recipe_launch_trl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
 def recipe_cost(recipe: Optional[str] = typer.Argument(None, help=RECIPE_HELP + " Default: every recipe."),
                 gpus: Optional[int] = typer.Option(None, help="GPUs per run (memory per GPU and hours); default: "
                                                    "each recipe's."),
-                mfu: float = typer.Option(0.40, help="Model FLOPs utilisation of training and prefill (0.40: the "
-                                          "middle of Llama 3's 38-43%)."),
+                mfu: float = typer.Option(MFU, help=f"Model FLOPs utilisation of training and prefill ({MFU:g}: "
+                                          "the middle of the 38-43% Llama 3 reports)."),
                 response_len: Optional[int] = typer.Option(None, help="Mean response length in tokens; default: "
                                                            "each recipe's maximum (a worst case)."),
                 gen_factor: Optional[float] = typer.Option(None, help="Responses generated per trained one under "
