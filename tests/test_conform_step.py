@@ -93,8 +93,10 @@ def test_cli_level_is_checked():
     assert bad.exit_code == 2 and "level: expected loss or step" in bad.output
     adapter = runner.invoke(app, ["conform", "m:f", "--level", "step", "--adapter", "algorithm=grpo"])
     assert adapter.exit_code == 2 and "adapter: --level step drives a trainer" in adapter.output
+    loss_only = runner.invoke(app, ["conform", "liger", "--level", "step"])
+    assert loss_only.exit_code == 2 and "--level step covers" in loss_only.output and "verl" in loss_only.output
     unknown = runner.invoke(app, ["conform", "nosuch", "--level", "step"])
-    assert unknown.exit_code == 2 and "--level step covers" in unknown.output and "verl" in unknown.output
+    assert unknown.exit_code == 2 and "nosuch" in unknown.output and "verl" in unknown.output
 
 
 # ---- verl ---------------------------------------------------------------------------------------------------------

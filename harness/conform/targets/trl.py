@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import torch
 
-from harness.conform.cases import Batch, Check, batch_of, lay_log_ratio
+from harness.conform.cases import Batch, Check, batch_of, lay_log_ratio, tolerance_of
 from harness.conform.targets import reference as ref
 from harness.conform.targets.reference import t64
 
@@ -170,7 +170,7 @@ def trl_batch(seed: int, family: str) -> Batch:
 
 class Target:
     name = "trl"
-    tolerance = 1e-4  # TRL computes log-probs in float32 (trl/kernels/chunked_logprob.py) whatever the model dtype
+    tolerance = tolerance_of("float32")  # TRL computes log-probs in float32 (trl/kernels/chunked_logprob.py)
 
     def __init__(self):
         self.versions = trl_versions()

@@ -8,7 +8,7 @@ import functools
 import numpy as np
 import torch
 
-from harness.conform.cases import Batch, Check, batch_of
+from harness.conform.cases import Batch, Check, batch_of, tolerance_of
 from harness.conform.targets import reference as ref
 from harness.conform.targets.reference import t64
 from harness.conform.targets.trl import INSTALL, PROMPT, VOCAB, _import_trl, loss_and_grad, make_trainer, trl_versions
@@ -106,7 +106,7 @@ def advantage_batch(seed: int, family: str) -> Batch:
 
 class Target:
     name = "trl_rloo"
-    tolerance = 1e-4  # TRL's log-probs are float32 (see the trl target)
+    tolerance = tolerance_of("float32")  # TRL's log-probs are float32 (see the trl target)
 
     def __init__(self):
         self.versions = trl_versions()

@@ -21,7 +21,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from harness.conform.cases import STEP_ROWS, Batch, NotApplicable, StepCheck, step_batch
+from harness.conform.cases import STEP_ROWS, Batch, NotApplicable, StepCheck, step_batch, tolerance_of
 from harness.conform.targets import reference as ref
 from harness.conform.targets.trl import MAX_COMPLETION, VOCAB, loss_and_grad, make_trainer, trainer_inputs, trl_versions
 
@@ -47,7 +47,7 @@ def with_ids(batch: Batch, seed: int) -> Batch:
 
 class StepTarget:
     name = "trl"
-    tolerance = 1e-4  # TRL computes log-probs in float32 (as the loss-level target)
+    tolerance = tolerance_of("float32")  # TRL computes log-probs in float32 (as the loss-level target)
 
     def __init__(self):
         self.versions = trl_versions()
