@@ -1,6 +1,8 @@
 """Policy, value, KL and DPO losses in torch (any float dtype and device); autograd gives the gradients."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -250,8 +252,8 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         stats["cov_frac"] = float((chosen.to(mask.dtype) * mask).sum() / n)
     if coef is None:
         loss = (scale * torch.where(flows, loss_tok, torch.zeros_like(loss_tok))).sum()
-    else:  # a loss linear in logp, weighted before the product: w * A * logp alone may overflow where the total does not
-        loss = (scale * coef * logp).sum()
+    else:
+        loss = _linear_loss(coef, logp, scale)
     if hp["beta"] > 0:
         # padding is zeroed before any exp, so that e^d never overflows there: autograd's 0 * inf would be NaN
         zero = torch.zeros_like(logp)
@@ -260,6 +262,16 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         loss = loss + hp["beta"] * (weights * kl_tok).sum()
         stats["kl_mean"] = float(kl_tok.detach().sum() / n)
     return loss, stats
+
+
+def _linear_loss(coef, logp, scale):
+    """sum(scale * coef * logp), a loss linear in logp (CISPO, GPG), with coef scaled by a power of 2 to at most 1
+    and the total scaled back, which changes no bit, so that no term passes the float range before the total does
+    (spec.contract.RATIO_GUARDS['linear_in_logp'])."""
+    largest = math.frexp(torch.finfo(coef.dtype).max)[1] - 1  # 2^largest is finite in the dtype
+    exponent = torch.frexp(coef.detach().abs().max()).exponent.clamp(max=largest)
+    exponent = exponent.to(coef.dtype)  # a float exponent: torch's ldexp differentiates an integer one as 0
+    return torch.ldexp((scale * (torch.ldexp(coef, -exponent) * logp)).sum(), exponent)
 
 
 def _cov_selection(alg, hp, logp, adv, mask, ppo_clipped, cov_select):

@@ -217,7 +217,7 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
         elif alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * logp, the gradient never vanishes
             lo, hi = _cispo_bounds(hp)
             dtok = -np.clip(ratio, lo, hi) * adv
-            loss_tok = None  # linear in logp: dtok * logp, weighted first (below)
+            loss_tok = None  # linear in logp: dtok * logp (below)
             stats["trunc_frac"] = block_count(((ratio < lo) | (ratio > hi)) & on, blocks) / n
         elif alg.ratio == "none":  # GPG: -A * logp
             loss_tok, dtok = None, -adv
@@ -238,21 +238,24 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
             loss_tok, dtok, clipped = _clip_terms(ratio, adv, lo, hi, hp["dual_clip"], hp["delta"])
             if alg.select == "clip_cov":  # Clip-Cov: the selected tokens keep their value, lose their gradient
                 # not the tokens capped by delta or the dual clip
-                ppo_clipped = ratio * adv > np.minimum(np.maximum(ratio, lo), hi) * adv
+                with np.errstate(invalid="ignore"):  # A = 0 at r = inf: NaN > x, not clipped (as r * 0 = 0)
+                    ppo_clipped = ratio * adv > np.minimum(np.maximum(ratio, lo), hi) * adv
                 chosen = _cov_selection(alg, hp, logp, adv, mask, ppo_clipped, cov_select, blocks)
                 dtok = np.where(chosen, 0.0, dtok)
                 clipped = clipped | chosen
         grad = _weighted(policy_weights, dtok)
 
-    if loss_tok is None:  # CISPO, GPG: (w * d loss / d logp) * logp, so that w * A * logp cannot overflow alone
-        loss_tok = grad * logp
-    else:
-        loss_tok = _weighted(policy_weights, np.where(on, loss_tok, 0.0))
+    exponent = 0  # the loss is summed scaled by 2^-exponent
+    if loss_tok is None:  # CISPO, GPG: dtok * logp, dtok scaled by a power of 2 to at most 1, changing no bit, so that
+        # no term passes the range before the total does (RATIO_GUARDS['linear_in_logp'])
+        exponent = min(np.frexp(np.abs(dtok).max(initial=0.0))[1], 1023)
+        loss_tok = np.ldexp(dtok, -exponent) * logp
+    loss_tok = _weighted(policy_weights, np.where(on, loss_tok, 0.0))
     stats.update(clip_frac=block_count(clipped & on, blocks) / n,
                  ratio_mean=block_sum(_weighted(mask, ratio), blocks) / n, tokens=tokens)
     if alg.select is not None:
         stats["cov_frac"] = block_count(chosen & on, blocks) / n
-    loss = block_sum(loss_tok, blocks)
+    loss = np.ldexp(block_sum(loss_tok, blocks), exponent)
     if hp["beta"] > 0:
         # d is 0 on padding (so k1..k3_unbiased are), before any exp: padding never overflows
         kl_tok, dkl = _kl_terms(np.where(on, ref_logp - logp, 0.0), hp["kl"], log_ratio)

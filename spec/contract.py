@@ -34,8 +34,9 @@ RATIO_GUARDS: Mapping[str, str] = MappingProxyType({
     "k3_unbiased": "The unbiased KL estimator r * k3 and its derivatives -r * d and r * (e^d - 1) are 0 where k3, d or "
                    "e^d - 1 is, and formed as sign * exp(log r + log|.|) where r = e^(logp - old_logp) overflows: "
                    "finite wherever the product is.",
-    "linear_in_logp": "CISPO's and GPG's losses, linear in logp, are weighted (aggregation, rollout correction) before "
-                      "the product with logp: w * A * logp alone may overflow where the weighted total does not.",
+    "linear_in_logp": "CISPO's and GPG's losses, linear in logp, sum their terms c * logp with c scaled by a power of 2 "
+                      "to at most 1, and scale the total back (no bit changes): c * logp alone may overflow where the "
+                      "weighted total does not.",
     "overflow": "Elsewhere a value past the float type's range is +-inf, the exact value rounded: -r * A of KL-Cov, or "
                 "of an unclipped A < 0 token without dual clip, at r = e^100 in float32, and its gradient likewise; "
                 "also where r alone passes the range but r times the aggregation weight would not. KL-Cov's loss, "

@@ -44,7 +44,8 @@ def _substitute(expr, values):
 
 def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=None, rollout_logp=None,
                 cov_select=None, **hp):
-    """Exact loss and gradient d loss / d logp (object array) of a registry algorithm on a small [B, T] batch."""
+    """Exact loss and gradient d loss / d logp (object array) of a registry algorithm on a small [B, T] batch, at any
+    finite input (SAPO's gate saturated as spec.contract.RATIO_GUARDS states; the other guards hold exactly)."""
     alg = get_algorithm(name)
     hp = resolve_hparams(name, hp)
     lp_num = as_float("logp", logp)
