@@ -247,7 +247,8 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
                 clipped = clipped | chosen
 
     stats.update({"clip_frac": float((clipped.to(mask.dtype) * mask).sum() / n),
-                  "ratio_mean": float(torch.where(on, ratio, torch.zeros_like(ratio)).sum() / n), "tokens": int(mask.sum())})
+                  "ratio_mean": float(torch.where(on, ratio, torch.zeros_like(ratio)).sum() / n),
+                  "tokens": int(mask.sum())})
     if chosen is not None:
         stats["cov_frac"] = float((chosen.to(mask.dtype) * mask).sum() / n)
     if coef is None:
@@ -268,8 +269,8 @@ def _linear_loss(coef, logp, scale):
     """sum(scale * coef * logp), a loss linear in logp (CISPO, GPG), with coef scaled by a power of 2 to at most 1
     and the total scaled back, which changes no bit, so that no term passes the float range before the total does
     (spec.contract.RATIO_GUARDS['linear_in_logp'])."""
-    largest = math.frexp(torch.finfo(coef.dtype).max)[1] - 1  # 2^largest is finite in the dtype
-    exponent = torch.frexp(coef.detach().abs().max()).exponent.clamp(max=largest)
+    largest = math.frexp(torch.finfo(coef.dtype).max)[1] - 1  # 2^largest and 2^-largest are finite and not 0
+    exponent = torch.frexp(coef.detach().abs().max()).exponent.clamp(-largest, largest)
     exponent = exponent.to(coef.dtype)  # a float exponent: torch's ldexp differentiates an integer one as 0
     return torch.ldexp((scale * (torch.ldexp(coef, -exponent) * logp)).sum(), exponent)
 

@@ -248,7 +248,7 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
     exponent = 0  # the loss is summed scaled by 2^-exponent
     if loss_tok is None:  # CISPO, GPG: dtok * logp, dtok scaled by a power of 2 to at most 1, changing no bit, so that
         # no term passes the range before the total does (RATIO_GUARDS['linear_in_logp'])
-        exponent = min(np.frexp(np.abs(dtok).max(initial=0.0))[1], 1023)
+        exponent = np.frexp(np.abs(dtok).max(initial=0.0))[1]
         loss_tok = np.ldexp(dtok, -exponent) * logp
     loss_tok = _weighted(policy_weights, np.where(on, loss_tok, 0.0))
     stats.update(clip_frac=block_count(clipped & on, blocks) / n,

@@ -25,18 +25,18 @@ RATIO_GUARDS: Mapping[str, str] = MappingProxyType({
                "exp, the double where), so autograd never forms 0 * inf.",
     "zero_advantage": "A token with A = 0 has loss r * 0 = 0 and gradient 0 at any ratio, also where exp(log r) "
                       "overflows the float type (inf * 0 would be NaN); it is not clipped.",
-    "zero_weight": "A token whose aggregation or rollout-correction weight is 0 (padding, a token MIS cuts) contributes "
-                   "0 and no gradient, however far its ratio.",
+    "zero_weight": "A token whose aggregation or rollout-correction weight is 0 (padding, a token MIS cuts) "
+                   "contributes 0 and no gradient, however far its ratio.",
     "sapo_saturation": "SAPO's gate is 4/tau with derivative 0 where tau (r - 1) > SAPO_SATURATION = 4096, i.e. past "
-                       "log r = log1p(4096 / tau) (sapo_log_ratio_cap), where r is not formed: the exact gate is within "
-                       "e^-4096 of it, and the exact gradient, below 4 e^-z (z / tau + 1) |A|, is under 1e-1400 for "
-                       "tau >= SAPO_TAU_MIN and any float A; spec evaluates every finite log-ratio so.",
+                       "log r = log1p(4096 / tau) (sapo_log_ratio_cap), where r is not formed: the exact gate is "
+                       "within e^-4096 of it, and the exact gradient, below 4 e^-z (z / tau + 1) |A|, is under "
+                       "1e-1400 for tau >= SAPO_TAU_MIN and any float A; spec evaluates every finite log-ratio so.",
     "k3_unbiased": "The unbiased KL estimator r * k3 and its derivatives -r * d and r * (e^d - 1) are 0 where k3, d or "
                    "e^d - 1 is, and formed as sign * exp(log r + log|.|) where r = e^(logp - old_logp) overflows: "
                    "finite wherever the product is.",
-    "linear_in_logp": "CISPO's and GPG's losses, linear in logp, sum their terms c * logp with c scaled by a power of 2 "
-                      "to at most 1, and scale the total back (no bit changes): c * logp alone may overflow where the "
-                      "weighted total does not.",
+    "linear_in_logp": "CISPO's and GPG's losses, linear in logp, sum their terms c * logp with c scaled by a power "
+                      "of 2 to at most 1, and scale the total back (no bit changes): c * logp alone may overflow "
+                      "where the weighted total does not.",
     "overflow": "Elsewhere a value past the float type's range is +-inf, the exact value rounded: -r * A of KL-Cov, or "
                 "of an unclipped A < 0 token without dual clip, at r = e^100 in float32, and its gradient likewise; "
                 "also where r alone passes the range but r times the aggregation weight would not. KL-Cov's loss, "
