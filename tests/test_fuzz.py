@@ -4,10 +4,11 @@ The property: a call either raises a ValueError whose message starts with the na
 field) at fault, or returns values (and gradients) that are all finite when every input is moderate
 (|x| <= 1e6, log-probs |x| <= 30 as they are exponentiated, not float16). Any other exception is a failure. A
 huge input (1e300, or float16 past 65504) may overflow: the true value is then not representable, and only the
-exception type is checked. Two properties need no such exemption: padded positions may hold any finite value (up to
-1e38 in float32 and bfloat16) and change nothing, and each KL estimator's gradient equals its closed form at gaps up
-to each float type's range. `make test` runs a few fixed examples per test; `make fuzz` (HYPOTHESIS_PROFILE=fuzz)
-runs enough generated ones to reach >= 10,000 in total.
+exception type is checked. Three properties need no such exemption: padded positions may hold any finite value (up
+to 1e38 in float32 and bfloat16) and change nothing, each KL estimator's gradient equals its closed form at gaps up
+to each float type's range, and every policy loss's gradient at log-ratios up to each float type's range is sim's
+and spec's (exactly 0 where they are, spec.contract.RATIO_GUARDS). `make test` runs a few fixed examples per test;
+`make fuzz` (HYPOTHESIS_PROFILE=fuzz) runs enough generated ones to reach >= 10,000 in total.
 """
 import dataclasses
 import math
@@ -27,7 +28,7 @@ import sim
 import spec
 from gpu import config as gpu_config
 from sim import config as sim_config
-from spec.registry import AGG_MODES, HPARAMS, KL_KINDS, POLICY_ALGORITHMS, ROLLOUT_CORRECTIONS
+from spec.registry import AGG_MODES, HPARAMS, KL_KINDS, POLICY_ALGORITHMS, ROLLOUT_CORRECTIONS, get_algorithm
 
 LAYERS = {"spec": spec, "sim": sim, "gpu": gpu}
 # Tiny, subnormal, huge, signed zeros and the non-finite values, mixed into every array.
@@ -324,6 +325,86 @@ def test_kl_gradient_at_large_gaps(layer, data):
     loss, grad = _policy_arrays(layer, dtype, "gpg", arrays, {"beta": 1.0, "kl": kind}, None)
     assert np.isfinite(loss)
     np.testing.assert_allclose(grad[0, 0], want, rtol=KL_RTOL[dtype], atol=0)
+
+
+# Far log-ratios: from past the float type's exp range (with a margin of e^10 over any aggregation weight) up to its
+# largest number. Ordinary ones are multiples of 1/2 that no clip of the registry's defaults holds at a boundary, in
+# any float type, so that the float types decide every clip as the exact layer does.
+FAR_RATIO = {"float64": (719.8, 1e300), "float32": (98.8, 3e38), "bfloat16": (98.8, 3e38)}
+GRAD_RTOL = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 4e-2}
+FLOAT_MAX = {"float64": 1.8e308, "float32": 3.4e38, "bfloat16": 3.39e38}
+
+
+def in_dtype(x, dtype):
+    """float64 values rounded to ``dtype`` (past its range: inf), back as float64."""
+    return torch.tensor(x, dtype=torch.float64).to(getattr(torch, dtype)).double().numpy()
+
+
+def assert_matches(got, want, dtype, rtol, where, scale=None):
+    """``got`` (a layer in ``dtype``) against ``want`` (float64 or exact): no NaN; exactly 0 where ``want`` is 0
+    (unless ``scale`` is given: a sum, whose terms may cancel in one order and not in another);
+    ``want`` rounded to the dtype elsewhere, within ``rtol`` of ``scale`` (by default the largest finite |want|) and
+    of the dtype's smallest normal number, below which the values themselves are coarse; an infinity where
+    ``want`` is one or within 2^10 of the dtype's largest number (a ratio past the range is inf before its
+    aggregation weight would scale it back, spec.contract.RATIO_GUARDS['overflow'])."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert not np.isnan(got).any() and not np.isnan(want).any(), where
+    assert scale is not None or (got[want == 0] == 0).all(), where
+    rounded = in_dtype(want, dtype)
+    huge = np.abs(want) >= FLOAT_MAX[dtype] / 1024
+    assert (np.isinf(got) <= huge).all() and (np.sign(got) == np.sign(want))[np.isinf(got)].all(), where
+    check = ~np.isinf(got) & np.isfinite(rounded)
+    assert (~np.isinf(got) <= np.isfinite(rounded)).all(), where
+    scale = max(np.abs(rounded[check]).max(initial=0.0), scale or 0.0)
+    atol = rtol * scale + torch.finfo(getattr(torch, dtype)).tiny
+    np.testing.assert_allclose(got[check], rounded[check], rtol=rtol, atol=atol, err_msg=where)
+
+
+@pytest.mark.parametrize("name", POLICY_ALGORITHMS)
+@settings(parent=examples, max_examples=examples.max_examples if os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
+          else 2)
+@given(data=st.data())
+def test_gradients_agree_at_far_ratios(name, data):
+    """A batch in one float type whose log-ratios reach the type's range: gpu's loss and gradient in that type
+    against sim's in float64 on the same inputs, and sim's against spec's exact values where the type is float64
+    (spec.contract.RATIO_GUARDS: a clipped or saturated token gets exactly 0 however far its ratio)."""
+    dtype = data.draw(st.sampled_from(FLOATS["gpu"]))
+    p, g, t = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3))
+    shape = (p * g, t)
+    ratio = st.one_of(st.sampled_from([0.0, 0.5, -0.5, 1.5, -1.5]), st.floats(*FAR_RATIO[dtype]))
+    # far log-ratios of one sign per row: a row's mean of +-1e300 would be float rounding, not the guards, at work
+    row_sign = data.draw(hnp.arrays(np.float64, (shape[0], 1), elements=st.sampled_from([1.0, -1.0])))
+    log_ratio = data.draw(hnp.arrays(np.float64, shape, elements=ratio)) * row_sign
+    old = data.draw(hnp.arrays(np.float64, shape, elements=st.sampled_from([-0.5, -1.0, -2.0, -4.0])))
+    arrays = {"logp": in_dtype(old + log_ratio, dtype), "old_logp": old,
+              "adv": data.draw(hnp.arrays(np.float64, shape, elements=st.sampled_from([0.0, 0.25, -0.5, 1.0, -1.0]))),
+              "mask": data.draw(hnp.arrays(np.float64, shape, elements=st.sampled_from([0.0, 1.0, 1.0]))),
+              "ref_logp": None}
+    hp = {"beta": 0.0, "max_len": t}
+    where = f"{name} {dtype} log-ratios {log_ratio.tolist()}"
+    loss, grad = _policy_arrays("gpu", dtype, name, arrays, hp, g)
+    want_loss, want_grad = _policy_arrays("sim", "float64", name, arrays, hp, g)
+    # e^y of a row's mean log-ratio y (GSPO, GMPO), y rounded to the type, is off by |y| eps relatively
+    on = arrays["mask"] > 0
+    means = np.abs((log_ratio * on).sum(1) / np.maximum(on.sum(1), 1))
+    rtol = GRAD_RTOL[dtype] * (1 + max(1.5, means[means < FAR_RATIO[dtype][0]].max(initial=0.0)))
+    assert_matches(grad, want_grad, dtype, rtol, where)
+    # the loss is a sum whose terms may cancel: its rounding is relative to the sum of |terms|, which is at most
+    # |grad * logp| (CISPO and GPG are linear in logp) plus 10 |A| a token (r capped at r_max = 10; SAPO's 4 / tau)
+    linear = get_algorithm(name).ratio == "none" or get_algorithm(name).clip == "truncated"
+    terms = (np.abs(want_grad * arrays["logp"]).sum() if linear else 0.0) + 10 * t * p * g
+    for value, gradient in ((loss, grad), (want_loss, want_grad)):
+        if np.isnan(value):  # KL-Cov's -r * A past the range with A of both signs: inf - inf (RATIO_GUARDS)
+            assert name == "kl_cov" and np.isposinf(gradient).any() and np.isneginf(gradient).any(), where
+    if not np.isnan(loss):
+        assert_matches(loss, want_loss, dtype, rtol, where, terms)
+    if dtype == "float64":
+        e_loss, e_grad = spec.policy_loss(name, *(arrays[k] for k in ("logp", "old_logp", "adv", "mask")),
+                                          group_size=g, **hp)
+        exact = lambda x: float(sp.N(x, 20))  # noqa: E731
+        assert_matches(want_grad, np.vectorize(exact)(e_grad), dtype, 1e-11, where)  # a row's mean: sums to 2e3
+        if not np.isnan(want_loss):
+            assert_matches(want_loss, exact(e_loss), dtype, 1e-11, where, terms)
 
 
 @pytest.mark.parametrize("layer", LAYERS)
