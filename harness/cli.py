@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperCommand
 
-from harness.conform.targets import BUILTIN as TARGETS
+from harness.conform.targets import BUILTIN as TARGETS, check_target_name
 from harness.recipes.cost import MFU
 from spec.extras import install_hint, missing, require
 from spec.schema import cut, did_you_mean
@@ -232,9 +232,7 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
     and the named convention the target matches instead. Exits 1 when a check differs (and matches no accepted
     convention) or raises (for `all`: in any framework; at --level step: a check that does not agree at every
     split), 0 when all agree, 2 on a usage error."""
-    if target != "all" and ":" not in target and target not in TARGETS:
-        _user_errors(_refuse, f"target: unknown target {target!r}{did_you_mean(target, (*TARGETS, 'all'))}; "
-                              f"expected one of {', '.join(TARGETS)}, all, or module:function (your loss)")
+    _user_errors(check_target_name, target, ("all",))
     from harness.conform.engine import conform_command
     from harness.conform.matrix import conform_all
     from spec.records import writable_folder

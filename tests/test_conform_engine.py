@@ -131,8 +131,12 @@ def test_conform_command_writes_markdown_and_json(tmp_path, capsys):
     ("cliplab_user_losses:paper_grpo", "colour=red", "unknown key 'colour'"),
     ("cliplab_user_losses:paper_grpo", "eps_high=0.28", "need algorithm=NAME"),
     ("cliplab_user_losses:paper_grpo", "algorithm=grpo,eps_low=-1", "eps_low: expected a number >= 0"),
-    ("megatron", None, f"unknown target 'megatron'; expected one of {', '.join(BUILTIN)} or module:function"),
+    ("megatron", None, f"unknown target 'megatron'; expected one of {', '.join(BUILTIN)}, or module:function"),
     ("", None, f"expected one of {', '.join(BUILTIN)} or module:function"),
+    ("verlx", None, "unknown target 'verlx' (did you mean 'verl'?)"),
+    ("cliplab_user_losses:paper_grpo", "algorithm=grpoo", "unknown algorithm 'grpoo' (did you mean 'grpo'?)"),
+    ("cliplab_user_losses:paper_grpo", "algorithm=grpo,eps_hihg=0.28", "unknown key 'eps_hihg' (did you mean "
+                                                                       "'eps_high'?)"),
     ("verl", "algorithm=grpo", "only a module:function target takes an adapter"),
 ])
 def test_bad_input_names_what_was_expected(target, adapter, words):

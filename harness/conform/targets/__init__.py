@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from spec.schema import did_you_mean
+
 NOT_TARGETS = ("callable", "reference", "remote")
 BUILTIN = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg and m.name not in NOT_TARGETS))
 
@@ -16,12 +18,18 @@ def load_target(target: str, adapter: str | None = None):
     if ":" in target:
         from harness.conform.targets.callable import CallableTarget
         return CallableTarget(target, adapter)
-    if target not in BUILTIN:
-        raise ValueError(f"target: unknown target {target!r}; expected one of {', '.join(BUILTIN)} or "
-                         "module:function (a Python callable computing a policy loss)")
+    check_target_name(target)
     if adapter is not None:
         raise ValueError("adapter: only a module:function target takes an adapter description")
     return importlib.import_module(f"{__name__}.{target}").Target()
+
+
+def check_target_name(target: str, also=()) -> None:
+    """A ValueError, with the closest names, unless ``target`` is a built-in target, one of ``also`` or a
+    module:function."""
+    if ":" not in target and target not in (*BUILTIN, *also):
+        raise ValueError(f"target: unknown target {target!r}{did_you_mean(target, (*BUILTIN, *also))}; expected one "
+                         f"of {', '.join((*BUILTIN, *also))}, or module:function (your loss)")
 
 
 def require(module: str, install: str):

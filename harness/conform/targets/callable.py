@@ -21,6 +21,7 @@ import torch
 
 from spec.contract import resolve_hparams
 from spec.registry import AGG_MODES, GROUP_AGG_MODES, HPARAMS, POLICY_ALGORITHMS
+from spec.schema import did_you_mean
 
 from harness.conform.cases import TOLERANCE, Check, batch_of
 from harness.verify.layers import scaled_diff
@@ -67,15 +68,18 @@ def parse_adapter(adapter: str | dict | None) -> dict:
     out = {}
     for key, value in items:
         if key not in ("algorithm", *CALL_OPTIONS, *ALIASES, *HPARAMS):
-            raise ValueError(f"adapter: unknown key {key!r}; expected algorithm, {', '.join(CALL_OPTIONS)}, one of "
-                             f"{', '.join(ALIASES)} (= the callable's parameter name) or a hyper-parameter "
+            close = did_you_mean(key, ("algorithm", *CALL_OPTIONS, *ALIASES, *HPARAMS))
+            raise ValueError(f"adapter: unknown key {key!r}{close}; expected algorithm, {', '.join(CALL_OPTIONS)}, "
+                             f"one of {', '.join(ALIASES)} (= the callable's parameter name) or a hyper-parameter "
                              f"({', '.join(HPARAMS)})")
         out[key] = value
     if "algorithm" in out and out["algorithm"] not in POLICY_ALGORITHMS:
-        raise ValueError(f"adapter: unknown algorithm {out['algorithm']!r}; expected one of "
+        raise ValueError(f"adapter: unknown algorithm {out['algorithm']!r}"
+                         f"{did_you_mean(out['algorithm'], POLICY_ALGORITHMS)}; expected one of "
                          f"{', '.join(POLICY_ALGORITHMS)}")
     if "agg" in out and out["agg"] not in AGG_MODES:
-        raise ValueError(f"adapter: unknown aggregation mode {out['agg']!r}; expected one of {', '.join(AGG_MODES)}")
+        raise ValueError(f"adapter: unknown aggregation mode {out['agg']!r}{did_you_mean(out['agg'], AGG_MODES)}; "
+                         f"expected one of {', '.join(AGG_MODES)}")
     if out.get("adv_shape", "token") not in ADV_SHAPES:
         raise ValueError(f"adapter: adv_shape={out['adv_shape']!r}; expected token ([B, T]) or seq ([B])")
     returns = out.get("returns", 0)
