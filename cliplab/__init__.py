@@ -30,12 +30,20 @@ _EXPORTS = {
     "Batch": ("harness.conform.cases", "Batch"),
 }
 __all__ = sorted(_EXPORTS)
+#: The exports that need an extra (pyproject.toml), named in an ImportError when it is missing.
+_NEEDS = {"torch_policy_loss": "torch", "conform": "torch", "assert_conforms": "torch", "Batch": "torch"}
 
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'cliplab' has no attribute {name!r}; it exports {', '.join(__all__)}")
     module, attr = _EXPORTS[name]
+    if name in _NEEDS:
+        from spec.extras import require
+        try:
+            require(_NEEDS[name], f"cliplab.{name}")
+        except ValueError as exc:
+            raise ImportError(str(exc)) from None
     value = importlib.import_module(module)
     value = value if attr is None else getattr(value, attr)
     globals()[name] = value

@@ -62,6 +62,16 @@ def test_a_report_plot_without_matplotlib_names_the_reports_extra(monkeypatch):
     require("torch", "this test")  # the real environment has the extras: no error
 
 
+@pytest.mark.parametrize("name", ["torch_policy_loss", "conform", "assert_conforms", "Batch"])
+def test_an_api_name_without_its_extra_names_it(name, monkeypatch):
+    import cliplab
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.delitem(vars(cliplab), name, raising=False)  # not yet loaded, as in a fresh process
+    with pytest.raises(ImportError, match=rf"^cliplab\.{name} needs the torch extra: pip install 'cliplab\[torch\]' "
+                                          r"\(not installed: torch\)$"):
+        getattr(cliplab, name)
+
+
 def core_pins() -> list[str]:
     """pyproject.toml's dependencies and theirs (from the installed packages' metadata; extras and other platforms
     left out) at requirements.lock's pins, and setuptools to build cliplab."""
