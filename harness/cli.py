@@ -225,13 +225,17 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
                                       "(micro-batches, accumulation, ranks), writing OUT/step/TARGET.md and .json."),
             accept: List[str] = typer.Option([], help="Conventions to let pass where the target differs from the "
                                              "reference, KEY=VALUE (agg=token_mean,dual_clip=3) or a file of them, "
-                                             "one a line (repeatable).")):
+                                             "one a line (repeatable)."),
+            baseline: Optional[Path] = typer.Option(None, help="A file of known findings (--write-baseline): exit "
+                                                    "1 only on a finding not in it, or whose magnitude grew."),
+            write_baseline: Optional[Path] = typer.Option(None, help="Record this run's findings in this file (a "
+                                                          "baseline to commit) and exit 0, or as --baseline says.")):
     """Hold an outside implementation (verl, TRL, OpenRLHF or your callable) against the reference.
 
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
     and the named convention the target matches instead. Exits 1 when a check differs (and matches no accepted
     convention) or raises (for `all`: in any framework; at --level step: a check that does not agree at every
-    split), 0 when all agree, 2 on a usage error."""
+    split), 0 when all agree, 2 on a usage error. With --baseline FILE, only a finding not in FILE or grown fails."""
     _user_errors(check_target_name, target, ("all",))
     from harness.conform.engine import conform_command
     from harness.conform.matrix import conform_all
@@ -242,6 +246,8 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
         _user_errors(writable_folder, out, "out")  # a bad --out fails before the run
     if accept and (target == "all" or level == "step"):
         _user_errors(_refuse, "accept: --accept applies to one target at --level loss")
+    if (baseline or write_baseline) and target == "all":
+        _user_errors(_refuse, "baseline: --baseline and --write-baseline apply to one target")
     if target == "all":
         if out is None or adapter is not None or json_out:
             _user_errors(_refuse, "target: `all` writes every report (both levels) and the matrix to --out DIR; it "
@@ -254,11 +260,12 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
         if adapter is not None:
             _user_errors(_refuse, "adapter: --level step drives a trainer (verl, trl or openrlhf); a module:function "
                                   "target has no optimisation step")
-        report = _user_errors(step_command, target, json_out, out, 5 if seeds is None else seeds)
-        raise typer.Exit(0 if all(r["status"] == "agrees" for r in report["rows"]) else 1)
+        report = _user_errors(step_command, target, json_out, out, 5 if seeds is None else seeds, baseline,
+                              write_baseline)
     else:
-        report = _user_errors(conform_command, target, json_out, out, 30 if seeds is None else seeds, adapter, accept)
-        raise typer.Exit(0 if report["ok"] else 1)
+        report = _user_errors(conform_command, target, json_out, out, 30 if seeds is None else seeds, adapter, accept,
+                              baseline, write_baseline)
+    raise typer.Exit(0 if report["ok"] or (write_baseline and not baseline) else 1)
 
 
 def _refuse(message: str):

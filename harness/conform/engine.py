@@ -241,7 +241,8 @@ def _raise_finding(check: Check, family: str, seeds: int, message: str, batches:
         seen.minimal[message] = {"rows": int(len(small.mask)), "tokens": int(small.mask.sum()),
                                  "input": small.to_json(), "error": message}
     return {"name": f"raises {message} on {len(batches)} of {seeds} cases", "max_err": None,
-            "cases": len(batches), "of": seeds, "family": family, "minimal_input": seen.minimal[message]}
+            "cases": len(batches), "of": seeds, "family": family, "minimal_input": seen.minimal[message],
+            "accept": [[f"raises={message.split(':')[0].split()[0]}"]]}
 
 
 def _empty_finding(check: Check, family: str, used: Batch, value) -> list:
@@ -250,8 +251,10 @@ def _empty_finding(check: Check, family: str, used: Batch, value) -> list:
     err = max(_diff((value, None), (want, None)))
     if err <= check.tolerance:
         return []
-    return [{"name": f"returns {_short(value)} on a batch without tokens (the reference gives {_short(want)})",
+    got = _short(value)
+    return [{"name": f"returns {got} on a batch without tokens (the reference gives {_short(want)})",
              "max_err": err, "cases": 1, "of": 1, "family": family,
+             "accept": [[f"empty_batch={got.lstrip('-') if got.lstrip('-') in ('nan', 'inf') else 'value'}"]],
              "minimal_input": {"rows": int(len(used.mask)), "tokens": 0, "input": used.to_json(),
                                "target": _plain(value), "reference": _plain(want)}}]
 
@@ -301,7 +304,8 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, s
             seen.minimal[what] = _describe(check, _shrink(bad_finite[0][0], lambda b: _non_finite(check, b)))
         findings.append({"name": f"returns {what} where the reference is finite, on {len(bad_finite)} of {seeds} "
                                  "cases", "max_err": float("inf"), "cases": len(bad_finite), "of": seeds,
-                         "family": family, "minimal_input": seen.minimal[what]})
+                         "family": family, "minimal_input": seen.minimal[what],
+                         "accept": [[f"non_finite={'nan' if what.startswith('NaN') else 'inf'}"]]})
         cases = _Cases(check, [r for r in runs if not any(r is b for b in bad_finite)])
     if not cases.runs or cases.worst(check.reference) <= check.tolerance:
         tie_break = cases.runs and _tie_break(check, cases)
@@ -321,11 +325,13 @@ def _differences(check: Check, family: str, seeds: int, runs: list, row: dict, s
     best = min(full, key=lambda c: c.label not in seen.matched)  # as on an earlier family, if it still matches
     seen.matched.append(best.label)
     if best.base is None:
-        return findings + [_finding(check, family, seeds, f"matches {_label(best)}", cases, check.reference, seen)]
-    findings.append(_finding(check, family, seeds, best.part, cases, best.base, seen))
+        return findings + [_finding(check, family, seeds, f"matches {_label(best)}", cases, check.reference, seen,
+                                    accept=_accepting(check, [c for c in full if c.base is None]))]
+    findings.append(_finding(check, family, seeds, best.part, cases, best.base, seen,
+                             accept=_accepting_part(best.part)))
     if best.base.label != check.reference.label:
         base = _finding(check, family, seeds, f"matches {_label(best.base)}", cases, check.reference, seen,
-                        agree=best.base)
+                        agree=best.base, accept=_accepting(check, [best.base]))
         findings += [base] if base else []
     return findings
 
@@ -355,9 +361,10 @@ def _tie_break(check: Check, cases: _Cases) -> str | None:
 
 
 def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, against: Convention, seen: _Seen,
-             agree: Convention | None = None) -> dict | None:
+             agree: Convention | None = None, accept: list | None = None) -> dict | None:
     """A finding: the cases on which the target differs from ``against`` (and agrees with ``agree``), the largest
-    difference, and the smallest input that shows it; None when no case shows it alone."""
+    difference, the smallest input that shows it and ``accept``, the --accept items that let it pass (any one
+    list of them, all its items; absent where it can only be baselined); None when no case shows it alone."""
     errs = []
     for k in range(len(cases.runs)):
         err = max(cases.diff(against, k))
@@ -369,7 +376,7 @@ def _finding(check: Check, family: str, seeds: int, name: str, cases: _Cases, ag
         small = shrink(check, cases.runs[max(errs)[1]][0], against, agree=agree)
         seen.minimal[name] = _describe(check, small, against)
     return {"name": name, "max_err": max(errs)[0], "cases": len(errs), "of": seeds, "family": family,
-            "minimal_input": seen.minimal[name]}
+            "minimal_input": seen.minimal[name], **({"accept": accept} if accept else {})}
 
 
 def _describe(check: Check, batch: Batch, against: Convention | None = None) -> dict:
@@ -525,12 +532,13 @@ def check_records(report: dict) -> list[dict]:
     return list(records.values())
 
 
-def verdict(row: dict) -> str:
-    """One line: the kind, then every finding's name (what the target matches instead, clamps, raises)."""
-    if row["kind"] == "raises" and not row["cases"]:
+def verdict(row: dict, findings: list | None = None) -> str:
+    """One line: the kind, then the name of every finding (or of ``findings``): what the target matches instead,
+    clamps, raises."""
+    if row["kind"] == "raises" and not row["cases"] and findings is None:
         return "target raised on every case: " + "; ".join(row["target_errors"])
-    names = [f["name"] for f in row["findings"]] + ([f"tie-break: {row['tie_break']}"] if row.get("tie_break")
-                                                    else [])
+    names = [f["name"] for f in (row["findings"] if findings is None else findings)]
+    names += [f"tie-break: {row['tie_break']}"] if row.get("tie_break") else []
     if row["kind"] == "no reference":
         names = names or ["matches " + ", ".join(row["matches"]) if row.get("matches") else
                           "matches none of the reference's conventions"]
@@ -642,9 +650,14 @@ def write_report(report: dict, out: str | Path) -> None:
 #: (differs, and matches a convention the user accepts), not implemented, no reference (nothing claimed).
 FAILING = ("differs", "raises")
 CHOICES = {"agg": tuple(AGG_MODES), "kl": KL_KINDS, "cap_mode": CAP_MODES,
-           "rollout_correction": (*ROLLOUT_CORRECTIONS, "None")}
-NUMERIC = tuple(k for k in HPARAMS if k not in CHOICES and k not in ("max_len", "cov_seed"))
-LABEL = re.compile(r"(?:.* \()?(?P<name>[a-z0-9_]+)(?:\[(?P<settings>[^\]]*)\])?\)?")
+           "rollout_correction": (*ROLLOUT_CORRECTIONS, "None"), "empty_rows": ("counted",),
+           "non_finite": ("nan", "inf"), "empty_batch": ("nan", "inf", "value")}
+#: The clamps, caps and floors (targets.reference.VARIANTS), by their name in --accept and in findings' words.
+CLAMPS = {"log_ratio_clamp": re.compile(r"clamps the log-ratio at \+-(\S+) "),
+          "seq_log_ratio_cap": re.compile(r"caps the log of the sequence ratio at (\S+) "),
+          "k3_cap": re.compile(r"caps each token's k3 term at (\S+) ")}
+NUMERIC = (*(k for k in HPARAMS if k not in CHOICES and k not in ("max_len", "cov_seed")), *CLAMPS)
+EXCEPTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 def minimal_of(row: dict) -> dict | None:
@@ -668,46 +681,57 @@ def parse_accept(entries) -> dict:
     accepted = {}
     for item in filter(None, (i.strip() for i in items)):
         key, _, value = (x.strip() for x in item.partition("="))
-        if not (value in CHOICES.get(key, ()) or key in NUMERIC and isinstance(_setting(value), (float, type(None)))):
+        if not (value in CHOICES.get(key, ()) or key in NUMERIC and isinstance(_setting(value), (float, type(None)))
+                or key == "raises" and EXCEPTION.fullmatch(value)):
             known = [f"{k}={v}" for k, values in CHOICES.items() for v in values]
-            raise ValueError(f"accept: {item!r} names no known convention; known: {', '.join(known)}, or KEY=NUMBER "
-                             f"for {', '.join(NUMERIC)}")
+            raise ValueError(f"accept: {item!r} names no known convention; known: {', '.join(known)}, "
+                             f"raises=EXCEPTION, or KEY=NUMBER for {', '.join(NUMERIC)}")
         accepted.setdefault(key, set()).add(_setting(value))
     return accepted
 
 
 def _setting(text: str):
-    """A setting's value as labels write it: a number, None, or a name."""
+    """A setting's value as labels write it: a finite number, None, or a name (nan and inf among them)."""
     if text == "None":
         return None
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         return text
+    return number if np.isfinite(number) else text
 
 
-def _settings(label: str | None):
-    """(algorithm, every hyper-parameter with the registry's defaults) of a policy convention's label, or None
-    for a label that names no reference convention."""
-    found = LABEL.fullmatch(label or "")
-    if not found or found["name"] not in POLICY_ALGORITHMS:
-        return None
-    given = dict(item.split("=", 1) for item in (found["settings"] or "").split(", ") if "=" in item)
-    merged = {**{k: str(v) for k, v in get_algorithm(found["name"]).defaults.items()}, **given}
-    return found["name"], {k: _setting(v) for k, v in merged.items() if k != "max_len"}
+def _accepting(check: Check, convs) -> list:
+    """The --accept items that let a target matching one of ``convs`` pass: for each policy convention of the
+    reference's algorithm, the settings in which it differs from the reference's (``empty_rows=counted`` for
+    empty rows counted in a mean over sequences); a convention of another algorithm or kind gives none."""
+    ref = check.reference.policy if check.reference is not None else None
+    out = []
+    for conv in convs:
+        if conv.policy is None or ref is None or conv.policy[0] != ref[0]:
+            continue
+        defaults = get_algorithm(ref[0]).defaults
+        got, want = {**defaults, **conv.policy[1]}, {**defaults, **ref[1]}
+        items = [f"{k}={_text(got.get(k))}" for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)]
+        items += ["empty_rows=counted"] if conv.policy[2] and not ref[2] else []
+        out.append(items)
+    return [items for items in out if items]
 
 
-def accepted_match(row: dict, accepted: dict) -> str | None:
-    """The first convention the target matches that differs from the reference only in accepted settings."""
-    want = _settings(row.get("reference"))
-    if want is None or not accepted:
-        return None
-    for label in row.get("matches") or ():
-        got = _settings(label)
-        if got and got[0] == want[0] and all(
-                got[1].get(k) in accepted.get(k, ()) for k in set(got[1]) | set(want[1])
-                if got[1].get(k) != want[1].get(k)):
-            return label
+def _text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _accepting_part(part: str) -> list:
+    """The --accept item of a clamp, cap or floor found on top of a convention (e.g. log_ratio_clamp=20)."""
+    return [[f"{key}={found[1]}"] for key, pattern in CLAMPS.items() if (found := pattern.match(part))]
+
+
+def accepted_by(finding: dict, accepted: dict) -> str | None:
+    """The --accept items (as text) that let ``finding`` pass, or None."""
+    for items in finding.get("accept") or ():
+        if all(_setting(v) in accepted.get(k, ()) for k, _, v in (i.partition("=") for i in items)):
+            return ",".join(items)
     return None
 
 
@@ -745,15 +769,25 @@ def closest(check: Check, minimal: dict) -> str | None:
     return f"{_label(best[1])} (off by {best[0]:.2e} there)"
 
 
-def settle(target, report: dict, accepted: dict | None = None) -> dict:
-    """Give each row its ``outcome`` (its kind, or accepted) and, where it differs, the ``closest`` known convention:
+def settle(target, report: dict, accepted: dict | None = None, base: dict | None = None) -> dict:
+    """Give each finding that an --accept item lets pass ``accepted`` (the items), each row its ``outcome`` (its
+    kind, or accepted when every finding is) and, where it differs, the ``closest`` known convention:
     the first it matches (a named one first), else the nearest on its minimal input; ``report["ok"]``: no row
-    differs or raises."""
+    differs or raises. With ``base`` (baseline.read_baseline), each finding is marked known, new or grown, and a
+    row whose findings are each accepted or known is ``baselined``."""
+    from harness.conform.baseline import apply_baseline, passes
+    if base is not None:
+        apply_baseline(report, base)
     checks = None
     for row in report["rows"]:
         row["outcome"] = row["kind"]
-        if row["outcome"] == "differs" and accepted_match(row, accepted or {}):
+        for f in row["findings"]:
+            if accepted_by(f, accepted or {}):
+                f["accepted"] = accepted_by(f, accepted or {})
+        if row["outcome"] in FAILING and row["findings"] and all(f.get("accepted") for f in row["findings"]):
             row["outcome"] = "accepted"
+        elif row["outcome"] in FAILING and row["findings"] and all(passes(f) for f in row["findings"]):
+            row["outcome"] = "baselined"
         if row["outcome"] != "differs":
             continue
         checks = checks or {(c.algorithm, c.call, c.knob): c for c in target.checks()}
@@ -772,21 +806,27 @@ def settle(target, report: dict, accepted: dict | None = None) -> dict:
 def console_lines(report: dict, failing_only: bool = False) -> list[str]:
     """Each check on a line (outcome, algorithm, knob, family, verdict); under each difference its largest errors,
     its minimal input, both values and the closest known convention; then a summary line."""
+    from harness.conform.baseline import passes, summary
     fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
     lines = []
     for r in report["rows"]:
         if failing_only and r["outcome"] not in FAILING:
             continue
+        # under a baseline, a failing check shows only what is new or grown
+        shown = [f for f in r["findings"] if not ("baseline" in report and r["outcome"] in FAILING and passes(f))]
         lines.append(f"{r['outcome'].upper() if r['outcome'] in FAILING else r['outcome']:<8} {r['algorithm']} "
-                     f"[{r['knob']}] {r['family']}: {verdict(r)}")
+                     f"[{r['knob']}] {r['family']}: "
+                     f"{verdict(r, shown if len(shown) < len(r['findings']) else None)}")
         if r["outcome"] not in (*FAILING, "accepted"):
             continue
         if r.get("loss_diff") is not None:
             lines.append(f"    largest difference over {r['cases']} batches: loss {fmt(r['loss_diff'])}, gradient "
                          f"{fmt(r['grad_diff'])} (tolerance {report['tolerance']:g}, scaled by max(1, |reference|))")
-        for f in r["findings"]:
+        for f in shown:
             m = f["minimal_input"]
-            lines += [f"    {f['name']}" + ("" if f["max_err"] is None else f" (largest error {fmt(f['max_err'])})"),
+            status = f" [{f['baseline']}]" if f.get("baseline", "known") != "known" else ""
+            lines += [f"    {f['name']}" + ("" if f["max_err"] is None else f" (largest error {fmt(f['max_err'])})")
+                      + status,
                       f"      minimal input (rows: {m['rows']}, tokens: {m['tokens']}; reads {r['reads']}): "
                       f"{json.dumps(m['input'])}"]
             if "error" in m:
@@ -805,58 +845,77 @@ def console_lines(report: dict, failing_only: bool = False) -> list[str]:
     lines.append(f"{report['target']}: {len(report['rows'])} checks: "
                  + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                  + ("" if report["ok"] else " (fails)"))
-    return lines
+    return lines + ([summary(report)] if "baseline" in report else [])
 
 
 def conform_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 30,
-                    adapter: str | None = None, accept=()) -> dict:
+                    adapter: str | None = None, accept=(), baseline=None, write_baseline=None) -> dict:
     """CLI body: run the checks, print each with its outcome and each difference with its numbers (or JSON), and
-    write ``<out>/<target>.md`` and ``.json``; ``report["ok"]`` says whether any check differs or raises."""
+    write ``<out>/<target>.md`` and ``.json``; ``report["ok"]`` says whether any check differs or raises (with
+    ``baseline``, a finding not in that file or grown); ``write_baseline``: record the findings in that file."""
+    from harness.conform.baseline import read_baseline
     check_seeds(seeds)
     accepted = parse_accept(accept)
     if isinstance(target, str) and ":" in target:
         require_algorithm(adapter)
-    out = None if out is None else Path(out).absolute()  # whatever the target does, the report lands here
-    tgt = target_of(target, adapter)
-    report = settle(tgt, conform(tgt, seeds=seeds), accepted)
+    base = None if baseline is None else read_baseline(baseline, "loss", seeds)
+    out, write_baseline = (None if p is None else Path(p).absolute() for p in (out, write_baseline))
+    tgt = target_of(target, adapter)  # whatever the target does, the files land where they were given
+    report = settle(tgt, conform(tgt, seeds=seeds), accepted, base)
+    _record(report, write_baseline)
     if out is not None:
         write_report(report, out)
     if json_out:
         print(json.dumps(strict_json(report), indent=1, sort_keys=True))
     else:
         print("\n".join(console_lines(report)))
+        if write_baseline is not None:
+            print(f"baseline written: {write_baseline} ({report['baseline_written']['findings']} findings)")
     return report
+
+
+def _record(report: dict, path) -> None:
+    """With ``path``: record the report's findings there (a baseline) and say so in ``report["baseline_written"]``."""
+    if path is not None:
+        from harness.conform.baseline import write_baseline
+        report["baseline_written"] = {"file": str(path), "findings": write_baseline(report, path)}
 
 
 def require_algorithm(adapter) -> None:
     """A module:function target must say what it implements: without ``algorithm=`` nothing would be compared
     and every check would pass as "no reference"."""
     from harness.conform.targets.callable import parse_adapter
-    if "algorithm" not in parse_adapter(adapter):
+    parsed = parse_adapter(adapter)
+    if parsed.get("kind", "policy") == "policy" and "algorithm" not in parsed:  # other kinds name their estimator
         raise ValueError(f"adapter: algorithm=NAME is required for a module:function target (what the callable "
                          f"implements); expected one of {', '.join(POLICY_ALGORITHMS)}, e.g. --adapter "
                          "algorithm=grpo,beta=0")
 
 
-def assert_conforms(fn, algorithm: str, *, seeds: int = 30, accept=(), **adapter) -> dict:
+def assert_conforms(fn, algorithm: str, *, seeds: int = 30, accept=(), baseline=None, write_baseline=None,
+                    **adapter) -> dict:
     """Assert that ``fn`` (a function, or "module:function") computes ``algorithm``'s policy loss with the
     hyper-parameters and parameter names in ``adapter`` (the keys of ``cliplab conform --adapter``, e.g. beta=0,
     logp="log_probs", adv_shape="seq") on generated batches. On a difference, the AssertionError shows its minimal
     input, both values and the closest known convention. ``accept``: conventions to let pass (KEY=VALUE or files,
-    as ``--accept``). Returns the report."""
+    as ``--accept``). ``baseline``: a file of known findings (``--write-baseline``): only a finding not in it, or
+    grown, fails; ``write_baseline``: record today's findings in that file and pass. Returns the report."""
     __tracebackhide__ = True  # pytest shows the assertion, not this frame
+    from harness.conform.baseline import read_baseline
     check_seeds(seeds)
     accepted = parse_accept([accept] if isinstance(accept, str) else accept)
+    base = None if baseline is None else read_baseline(baseline, "loss", seeds)
     import torch
 
     from harness.conform.targets.callable import CallableTarget
     with torch.enable_grad():  # the reference's gradients, even under the caller's torch.no_grad()
         target = CallableTarget(fn, {"algorithm": algorithm, **adapter})
         try:
-            report = settle(target, conform(target, seeds=seeds), accepted)
+            report = settle(target, conform(target, seeds=seeds), accepted, base)
         finally:
             target.close()  # naming the closest convention may have started its worker again
-    if not report["ok"]:
+    _record(report, write_baseline)
+    if not report["ok"] and write_baseline is None:
         raise AssertionError(f"{target.name} does not conform to {algorithm}:\n"
                              + "\n".join(console_lines(report, failing_only=True)))
     return report

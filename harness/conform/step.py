@@ -198,16 +198,48 @@ def write_step_report(report: dict, out: str | Path) -> None:
     write_text(folder / "README.md", findings_page(folder))
 
 
-def step_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 5) -> dict:
+def step_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 5,
+                 baseline=None, write_baseline=None) -> dict:
     """CLI body: run the step-level checks, print one line per check and family (or JSON), and write
-    ``<out>/step/<target>.md`` and ``.json`` and the findings of every target there, ``<out>/step/README.md``."""
-    report = conform_step(target, seeds=seeds)
+    ``<out>/step/<target>.md`` and ``.json`` and the findings of every target there, ``<out>/step/README.md``;
+    ``report["ok"]``: every check agrees at every split, or (with ``baseline``, a file of known findings) differs
+    only in grid cells that file records, none grown; ``write_baseline``: record the cells that differ there."""
+    from harness.conform.baseline import read_baseline
+    base = None if baseline is None else read_baseline(baseline, "step", seeds)
+    out, write_baseline = (None if p is None else Path(p).absolute() for p in (out, write_baseline))
+    report = hold_to_baseline(conform_step(target, seeds=seeds), base)
+    if write_baseline is not None:
+        from harness.conform.baseline import write_baseline as record
+        report["baseline_written"] = {"file": str(write_baseline), "findings": record(report, write_baseline)}
     if out is not None:
         write_step_report(report, out)
     if json_out:
         print(json.dumps(strict_json(report), indent=1, sort_keys=True))
-    else:
-        for r in report["rows"]:
-            text = "agrees at every split" if r["status"] == "agrees" else _summary(r)
-            print(f"{r['algorithm']:<10} {r['knob']:<48} {r['family']:<12} {text}")
+        return report
+    for r in report["rows"]:
+        text = "agrees at every split" if r["status"] == "agrees" else _summary(r)
+        if r["outcome"] == "differs" and "baseline" in report:
+            text = "new or grown: " + "; ".join(f"m={c['micro']} r={c['ranks']}: {cell_text(c, r['tolerance'])} "
+                                                  f"[{c['baseline']}]" for c in r["grid"]
+                                                  if c.get("baseline", "known") != "known")
+        mark = f"{r['outcome'] if r['outcome'] != 'agrees' else '':<9} " if "baseline" in report else ""
+        print(f"{mark}{r['algorithm']:<10} {r['knob']:<48} {r['family']:<12} {text}")
+    if "baseline" in report:
+        from harness.conform.baseline import summary
+        print(summary(report))
+    if write_baseline is not None:
+        print(f"baseline written: {write_baseline} ({report['baseline_written']['findings']} findings)")
+    return report
+
+
+def hold_to_baseline(report: dict, base: dict | None) -> dict:
+    """Each row's ``outcome``: agrees, differs, or baselined (every cell that differs is known to ``base``, none
+    grown); ``report["ok"]``: none differs."""
+    if base is not None:
+        from harness.conform.baseline import apply_baseline
+        apply_baseline(report, base)
+    for r in report["rows"]:
+        known = base is not None and all(c.get("baseline", "known") == "known" for c in r["grid"])
+        r["outcome"] = "agrees" if r["status"] == "agrees" else "baselined" if known else "differs"
+    report["ok"] = all(r["outcome"] != "differs" for r in report["rows"])
     return report
