@@ -54,6 +54,11 @@ FAMILY_TEXT = {
             "CISPO's cap, GMPO's log-space bounds, the rollout weight at the TIS cap or the MIS bounds), equal in "
             "float64",
     "lone": "prompts with a single response",
+    "groups": "advantages: 2 to 4 groups of G = 8, 3, 5 or 2 responses, 0/1 and continuous rewards, a constant "
+              "group of a value no binary float holds (0.3, 0.6, 0.7, 0.9), ragged response masks",
+    "ragged": "advantages: groups of different sizes (a partial group, down to a lone response), by group id",
+    "nonfinite": "advantages: as groups, with one or two rewards NaN, +inf or -inf (a missing reward: no part in "
+                 "its group's statistics, advantage 0)",
 }
 #: Families built on the typical batches hold a bound or an offset on many tokens of every batch: a third of the
 #: seeds covers them.

@@ -23,6 +23,7 @@ from spec.contract import resolve_hparams
 from spec.registry import AGG_MODES, GROUP_AGG_MODES, HPARAMS, POLICY_ALGORITHMS
 from spec.schema import did_you_mean
 
+from harness.conform import kinds
 from harness.conform.cases import TOLERANCE, Check, batch_of
 from harness.verify.layers import scaled_diff
 from harness.conform.targets import reference as ref
@@ -65,8 +66,18 @@ def parse_adapter(adapter: str | dict | None) -> dict:
             if not sep or not value:
                 raise ValueError(f"adapter: expected key=value items separated by commas, got {item!r}")
             items.append((key, _number(value) if key in HPARAMS or key in CALL_OPTIONS else value))
+    kind = dict(items).get("kind", "policy")
+    if kind not in kinds.KINDS:
+        raise ValueError(f"adapter: unknown kind {kind!r}{did_you_mean(str(kind), kinds.KINDS)}; expected one of "
+                         f"{', '.join(kinds.KINDS)}")
+    if kind != "policy":
+        common = {k: v for k, v in items if k in ("returns", "timeout_s")}
+        _check_call_options(common)
+        return kinds.parse(kind, items, common)
     out = {}
     for key, value in items:
+        if key == "kind":
+            continue
         if key not in ("algorithm", *CALL_OPTIONS, *ALIASES, *HPARAMS):
             close = did_you_mean(key, ("algorithm", *CALL_OPTIONS, *ALIASES, *HPARAMS))
             raise ValueError(f"adapter: unknown key {key!r}{close}; expected algorithm, {', '.join(CALL_OPTIONS)}, "
@@ -82,13 +93,18 @@ def parse_adapter(adapter: str | dict | None) -> dict:
                          f"expected one of {', '.join(AGG_MODES)}")
     if out.get("adv_shape", "token") not in ADV_SHAPES:
         raise ValueError(f"adapter: adv_shape={out['adv_shape']!r}; expected token ([B, T]) or seq ([B])")
+    _check_call_options(out)
+    return out
+
+
+def _check_call_options(out: dict) -> None:
+    """returns (an index) and timeout_s (seconds), as every kind of callable takes them."""
     returns = out.get("returns", 0)
     if isinstance(returns, bool) or not isinstance(returns, int) or returns < 0:
         raise ValueError(f"adapter: returns={returns!r}; expected an index >= 0 into the returned tuple")
     timeout = out.get("timeout_s", TIMEOUT_S)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise ValueError(f"adapter: timeout_s={timeout!r}; expected a number of seconds > 0")
-    return out
 
 
 def _number(text):
@@ -165,7 +181,12 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     ``how["group_size"]``; advantages [B] if ``how["adv_shape"]`` is seq. Returns {"loss", "grad"} (d loss / d logp),
     {"bad": what is wrong with the result}, or {"raised": [exception type, message, file:line]} when the callable
     raised, exited, or changed an input in place. Runs in the worker, with grad mode on whatever the caller's or
-    an earlier call's was."""
+    an earlier call's was. A callable of another kind (advantage, kl) is called by ``kinds.evaluate``."""
+    if how.get("kind", "policy") != "policy":
+        try:
+            return kinds.evaluate(fn, how, arrays)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 (user code may raise anything: the target's verdict)
+            return _raised(exc)
     tensors = {k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in arrays.items()}
     if how.get("adv_shape") == "seq":
         tensors["adv"] = tensors["adv"][:, 0].contiguous()
@@ -183,10 +204,8 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
             return {"bad": loss}
         if loss.requires_grad:
             loss.reshape(()).backward()
-    except SystemExit as exc:
-        return {"raised": ["SystemExit", f"the callable called sys.exit({exc.code!r})", _place(exc)]}
-    except Exception as exc:  # noqa: BLE001 (user code may raise anything: it is the target's verdict)
-        return {"raised": [type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:300], _place(exc)]}
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 (user code may raise anything: it is the target's verdict)
+        return _raised(exc)
     grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
     return {"loss": float(loss.detach().cpu().double()), "grad": grad.numpy(),
             "dtype": str(loss.dtype).removeprefix("torch.")}
@@ -207,6 +226,13 @@ def _loss(out, returns: int):
     if out.numel() != 1:
         return f"returned a tensor of shape {list(out.shape)}, not a one-element tensor"
     return out
+
+
+def _raised(exc: BaseException) -> dict:
+    """{"raised": [exception type, first line of its message, file:line]} of what a callable raised or exited with."""
+    if isinstance(exc, SystemExit):
+        return {"raised": ["SystemExit", f"the callable called sys.exit({exc.code!r})", _place(exc)]}
+    return {"raised": [type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:300], _place(exc)]}
 
 
 def _place(exc: BaseException) -> str:
@@ -284,8 +310,9 @@ def _handlers(fn) -> dict:
 class CallableTarget:
     def __init__(self, target, adapter: str | dict | None = None):
         self.adapter = parse_adapter(adapter)
+        self.kind = self.adapter.get("kind", "policy")
         self.algorithm = self.adapter.get("algorithm")
-        self.hp = {k: v for k, v in self.adapter.items() if k in HPARAMS}
+        self.hp = {k: v for k, v in self.adapter.items() if k in HPARAMS and self.kind == "policy"}
         if self.algorithm is not None:
             resolve_hparams(self.algorithm, self.hp)  # a bad claimed hyper-parameter fails here, with its name
         elif self.hp:
@@ -303,14 +330,50 @@ class CallableTarget:
         signature = self.runner.load()
         if "error" in signature:
             raise ValueError(signature["error"])
-        self.binding = bind(signature, self.adapter)
         self.versions = {"callable": self.name, "torch": torch.__version__.split("+")[0]}
+        if self.kind != "policy":
+            self._init_kind(signature)
+            return
+        self.binding = bind(signature, self.adapter)
         self.how = (f"`{self.name}` is called in a child process with float64 tensors bound as {self.binding} "
                     "(advantages "
                     f"{'[B]' if self.adapter.get('adv_shape') == 'seq' else '[B, T]'}); the gradient is "
                     "d loss / d logp by autograd.")
         self._checks, self.dtype = None, "float64"  # the dtype it computes in: its loss's, seen by the probe
         self._probe()
+
+    def _init_kind(self, signature: dict):
+        """A callable of kind advantage or kl: its binding, what the report says of the call, its checks (one per
+        dtype), and a probe call so that a result of the wrong shape fails at once."""
+        self.binding = kinds.bind(self.kind, signature, self.adapter)
+        self.how = (f"`{self.name}` ({self.kind}) is called in a child process with tensors bound as {self.binding} "
+                    f"in float64, float32 and bfloat16 (one check each); {kinds.EXPECTED[self.kind]}.")
+        self.dtype = "float64"
+        self._checks = kinds.checks(self.kind, self.name, self.adapter, self.binding, self.run_kind)
+        try:
+            self._checks[0].run(self._checks[0].batch(0, self._checks[0].families[0]))
+        except BadReturn as exc:
+            raise ValueError(f"target: {exc}") from None
+        except Exception:  # noqa: BLE001 (reported by every check)
+            pass
+
+    def run_kind(self, b, dtype: str):
+        """Call a callable of kind advantage or kl on ``b`` with its inputs in ``dtype``: (values [B, T], gradient
+        in logp or None, the batch as the callable saw it)."""
+        used = kinds.rounded(b, self.kind, dtype)
+        if self.kind == "advantage":
+            arrays = {"rewards": kinds.rewards_of(used), "group": kinds.groups_of(used), "mask": used.mask}
+        else:
+            arrays = {"logp": used.logp, "ref_logp": used.ref_logp, "old_logp": used.old_logp, "mask": used.mask}
+        how = {"kind": self.kind, "binding": self.binding, "group_size": used.group_size, "dtype": dtype,
+               "returns": self.adapter.get("returns", 0), "reward_shape": self.adapter.get("reward_shape", "seq")}
+        out = self.runner.call(how, arrays)
+        if "bad" in out:
+            raise BadReturn(f"{self.name} {out['bad']}; expected {kinds.EXPECTED[self.kind]}")
+        if "raised" in out:
+            raise _rebuilt(*out["raised"])
+        grad = out.get("grad")
+        return np.asarray(out["value"], dtype=float), None if grad is None else np.asarray(grad, dtype=float), used
 
     def _probe(self):
         """Call once on a small batch so that a result that is not a loss fails with what was expected; an error
