@@ -3,6 +3,9 @@ the ``--cliplab-seeds`` option. Nothing heavy (torch, the reference) is imported
 
     def test_my_loss_is_grpo(assert_conforms):
         assert_conforms(my_loss, "grpo", beta=0)   # fails with the minimal input, both values, the closest convention
+
+    def test_my_loss_has_no_new_findings(assert_conforms):   # the baseline written with write_baseline=PATH
+        assert_conforms(my_loss, "grpo", beta=0, baseline="tests/cliplab-baseline.json")
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ def pytest_configure(config):
 @pytest.fixture
 def assert_conforms(request):
     """``assert_conforms(fn, algorithm, **adapter)``: cliplab.assert_conforms, with ``--cliplab-seeds`` as the
-    default number of generated batches; ``timeout_s`` bounds each call of ``fn`` (default 60 s)."""
+    default number of generated batches; ``timeout_s`` bounds each call of ``fn`` (default 60 s); ``baseline``:
+    a file of known findings, only a new or grown one fails (written by ``write_baseline=PATH``, with the same
+    seeds)."""
     from harness.conform.engine import assert_conforms as check
     seeds = request.config.getoption("cliplab_seeds")
 

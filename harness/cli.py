@@ -220,7 +220,9 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
                                                   "commas: algorithm=NAME, agg=MODE, your parameter's name for "
                                                   "each of logp, old_logp, adv, mask, ref_logp, group_size (e.g. "
                                                   "logp=log_prob), returns=INDEX, adv_shape=token or seq, "
-                                                  "timeout_s=SECONDS, hyper-parameters (e.g. eps_high=0.28)."),
+                                                  "timeout_s=SECONDS, hyper-parameters (e.g. eps_high=0.28); "
+                                                  "kind=advantage,estimator=NAME or kind=kl,kl=NAME for an "
+                                                  "advantage estimator or a KL term."),
             level: str = typer.Option("loss", help="loss: each loss call; step: one optimisation step "
                                       "(micro-batches, accumulation, ranks), writing OUT/step/TARGET.md and .json."),
             accept: List[str] = typer.Option([], help="Conventions to let pass where the target differs from the "

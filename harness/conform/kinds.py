@@ -218,8 +218,8 @@ GROUP_SIZES = (8, 3, 5, 2)
 
 def advantage_batch(seed: int, family: str, fixed_stride: bool = False) -> Batch:
     """Rewards (adv, constant over each row), group ids (extra["group"], constant over each row) and ragged
-    response masks (every row has a token). ``groups``: G = GROUP_SIZES[seed] responses per prompt, 0/1 and continuous rewards,
-    one constant group of a non-representable value; ``ragged``: groups of different sizes (partial groups, a
+    response masks (every row has a token). ``groups``: G = GROUP_SIZES[seed] responses per prompt, 0/1 and
+    continuous rewards, one constant group of a non-representable value; ``ragged``: groups of different sizes (partial groups, a
     lone response), B divisible by the number of groups; ``lone``: a lone response among groups (all lone with
     ``fixed_stride``); ``nonfinite``: as ``groups``, one or two rewards NaN, +inf or -inf."""
     rng = np.random.default_rng(90_000 + seed)

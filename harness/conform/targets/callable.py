@@ -4,7 +4,8 @@ limit, so that whatever the code does (print, exit, change directory or grad mod
 runs in a fork of the caller's.
 An adapter maps the callable's parameters and names what it claims to implement, e.g.
 ``algorithm=dapo,agg=token_mean,logp=log_prob,old_logp=old_log_prob,adv=advantages,mask=response_mask,returns=0``.
-Parameters named like verl's, TRL's or OpenRLHF's are recognised without an adapter."""
+Parameters named like verl's, TRL's or OpenRLHF's are recognised without an adapter. ``kind=advantage`` or
+``kind=kl`` in the adapter makes it an advantage estimator or a KL term instead (``harness.conform.kinds``)."""
 from __future__ import annotations
 
 import builtins
