@@ -363,10 +363,23 @@ def kl_reference(kind: str) -> Convention:
     return kl_convention(kind, "k2" if kind == "k1" else "own")
 
 
+def k3_unbiased_ratio_detached(b: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """r * k3 with the ratio r = exp(logp - old_logp) held constant: its gradient is r * (1 - exp(ref - logp))."""
+    logp = _t(b.logp).requires_grad_(True)
+    mask = _t(b.mask)
+    value = torch.exp(logp - _t(b.old_logp)).detach() * gpu.kl(logp, _t(b.ref_logp), "k3")
+    (value * mask).sum().backward()
+    return (value.detach() * mask).numpy(), logp.grad.numpy()
+
+
 def kl_candidates(kind: str) -> list[Convention]:
     mine = kl_reference(kind).label
-    return [c for k in KL_KINDS if k != "k3_unbiased" or kind == "k3_unbiased"
-            for c in (kl_convention(k, "own"), kl_convention(k, "k2")) if c.label != mine]
+    out = [c for k in KL_KINDS if k != "k3_unbiased" or kind == "k3_unbiased"
+           for c in (kl_convention(k, "own"), kl_convention(k, "k2")) if c.label != mine]
+    if kind == "k3_unbiased":
+        out.append(Convention("k3_unbiased with the ratio detached (gradient r * (1 - exp(ref_logp - logp)))",
+                              k3_unbiased_ratio_detached, far_ref=True))
+    return out
 
 
 # ---- the checks ---------------------------------------------------------------------------------------------------
