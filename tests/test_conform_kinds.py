@@ -171,6 +171,13 @@ def test_a_pathwise_k1_penalty_is_named_and_k1_plus_agrees(user, capsys):
     assert report_of(user.k1_plus, "kind=kl,kl=k1", seeds=2)["ok"]
 
 
+def test_assert_conforms_takes_the_claim_as_its_algorithm(user):
+    from harness.conform.engine import assert_conforms
+    assert_conforms(user.rloo, "rloo", kind="advantage", seeds=1)
+    with pytest.raises(AssertionError, match="lone responses zeroed"):
+        assert_conforms(user.rloo_vectorized, "rloo", kind="advantage", seeds=1)
+
+
 @pytest.mark.parametrize("adapter, words", [
     ("kind=value", "unknown kind 'value'"),
     ("kind=advantage", "kind=advantage needs estimator=NAME"),
@@ -178,6 +185,7 @@ def test_a_pathwise_k1_penalty_is_named_and_k1_plus_agrees(user, capsys):
     ("kind=advantage,estimator=rlo", "did you mean 'rloo'"),
     ("kind=kl", "kind=kl needs kl=NAME"),
     ("kind=kl,kl=k1,agg=token_mean", "unknown key 'agg' for kind=kl"),
+    ("kind=kl,kl=k1,algorithm=k3", "algorithm='k3' and kl='k1' disagree"),
 ])
 def test_adapter_errors_of_the_kinds_are_one_line(adapter, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(")) as err:

@@ -68,10 +68,16 @@ def parse(kind: str, items: list, common: dict) -> dict:
     """The adapter of a callable of ``kind`` (advantage or kl) from its (key, text) items; ``common``: the keys
     every kind takes (returns, timeout_s), already read. A ValueError names a key or value that is wrong."""
     out = {"kind": kind, **common}
-    known = ("kind", *common, *OPTIONS[kind], *ALIASES[kind], "dtype")
+    known = ("kind", *common, *OPTIONS[kind], *ALIASES[kind])
+    claim = "estimator" if kind == "advantage" else "kl"
     for key, value in items:
         if key in ("kind", *common):
             continue
+        if key == "algorithm":  # assert_conforms(fn, "rloo", kind="advantage") names the claim as its algorithm
+            if value != dict(items).get(claim, value):
+                raise ValueError(f"adapter: algorithm={value!r} and {claim}={dict(items)[claim]!r} disagree; for "
+                                 f"kind={kind} give {claim}=NAME")
+            key = claim
         if key not in known:
             raise ValueError(f"adapter: unknown key {key!r} for kind={kind}{did_you_mean(key, known)}; expected "
                              f"{', '.join(OPTIONS[kind])}, or one of {', '.join(ALIASES[kind])} (= the callable's "
