@@ -53,6 +53,8 @@ OPTIONS = {
     "advantage": {"estimator": f"what the callable implements: {', '.join(ESTIMATORS)}",
                   "reward_shape": "seq: rewards [B] (default); token: [B, T], each row's reward at its last "
                                   "unmasked token (verl's token_level_rewards)",
+                  "group_index_as": "tensor: group ids as a torch int64 tensor (default); numpy: a NumPy array "
+                                    "(verl passes its uid array so)",
                   "eps": f"GRPO's std stabiliser (default {PARTS['grpo_advantage']['eps']:g})",
                   "unbiased": f"GRPO's std with Bessel's correction (default {PARTS['grpo_advantage']['unbiased']})",
                   "gamma": f"REINFORCE++'s discount (default {PARTS['reinforce_pp']['gamma']:g})"},
@@ -92,6 +94,8 @@ def parse(kind: str, items: list, common: dict) -> dict:
             raise ValueError(f"adapter: kind=advantage needs estimator=NAME"
                              + (f", got {est!r}{did_you_mean(est, ADVANTAGES)}" if est else "")
                              + f"; expected one of {', '.join(ESTIMATORS)}")
+        if out.get("group_index_as", "tensor") not in ("tensor", "numpy"):
+            raise ValueError(f"adapter: group_index_as={out['group_index_as']!r}; expected tensor or numpy")
         if out.get("reward_shape", "seq") not in ("seq", "token"):
             raise ValueError(f"adapter: reward_shape={out['reward_shape']!r}; expected seq ([B]) or token ([B, T])")
         for key, cast in (("eps", float), ("gamma", float)):
@@ -160,7 +164,9 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
             last = on & (on.flip(1).cumsum(1).flip(1) == 1)
             rewards = torch.where(last, rewards[:, None].expand_as(mask), torch.zeros_like(mask))
         given = {"rewards": rewards.to(dtype), "mask": mask.to(dtype), "group_size": how["group_size"],
-                 "group_index": torch.tensor(np.asarray(arrays["group"], dtype=np.int64))}
+                 "group_index": np.asarray(arrays["group"], dtype=np.int64)}
+        if how.get("group_index_as", "tensor") == "tensor":
+            given["group_index"] = torch.from_numpy(given["group_index"])
     else:
         given = {k: torch.tensor(np.asarray(arrays[k], dtype=np.float64)).to(dtype)
                  for k in ("logp", "ref_logp", "old_logp")}
@@ -275,11 +281,12 @@ def _t(x):
 
 
 def advantage_values(estimator: str, b: Batch, *, eps: float, unbiased: bool, gamma: float,
-                     missing: str = "masked", lone_rloo: str = "reward", stride: bool = False) -> np.ndarray:
+                     missing: str = "masked", lone: str | None = None, stride: bool = False) -> np.ndarray:
     """Per-token advantages of ``estimator`` on ``b`` (see the module's conventions), by the gpu layer's
     ``group_advantages`` on each group and ``reinforce_pp_advantages``. Variants: ``missing="propagated"`` gives a
-    group with a non-finite reward NaN throughout; ``lone_rloo="zero"`` zeroes RLOO's lone responses (verl's
-    rloo_vectorized); ``stride`` takes groups as contiguous blocks of B / (number of groups) rows."""
+    group with a non-finite reward NaN throughout; ``lone="zero"`` zeroes RLOO's lone responses (verl's
+    rloo_vectorized), ``lone="reward"`` gives GRPO's, Dr.GRPO's and GPG's R / (1 + eps) or R (verl's group mean 0
+    and std 1 of a lone response); ``stride`` takes groups as contiguous blocks of B / (number of groups) rows."""
     r, on = rewards_of(b), b.mask > 0
     ok = np.isfinite(r)
     if estimator == "reinforce_pp":
@@ -300,7 +307,8 @@ def advantage_values(estimator: str, b: Batch, *, eps: float, unbiased: bool, ga
             continue
         live = rows[ok[rows]]
         if len(live) == 1:
-            adv[live] = r[live] if estimator == "rloo" and lone_rloo == "reward" else 0.0
+            keep = lone == "reward" or (lone is None and estimator == "rloo")
+            adv[live] = (r[live] / (1 + eps) if estimator == "grpo" else r[live]) if keep else 0.0
         elif len(live) > 1:
             kind = "dr_grpo" if estimator == "gpg" else estimator
             adv[live] = gpu.group_advantages(_t(r[live]), len(live), kind=kind, eps=eps, unbiased=unbiased).numpy()
@@ -332,7 +340,10 @@ def advantage_candidates(estimator: str, adapter: dict) -> list[Convention]:
     out += [advantage(e, adapter) for e in ESTIMATORS if e not in (estimator, "reinforce_pp")]
     if estimator == "rloo":
         out.append(advantage("rloo", adapter, "rloo_advantage with lone responses zeroed (verl's rloo_vectorized)",
-                             lone_rloo="zero"))
+                             lone="zero"))
+    elif estimator != "reinforce_pp":
+        out.append(advantage(estimator, adapter, f"{estimator}_advantage with lone responses keeping their reward "
+                             "(group mean 0, std 1: verl's compute_grpo_outcome_advantage)", lone="reward"))
     if estimator != "reinforce_pp":
         out.append(advantage(estimator, adapter, f"{estimator}_advantage on fixed-stride groups (B / number of "
                              "groups contiguous rows each, whatever the group ids say)", stride=True))

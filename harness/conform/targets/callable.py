@@ -367,7 +367,8 @@ class CallableTarget:
         else:
             arrays = {"logp": used.logp, "ref_logp": used.ref_logp, "old_logp": used.old_logp, "mask": used.mask}
         how = {"kind": self.kind, "binding": self.binding, "group_size": used.group_size, "dtype": dtype,
-               "returns": self.adapter.get("returns", 0), "reward_shape": self.adapter.get("reward_shape", "seq")}
+               "returns": self.adapter.get("returns", 0), "reward_shape": self.adapter.get("reward_shape", "seq"),
+               "group_index_as": self.adapter.get("group_index_as", "tensor")}
         out = self.runner.call(how, arrays)
         if "bad" in out:
             raise BadReturn(f"{self.name} {out['bad']}; expected {kinds.EXPECTED[self.kind]}")
