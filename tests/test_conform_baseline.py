@@ -155,9 +155,13 @@ def empty_first(cases):
 
 def test_clamps_empty_rows_and_settings_name_their_accept_items():
     (check,) = Narrow().checks()
-    grpo = ref.policy_grid(["grpo"], {"beta": 0.0}, {"agg": ("token_mean", "seq_mean_token_mean")}, rows_counted=True)
+    # as TRL's candidates: max_len set, which neither mean reads, so it is no difference to accept
+    grpo = ref.policy_grid(["grpo"], {"beta": 0.0, "max_len": 8}, {"agg": ("token_mean", "seq_mean_token_mean")},
+                           rows_counted=True)
     check = replace(check, reference=ref.policy_grid(["grpo"], {"beta": 0.0}, {"agg": ("seq_mean_token_mean",)})[0])
     assert sorted(map(tuple, _accepting(check, grpo))) == [("agg=token_mean",), ("empty_rows=counted",)]
+    norm = ref.policy_grid(["grpo"], {"beta": 0.0, "max_len": 8}, {"agg": ("seq_mean_token_sum_norm",)})
+    assert _accepting(check, norm) == [["agg=seq_mean_token_sum_norm", "max_len=8"]]  # read there: named
     kl_grpo = ref.policy_grid(["grpo"], {"beta": 0.04}, {"agg": ("token_mean",)})[0]
     parts = {make.__name__: v.part for make in ref.VARIANTS for conv in (grpo[0], kl_grpo, check.candidates[0])
              if (v := make(conv)) is not None and v.part}
@@ -165,7 +169,7 @@ def test_clamps_empty_rows_and_settings_name_their_accept_items():
     named = {make: _accepting_part(part) for make, part in parts.items()}
     assert named == {"log_ratio_clamped": [["log_ratio_clamp=20"]], "seq_log_ratio_capped": [["seq_log_ratio_cap=10"]],
                      "kl_term_capped": [["k3_cap=10"]]}
-    assert {"log_ratio_clamp", "seq_log_ratio_cap", "k3_cap"} <= set(NUMERIC)
+    assert {"log_ratio_clamp", "seq_log_ratio_cap", "k3_cap", "max_len"} <= set(NUMERIC)
     assert parse_accept(["empty_rows=counted,non_finite=inf,log_ratio_clamp=20"]) == {
         "empty_rows": {"counted"}, "non_finite": {"inf"}, "log_ratio_clamp": {20.0}}
 

@@ -656,7 +656,7 @@ CHOICES = {"agg": tuple(AGG_MODES), "kl": KL_KINDS, "cap_mode": CAP_MODES,
 CLAMPS = {"log_ratio_clamp": re.compile(r"clamps the log-ratio at \+-(\S+) "),
           "seq_log_ratio_cap": re.compile(r"caps the log of the sequence ratio at (\S+) "),
           "k3_cap": re.compile(r"caps each token's k3 term at (\S+) ")}
-NUMERIC = (*(k for k in HPARAMS if k not in CHOICES and k not in ("max_len", "cov_seed")), *CLAMPS)
+NUMERIC = (*(k for k in HPARAMS if k not in CHOICES and k != "cov_seed"), *CLAMPS)
 EXCEPTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
@@ -703,16 +703,17 @@ def _setting(text: str):
 
 def _accepting(check: Check, convs) -> list:
     """The --accept items that let a target matching one of ``convs`` pass: for each policy convention of the
-    reference's algorithm, the settings in which it differs from the reference's (``empty_rows=counted`` for
+    reference's algorithm, the settings that either reads and in which they differ (``empty_rows=counted`` for
     empty rows counted in a mean over sequences); a convention of another algorithm or kind gives none."""
     ref = check.reference.policy if check.reference is not None else None
     out = []
     for conv in convs:
         if conv.policy is None or ref is None or conv.policy[0] != ref[0]:
             continue
-        defaults = get_algorithm(ref[0]).defaults
-        got, want = {**defaults, **conv.policy[1]}, {**defaults, **ref[1]}
-        items = [f"{k}={_text(got.get(k))}" for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)]
+        alg = get_algorithm(ref[0])
+        got, want = {**alg.defaults, **conv.policy[1]}, {**alg.defaults, **ref[1]}
+        items = [f"{k}={_text(got.get(k))}" for k in sorted(set(alg.reads(got)) | set(alg.reads(want)))
+                 if got.get(k) != want.get(k)]
         items += ["empty_rows=counted"] if conv.policy[2] and not ref[2] else []
         out.append(items)
     return [items for items in out if items]
