@@ -235,9 +235,10 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
     """Hold an outside implementation (verl, TRL, OpenRLHF or your callable) against the reference.
 
     Per algorithm, mode and knob: agrees, or differs with the largest difference, a minimal input that shows it,
-    and the named convention the target matches instead. Exits 1 when a check differs (and matches no accepted
-    convention) or raises (for `all`: in any framework; at --level step: a check that does not agree at every
-    split), 0 when all agree, 2 on a usage error. With --baseline FILE, only a finding not in FILE or grown fails."""
+    and the named convention the target matches instead. Exits 1 when a check differs or raises (for `all`: in any
+    framework; at --level step: a check that does not agree at every split) with a finding that no --accept item
+    lets pass and, with --baseline FILE, that FILE does not record or records smaller; 0 otherwise; 2 on a usage
+    error."""
     _user_errors(check_target_name, target, ("all",))
     from harness.conform.engine import conform_command
     from harness.conform.matrix import conform_all
