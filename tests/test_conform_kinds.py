@@ -167,8 +167,16 @@ def test_a_pathwise_k1_penalty_is_named_and_k1_plus_agrees(user, capsys):
     bad = failing(report)
     assert {knob for knob, _ in bad} == {"kl=k1, float64", "kl=k1, float32"}  # bfloat16's tolerance passes it
     assert all("k1 pathwise: zero expected gradient" in r["closest"] for r in bad.values())
-    assert "closest known convention: k1 pathwise" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "closest known convention: k1 pathwise" in out
     assert report_of(user.k1_plus, "kind=kl,kl=k1", seeds=2)["ok"]
+    # each row is held to its own dtype's tolerance, in the console and in a baseline's growth rule (not bfloat16's)
+    from harness.conform.baseline import findings_of
+    from harness.conform.cases import tolerance_of
+    said = {line.split("tolerance ")[1].split(",")[0] for line in out.splitlines() if "(tolerance " in line}
+    assert said == {f"{tolerance_of('float64'):g}", f"{tolerance_of('float32'):g}"}
+    assert {(e["knob"], e["tolerance"]) for e in findings_of(report)} == {
+        ("kl=k1, float64", tolerance_of("float64")), ("kl=k1, float32", tolerance_of("float32"))}
 
 
 def test_assert_conforms_takes_the_claim_as_its_algorithm(user):

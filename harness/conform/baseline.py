@@ -52,7 +52,7 @@ def findings_of(report: dict) -> list[dict]:
                             "of": report["seeds"], "tolerance": row["tolerance"], "place": cell})
         else:
             out += [{**check, "finding": finding_name(f["name"]), "max_err": _magnitude(f["max_err"]),
-                     "cases": f["cases"], "of": f["of"], "tolerance": report["tolerance"], "place": f}
+                     "cases": f["cases"], "of": f["of"], "tolerance": row["tolerance"], "place": f}
                     for f in row["findings"]]
     return out
 

@@ -192,7 +192,8 @@ def _run_family(check: Check, family: str, seeds: int, seen: _Seen | None = None
     ``findings``, each a dict ``{"name", "max_err", "cases", "of", "family", "minimal_input"}`` (``max_err`` None
     for a raise; ``minimal_input`` from ``_describe``)."""
     row = {"algorithm": check.algorithm, "call": check.call, "knob": check.knob, "family": family,
-           "reference": check.reference.label if check.reference else None, "note": check.note,
+           "tolerance": check.tolerance, "reference": check.reference.label if check.reference else None,
+           "note": check.note,
            "reads": check.reads, "loss_diff": None, "grad_diff": None, "matches": []}
     runs, raised, empty = [], {}, None
     for seed in range(seeds):
@@ -492,6 +493,14 @@ def conform(target, seeds: int = 30, only: Callable[[Check], bool] | None = None
             "how": tgt.how, "rows": rows}
 
 
+def _tolerances(report) -> str:
+    """The tolerance the report's checks are held to: one number, or each dtype's where the checks differ."""
+    tolerances = sorted({r["tolerance"] for r in report["rows"]} or {report["tolerance"]})
+    if len(tolerances) == 1:
+        return f"{tolerances[0]:g}"
+    return "the tolerance of the dtype the check runs in (" + ", ".join(f"{t:g}" for t in tolerances) + ")"
+
+
 def check_seeds(seeds) -> None:
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds: expected a positive integer (generated batches per check and family), got {seeds!r}")
@@ -558,7 +567,7 @@ def markdown(report: dict) -> str:
              f"Each check runs {report['seeds']} generated batches per family: "
              + "; ".join(f"{f}: {FAMILY_TEXT[f]}" for f in families) + ". A batch whose mask is all zero is "
              "compared apart. "
-             f"Agreement means max |target - reference| / max(1, |reference|) <= {report['tolerance']:g} for the "
+             f"Agreement means max |target - reference| / max(1, |reference|) <= {_tolerances(report)} for the "
              "loss (or values) and for its gradient. A target that raises is never dropped: its error is a "
              "finding of its own.", "",
              "| algorithm | target call | knob | family | cases | max loss diff | max grad diff | verdict |",
@@ -822,7 +831,7 @@ def console_lines(report: dict, failing_only: bool = False) -> list[str]:
             continue
         if r.get("loss_diff") is not None:
             lines.append(f"    largest difference over {r['cases']} batches: loss {fmt(r['loss_diff'])}, gradient "
-                         f"{fmt(r['grad_diff'])} (tolerance {report['tolerance']:g}, scaled by max(1, |reference|))")
+                         f"{fmt(r['grad_diff'])} (tolerance {r['tolerance']:g}, scaled by max(1, |reference|))")
         for f in shown:
             m = f["minimal_input"]
             status = f" [{f['baseline']}]" if f.get("baseline", "known") != "known" else ""
