@@ -314,14 +314,19 @@ recipe_app = typer.Typer(help="Paper-scale recipes for verl and TRL (configs/rec
 app.add_typer(recipe_app, name="recipe")
 
 
-def _recipe_runs() -> str:
-    """The recipes and their runs, for the help of the commands that take one."""
-    from harness.recipes.launch import run_names
-    return "; ".join(f"{name}: {', '.join(runs)}" for name, runs in run_names().items())
+class RecipeCommand(Command):
+    """A command that takes a recipe: its help ends with the recipes and their runs, read when the help is shown
+    (not at every cliplab start)."""
+
+    def format_help(self, ctx, formatter):
+        from harness.recipes.launch import run_names
+        self.epilog = "Recipes and their runs:\n\n" + "\n\n".join(f"{name}: {', '.join(runs)}"
+                                                                  for name, runs in run_names().items())
+        super().format_help(ctx, formatter)
 
 
-RECIPE_HELP = "A recipe (" + _recipe_runs() + "), or its folder."
-RUN_HELP = "A run of the recipe (above)."
+RECIPE_HELP = "A recipe (listed below with its runs), or its folder."
+RUN_HELP = "A run of the recipe (listed below)."
 launch_app = typer.Typer(help="Launch one run of a recipe with verl or TRL (--dry-run: print what would run).",
                          no_args_is_help=True)
 recipe_app.add_typer(launch_app, name="launch")
@@ -334,7 +339,7 @@ def recipe_list():
     typer.echo(listing(), nl=False)
 
 
-@launch_app.command("verl", cls=Command)
+@launch_app.command("verl", cls=RecipeCommand)
 def recipe_launch_verl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
                        run: str = typer.Argument(..., help=RUN_HELP),
                        overrides: Optional[List[str]] = typer.Argument(None, help="Hydra overrides after the "
@@ -357,7 +362,7 @@ def recipe_launch_verl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
         _user_errors(launch.launch_verl, r, run, paths, out, overrides or [])
 
 
-@launch_app.command("trl", cls=Command)
+@launch_app.command("trl", cls=RecipeCommand)
 def recipe_launch_trl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
                       run: str = typer.Argument(..., help=RUN_HELP + " Only some have a TRL variant (`cliplab "
                                                 "recipe list`)."),
@@ -380,7 +385,7 @@ def recipe_launch_trl(recipe: str = typer.Argument(..., help=RECIPE_HELP),
         _user_errors(launch.launch_trl, r, run, paths, out)
 
 
-@recipe_app.command("cost", cls=Command)
+@recipe_app.command("cost", cls=RecipeCommand)
 def recipe_cost(recipe: Optional[str] = typer.Argument(None, help=RECIPE_HELP + " Default: every recipe."),
                 gpus: Optional[int] = typer.Option(None, help="GPUs per run (memory per GPU and hours); default: "
                                                    "each recipe's."),
