@@ -99,8 +99,9 @@ def read_baseline(path, level: str, seeds: int) -> dict:
 
 def apply_baseline(report: dict, base: dict) -> dict:
     """Mark each finding of ``report`` known, new or grown against ``base`` (``baseline``: "known", "new: not in
-    the baseline", or "grown: the baseline has X on N cases"), refusing a baseline of another target or algorithm; returns the counts, with the recorded
-    findings no longer seen (``gone``), and stores them as ``report["baseline"]``."""
+    the baseline", or "grown: the baseline has X on N cases"), refusing a baseline of another target or algorithm;
+    returns the counts, with the recorded findings no longer seen (``gone``), and stores them as
+    ``report["baseline"]``."""
     where = f"baseline: {base['path']}"
     if base.get("target") != report["target"]:
         raise ValueError(f"{where}: written for target {base.get('target')!r}; this run checks {report['target']!r}")
@@ -113,14 +114,14 @@ def apply_baseline(report: dict, base: dict) -> dict:
         old = base["entries"].get(_key(entry))
         seen.add(_key(entry))
         if old is None:
-            status = "new: not in the baseline"
+            kind, status = "new", "new: not in the baseline"
         elif _grew(entry, old):
             was = "" if old["max_err"] is None else f"a largest difference of {old['max_err']:.3g}, "
-            status = f"grown: the baseline has {was}on {old['cases']} cases"
+            kind, status = "grew", f"grown: the baseline has {was}on {old['cases']} cases"
         else:
-            status = "known"
+            kind, status = "known", "known"
         entry["place"]["baseline"] = status
-        counts[{"new:": "new", "grown:": "grew"}.get(status.split()[0], "known")] += 1
+        counts[kind] += 1
     gone = [dict(zip(KEY, k)) for k in base["entries"] if k not in seen]
     report["baseline"] = {"file": base["path"], **counts, "gone": gone}
     return report["baseline"]

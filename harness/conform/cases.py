@@ -225,6 +225,22 @@ def tie_sides(ties: dict | None, b: Batch, rho: float, per_row: bool = False) ->
     return sides, moves["policy"][2] | moves["rollout"][2]
 
 
+def bind_params(signature: dict, adapter: dict, aliases: dict) -> dict:
+    """Our argument name -> a user callable's parameter name (``signature["params"]``): the one the adapter gives
+    for it (a ValueError when the callable has no such parameter), else the first of ``aliases[ours]`` it has."""
+    names = [n for n, _ in signature["params"]]
+    binding = {}
+    for ours, known in aliases.items():
+        given = adapter.get(ours)
+        if given is not None and given not in names:
+            raise ValueError(f"adapter: {ours}={given!r}, but the callable has no parameter {given!r} (it has "
+                             f"{', '.join(names) or 'none'})")
+        found = [given] if given is not None else [a for a in known if a in names]
+        if found:
+            binding[ours] = found[0]
+    return binding
+
+
 @dataclass(frozen=True)
 class Convention:
     """A named reading of the reference: ``fn(batch) -> (value, gradient or None)``; ``named`` is False for a

@@ -273,7 +273,8 @@ class _Cases:
     def __init__(self, check: Check, runs: list):
         self.check, self.runs, self._memo = check, runs, {}
 
-    def _expected(self, conv: Convention, k: int):
+    def expected(self, conv: Convention, k: int):
+        """The convention's (value, gradient) on case ``k`` and its band at ties (``_expect``), computed once."""
         key = (id(conv), k)
         if key not in self._memo:  # the convention is kept with its numbers: its id stays its own
             self._memo[key] = (conv, *_expect(self.check, conv, self.runs[k][1]))
@@ -281,12 +282,12 @@ class _Cases:
 
     def diff(self, conv: Convention, k: int) -> tuple[float, float]:
         _, _, value, grad = self.runs[k]
-        return _diff((value, grad), *self._expected(conv, k))
+        return _diff((value, grad), *self.expected(conv, k))
 
     def strict(self, conv: Convention, k: int) -> tuple[float, float]:
         """As ``diff``, with the convention's own tie-break (its value at the tie) instead of the band."""
         _, _, value, grad = self.runs[k]
-        return _diff((value, grad), self._expected(conv, k)[0])
+        return _diff((value, grad), self.expected(conv, k)[0])
 
     def worst(self, conv: Convention) -> float:
         return max(max(self.diff(conv, k)) for k in range(len(self.runs)))
@@ -345,7 +346,7 @@ def _tie_break(check: Check, cases: _Cases) -> str | None:
         if max(cases.strict(check.reference, k)) <= check.tolerance:
             continue
         grad = cases.runs[k][3]
-        want, band = cases._expected(check.reference, k)
+        want, band = cases.expected(check.reference, k)
         if band is None or grad is None or band[0][1] is None:
             continue
         grad, off = np.asarray(grad, dtype=float), np.abs(np.asarray(grad) - want[1]) > check.tolerance
@@ -792,8 +793,9 @@ def settle(target, report: dict, accepted: dict | None = None, base: dict | None
     for row in report["rows"]:
         row["outcome"] = row["kind"]
         for f in row["findings"]:
-            if accepted_by(f, accepted or {}):
-                f["accepted"] = accepted_by(f, accepted or {})
+            items = accepted_by(f, accepted or {})
+            if items:
+                f["accepted"] = items
         if row["outcome"] in FAILING and row["findings"] and all(f.get("accepted") for f in row["findings"]):
             row["outcome"] = "accepted"
         elif row["outcome"] in FAILING and row["findings"] and all(passes(f) for f in row["findings"]):

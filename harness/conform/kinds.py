@@ -28,7 +28,7 @@ import gpu
 from spec.registry import ADVANTAGES, KL_KINDS, PARTS
 from spec.schema import did_you_mean
 
-from harness.conform.cases import Batch, Check, Convention, batch_of
+from harness.conform.cases import Batch, Check, Convention, batch_of, bind_params
 
 KINDS = ("policy", "advantage", "kl")
 #: The estimators a callable of kind advantage can be checked against (ADVANTAGES less the ones that need more
@@ -119,16 +119,7 @@ def parse(kind: str, items: list, common: dict) -> dict:
 
 def bind(kind: str, signature: dict, adapter: dict) -> dict:
     """Our argument name -> the callable's parameter name, as ``targets.callable.bind`` for a policy loss."""
-    names = [n for n, _ in signature["params"]]
-    binding = {}
-    for ours, aliases in ALIASES[kind].items():
-        given = adapter.get(ours)
-        if given is not None and given not in names:
-            raise ValueError(f"adapter: {ours}={given!r}, but the callable has no parameter {given!r} (it has "
-                             f"{', '.join(names) or 'none'})")
-        found = [given] if given is not None else [a for a in aliases if a in names]
-        if found:
-            binding[ours] = found[0]
+    binding = bind_params(signature, adapter, ALIASES[kind])
     missing = [ours for ours in REQUIRED[kind] if ours not in binding]
     if kind == "advantage" and not {"group_index", "group_size"} & set(binding):
         missing.append("group_index or group_size")
@@ -175,7 +166,7 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     before = {k: v.clone() for k, v in given.items() if isinstance(v, torch.Tensor)}
     with torch.enable_grad():
         out = fn(**{param: given[ours] for ours, param in how["binding"].items()})
-    changed = [how["binding"].get(k, k) for k, t in before.items() if not _same(given[k].detach(), t)]
+    changed = [how["binding"].get(k, k) for k, t in before.items() if not unchanged(given[k].detach(), t)]
     if changed:
         raise RuntimeError(f"the callable changed its input {', '.join(changed)} in place")
     values = _result(out, how.get("returns", 0), _shapes(how["kind"], tuple(mask.shape)))
@@ -193,8 +184,9 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     return {"value": value.numpy(), "grad": grad, "dtype": str(values.dtype).removeprefix("torch.")}
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal element by element, NaN equal to NaN (a reward may be NaN)."""
+def unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a callable's input ``a`` still equals its copy ``b`` taken before the call: element by element, NaN
+    equal to NaN (a reward, or a padding value, may be NaN)."""
     return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
@@ -231,9 +223,9 @@ GROUP_SIZES = (8, 3, 5, 2)
 def advantage_batch(seed: int, family: str, fixed_stride: bool = False) -> Batch:
     """Rewards (adv, constant over each row), group ids (extra["group"], constant over each row) and ragged
     response masks (every row has a token). ``groups``: G = GROUP_SIZES[seed] responses per prompt, 0/1 and
-    continuous rewards, one constant group of a non-representable value; ``ragged``: groups of different sizes (partial groups, a
-    lone response), B divisible by the number of groups; ``lone``: a lone response among groups (all lone with
-    ``fixed_stride``); ``nonfinite``: as ``groups``, one or two rewards NaN, +inf or -inf."""
+    continuous rewards, one constant group of a non-representable value; ``ragged``: groups of different sizes
+    (partial groups, a lone response), B divisible by the number of groups; ``lone``: a lone response among groups
+    (all lone with ``fixed_stride``); ``nonfinite``: as ``groups``, one or two rewards NaN, +inf or -inf."""
     rng = np.random.default_rng(90_000 + seed)
     n, g = int(rng.integers(2, 5)), GROUP_SIZES[seed % len(GROUP_SIZES)]
     sizes = [g] * n

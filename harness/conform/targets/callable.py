@@ -25,7 +25,7 @@ from spec.registry import AGG_MODES, GROUP_AGG_MODES, HPARAMS, POLICY_ALGORITHMS
 from spec.schema import did_you_mean
 
 from harness.conform import kinds
-from harness.conform.cases import TOLERANCE, Check, batch_of
+from harness.conform.cases import TOLERANCE, Check, batch_of, bind_params
 from harness.verify.layers import scaled_diff
 from harness.conform.targets import reference as ref
 from harness.conform.targets.remote import WORKERS, TargetError, Worker
@@ -147,19 +147,7 @@ def signature_of(fn) -> dict:
 def bind(signature: dict, adapter: dict) -> dict:
     """Our argument name -> the callable's parameter name; a ValueError naming the parameters left unmapped and the
     adapter keys that map them."""
-    names = [n for n, _ in signature["params"]]
-    binding = {}
-    for ours, aliases in ALIASES.items():
-        given = adapter.get(ours)
-        if given is not None:
-            if given not in names:
-                raise ValueError(f"adapter: {ours}={given!r}, but the callable has no parameter {given!r} "
-                                 f"(it has {', '.join(names) or 'none'})")
-            binding[ours] = given
-        else:
-            found = [a for a in aliases if a in names]
-            if found:
-                binding[ours] = found[0]
+    binding = bind_params(signature, adapter, ALIASES)
     missing = [ours for ours in ("logp", "old_logp", "adv", "mask") if ours not in binding]
     unmapped = [n for n, required in signature["params"] if required and n not in binding.values()]
     unmapped += signature["positional_only"]
@@ -197,7 +185,7 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     try:
         with torch.enable_grad():
             out = fn(**{param: given[ours] for ours, param in how["binding"].items()})
-        changed = [how["binding"][k] for k, t in tensors.items() if not torch.equal(t.detach(), before[k])]
+        changed = [how["binding"][k] for k, t in tensors.items() if not kinds.unchanged(t.detach(), before[k])]
         if changed:
             raise RuntimeError(f"the callable changed its input {', '.join(changed)} in place")
         loss = _loss(out, how.get("returns", 0))
