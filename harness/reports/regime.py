@@ -1,0 +1,128 @@
+"""The regime card of a run set (spec/regime.py): per label, each card entry measured on every seed's logged
+steps and averaged over seeds, with the entries a run set's logs cannot supply named as such.
+
+Any run set the reports read gets one: a simulator sweep, tier, SmolLM2 or ``cliplab train`` run folders
+(``rundirs.load_runs``) and cluster logs (``cluster.load``); all arrive as runs whose records carry the card's step
+metrics under their cliplab names. A clip statistic an algorithm cannot have (no hard clip: SAPO's soft gate,
+CISPO's truncated weight, an algorithm without a clip) reads "n/a", never 0.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from spec.regime import CARD, ENTRIES, NOT_APPLICABLE, Condition, reduce_values
+from spec.registry import ALGORITHMS
+
+from harness.reports.rundirs import fmt, md
+
+#: Card entries that are clip statistics of a hard clip (fixed or dynamic bounds).
+HARD_CLIP_ENTRIES = ("clip_frac", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
+                     "lowclip_pold_median", "lowclip_pold_lt02")
+#: Entries shown as percentages.
+PERCENT = ("accuracy_start", "accuracy_end", "headroom", "clip_frac", "zero_adv_frac", "clip_up_frac",
+           "clip_low_frac", "upclip_pold_lt02", "lowclip_pold_lt02", "trunc_frac", "entropy_fall",
+           "entropy_relevant_fall", "malformed_max", "on_policy_frac")
+
+
+@dataclass(frozen=True)
+class CardValue:
+    """One entry of one label: the mean over the seeds that logged it (None where none did), how many seeds,
+    and whether the entry is undefined for the algorithm (``applicable`` False: "n/a")."""
+    value: float | None
+    seeds: int
+    applicable: bool = True
+
+    def text(self, entry: str) -> str:
+        if not self.applicable:
+            return NOT_APPLICABLE
+        if self.value is None:
+            return "not logged"
+        return fmt(self.value, pct=entry in PERCENT)
+
+
+def applicable(algo: str | None, entry: str) -> bool:
+    """Whether ``entry`` is defined for ``algo``: hard-clip statistics only for a fixed or dynamic clip,
+    ``trunc_frac`` only for a truncated weight (CISPO); anything for an algorithm the registry does not know."""
+    alg = ALGORITHMS.get(algo) if algo else None
+    if alg is None:
+        return True
+    if entry in HARD_CLIP_ENTRIES:
+        return alg.clip in ("fixed", "dynamic")
+    if entry == "trunc_frac":
+        return alg.clip == "truncated"
+    return True
+
+
+def _by_step(records: list[dict], metric: str) -> dict[int, float]:
+    out = {}
+    for i, rec in enumerate(records):
+        v = rec.get(metric)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[int(rec.get("step", i))] = float(v)
+    return out
+
+
+def label_card(runs: list[dict]) -> dict[str, CardValue]:
+    """One label's card from its runs (each with ``algo`` and ``records``)."""
+    algo = runs[0].get("algo") if runs else None
+    card = {}
+    for entry in CARD:
+        if not applicable(algo, entry.name):
+            card[entry.name] = CardValue(None, 0, applicable=False)
+            continue
+        values = [v for r in runs if (v := reduce_values(entry, _by_step(r["records"], entry.metric))) is not None]
+        card[entry.name] = CardValue(math.fsum(values) / len(values) if values else None, len(values))
+    return card
+
+
+def run_set_card(runs: list[dict]) -> dict[str, dict[str, CardValue]]:
+    """Every label's card, labels in the order first seen."""
+    by_label: dict[str, list[dict]] = {}
+    for r in runs:
+        by_label.setdefault(r["label"], []).append(r)
+    return {label: label_card(rs) for label, rs in by_label.items()}
+
+
+def supplied(cards: dict[str, dict[str, CardValue]]) -> list[str]:
+    """The card entries some label of the run set logs."""
+    return [e.name for e in CARD if any(c[e.name].value is not None for c in cards.values())]
+
+
+def failures(conditions: list[Condition], cards: dict[str, dict[str, CardValue]], algo_of: dict[str, str]) -> list[str]:
+    """What the card fails of a claim's ``conditions``: a condition ``of`` an algorithm reads that algorithm's
+    label(s); ``of="any"`` must hold for every label of the run set."""
+    out = []
+    for c in conditions:
+        labels = [lbl for lbl in cards if c.of == "any" or algo_of.get(lbl) == c.of]
+        for lbl in labels:
+            cv = cards[lbl][c.entry]
+            if cv.applicable and not c.holds(cv.value):
+                out.append(f"{lbl}: {c.failure(cv.value)}")
+    return out
+
+
+def card_records(cards: dict[str, dict[str, CardValue]]) -> list[dict]:
+    """The card as JSON-ready records, one per label and entry."""
+    return [{"label": label, "entry": name, "value": cv.value, "seeds": cv.seeds,
+             "applicable": cv.applicable, "meaning": ENTRIES[name].meaning}
+            for label, card in cards.items() for name, cv in card.items()]
+
+
+def card_lines(cards: dict[str, dict[str, CardValue]], title: str = "## Regime card") -> list[str]:
+    """A markdown table: one row per card entry the run set logs, one column per label; then the entries no log
+    supplies, named in one line."""
+    labels = list(cards)
+    shown = supplied(cards)
+    if not labels:
+        return []
+    lines = [title, "", "What the runs' regime measured (spec/regime.py defines each entry; steps windows: start and "
+             "end are the first and last tenth of the logged steps, early the first 100). \"n/a\": the algorithm "
+             "has no such clip.", "", "| entry | " + " | ".join(md(lbl) for lbl in labels) + " |",
+             "|---|" + "---|" * len(labels)]
+    for name in shown:
+        lines.append(f"| {name} | " + " | ".join(cards[lbl][name].text(name) for lbl in labels) + " |")
+    missing = [e.name for e in CARD if e.name not in shown]
+    if missing:
+        lines += ["", "Not logged by these runs: " + ", ".join(missing) + "."]
+    return lines + [""]

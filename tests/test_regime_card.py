@@ -1,0 +1,71 @@
+"""The regime card (spec/regime.py, harness/reports/regime.py): its windows and reductions on hand-worked runs,
+"n/a" for clip statistics an algorithm cannot have, and claim conditions that name the value that fails them."""
+import pytest
+
+from harness.reports.regime import card_lines, card_records, failures, run_set_card
+from spec.regime import CARD, CLIP_BINDS, ENTRIES, WELL_FORMED, Condition, STEP_METRICS, reduce_values, window_steps
+
+
+def _run(label, algo, **curves):
+    steps = len(next(iter(curves.values())))
+    return {"label": label, "algo": algo,
+            "records": [{"step": s, **{k: v[s] for k, v in curves.items()}} for s in range(steps)]}
+
+
+def test_every_card_entry_reads_a_step_metric_every_layer_logs():
+    assert {e.metric for e in CARD} <= set(STEP_METRICS)
+    assert len(ENTRIES) == len(CARD)
+
+
+def test_windows_are_the_first_and_last_tenth_and_the_first_100_steps():
+    steps = list(range(1, 251))
+    assert window_steps(steps, "start") == list(range(1, 26))
+    assert window_steps(steps, "end") == list(range(226, 251))
+    assert window_steps(steps, "early") == list(range(1, 101))
+    assert window_steps([3], "start") == [3]  # at least one step
+
+
+def test_reductions_by_hand():
+    # 20 steps: accuracy 0.0, 0.05, ..., 0.95; start = steps 0-1 (mean 0.025), end = steps 18-19 (mean 0.925)
+    acc = {s: s / 20 for s in range(20)}
+    assert reduce_values(ENTRIES["accuracy_start"], acc) == pytest.approx(0.025)
+    assert reduce_values(ENTRIES["headroom"], acc) == pytest.approx(1 - 0.925)
+    # entropy 2.0 for the first two steps, 0.5 for the last two: fall = 1 - 0.5 / 2 = 0.75
+    ent = {s: 2.0 if s < 2 else (0.5 if s >= 18 else 1.0) for s in range(20)}
+    assert reduce_values(ENTRIES["entropy_fall"], ent) == pytest.approx(0.75)
+    assert reduce_values(ENTRIES["malformed_max"], {0: 0.01, 1: 0.04, 2: None}) == 0.04
+    assert reduce_values(ENTRIES["clip_frac"], {0: None}) is None
+
+
+def test_card_averages_seeds_and_marks_clips_an_algorithm_cannot_have():
+    runs = [_run("grpo", "grpo", clip_frac=[0.01] * 10, accuracy=[0.3] * 10),
+            _run("grpo", "grpo", clip_frac=[0.03] * 10, accuracy=[0.5] * 10),
+            _run("sapo", "sapo", clip_frac=[0.0] * 10, accuracy=[0.4] * 10)]
+    cards = run_set_card(runs)
+    assert cards["grpo"]["clip_frac"].value == pytest.approx(0.02)
+    assert cards["grpo"]["clip_frac"].seeds == 2
+    assert cards["grpo"]["accuracy_start"].value == pytest.approx(0.4)
+    sapo = cards["sapo"]["clip_frac"]
+    assert not sapo.applicable and sapo.text("clip_frac") == "n/a"  # a soft gate: not "0"
+    assert cards["grpo"]["trunc_frac"].text("trunc_frac") == "n/a"
+    assert cards["grpo"]["malformed_max"].text("malformed_max") == "not logged"
+    table = "\n".join(card_lines(cards))
+    assert "| clip_frac | 2% | n/a |" in table and "Not logged by these runs:" in table
+    assert {r["entry"] for r in card_records(cards)} == set(ENTRIES)
+
+
+def test_a_condition_names_the_value_that_fails_it():
+    runs = [_run("grpo", "grpo", clip_frac=[1e-4] * 10, malformed=[0.01] * 10),
+            _run("dapo", "dapo", clip_frac=[0.01] * 10, malformed=[0.2] * 10)]
+    cards = run_set_card(runs)
+    got = failures([CLIP_BINDS, WELL_FORMED], cards, {"grpo": "grpo", "dapo": "dapo"})
+    assert got == ["grpo: needs clip_frac >= 0.003 (the clip must bind for a clipping rule to matter); measured "
+                   "0.0001", "dapo: needs malformed_max <= 0.03 (format collapse would drive the comparison "
+                   "instead); measured 0.2"]
+    only_grpo = Condition("malformed_max", "<=", 0.03, "x", of="grpo")
+    assert failures([only_grpo], cards, {"grpo": "grpo", "dapo": "dapo"}) == []
+
+
+def test_a_condition_on_an_unknown_entry_is_refused():
+    with pytest.raises(ValueError, match="entry: expected one of"):
+        Condition("clip_fraction", ">=", 0.1, "x")
