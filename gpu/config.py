@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, get_type_hints
@@ -245,10 +246,20 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: an exponent without a dot or its sign (``1e6``, ``2E-5``) is a
+    number, where YAML 1.1 reads it as a string."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
+
+
 def _yaml(text: str, where: str):
-    """``yaml.safe_load`` of ``text``; a syntax error or an unsafe tag becomes a one-line ValueError."""
+    """``text`` as YAML (safe: no Python tags; floats as YAML 1.2 reads them); a syntax error or an unsafe tag
+    becomes a one-line ValueError."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

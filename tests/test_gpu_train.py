@@ -192,3 +192,14 @@ def test_gradient_accumulation_gives_the_whole_batch_gradient(algo, agg, tmp_pat
         grads.append(seen[0])
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-7)
+
+
+def test_an_exponent_without_a_dot_is_a_number_in_a_config_and_in_set(tmp_path):
+    """YAML 1.1 (PyYAML's safe_load) reads 1e6 as a string; the config reads it as YAML 1.2 does, a float."""
+    from gpu.config import load_config
+    path = tmp_path / "c.yaml"
+    path.write_text("algo: {name: grpo, hp: {eps_high: 1e6}}\ntrain: {lr: 2E-5}\n")
+    cfg = load_config(path)
+    assert cfg.algo.hp["eps_high"] == 1e6 and cfg.train.lr == 2e-5
+    cfg = load_config(path, ["algo.hp.eps_high=1e6", "algo.hp.eps_low=1.5e-1", "run.out_dir=1e6x"])
+    assert cfg.algo.hp["eps_high"] == 1e6 and cfg.algo.hp["eps_low"] == 0.15 and cfg.run.out_dir == "1e6x"
