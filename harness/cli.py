@@ -138,12 +138,25 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
         backend: str = typer.Option("process", help="process (local processes) or ray."),
         ray_address: Optional[str] = typer.Option(None, help="Ray cluster address for --backend ray, e.g. auto."),
         wandb: Optional[str] = typer.Option(None, help="Also log each run, as it is done, to this Weights & Biases "
-                                                       "project (WANDB_MODE=offline: to its run folder only).")):
+                                                       "project (WANDB_MODE=offline: to its run folder only)."),
+        match: List[Path] = typer.Option([], "--match", help="Run folders or cluster logs (repeatable) whose regime "
+                                                            "card feature_lm is fitted to first; the sweep then runs "
+                                                            "at the fitted settings. Exit 1 if the card cannot be "
+                                                            "reached."),
+        match_label: Optional[str] = typer.Option(None, help="The label of the --match runs to fit (needed when they "
+                                                             "hold several)."),
+        match_budget: int = typer.Option(60, help="Simulator runs the --match fit may spend (3 seeds each).")):
     """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular, or feature_lm with
     shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
-    seeds."""
+    seeds. With --match, first fit feature_lm's learning rate, schedule and prior to the regime card of your own
+    runs, then ablate there."""
     from harness.reports.rundirs import shell_line
-    from harness.runs.sim import sim_command
+    from harness.runs.sim import match_command, sim_command
+    if match:
+        if not _user_errors(match_command, match, match_label, match_budget, env, algos, seeds, steps, set_,
+                            str(out), json_out, workers):
+            raise typer.Exit(1)
+        return
     _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers, True, backend,
                  ray_address, wandb)
     if missing("reports"):

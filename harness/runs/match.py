@@ -1,0 +1,209 @@
+"""``cliplab sim --match RUNS``: fit the simulator's environment and schedule to a measured regime card.
+
+The target card (spec/regime.py) comes from any run set the reports read: a simulator sweep, tier, SmolLM2 or
+``cliplab train`` run folders, or cluster logs (verl, TRL). The fit moves the knobs of ``KNOBS`` (learning rate,
+updates per rollout batch, staleness, the prior's confidence, the difficulty spread, and where exploration tokens
+sit when the environment has that setting) to bring the simulator's card, on the same algorithm, to the target's,
+with scipy's differential evolution under a fixed budget of simulator runs, from a fixed seed: the fit does not
+depend on the machine. Only the entries the target's logs supply are fitted (``FIT_ENTRIES`` that its card has).
+
+Each entry's residual is in units of its tolerance: a share or a ratio movement within a factor of 2 of the target
+(log scale), an accuracy, a share of tokens below pi_old 0.2 or an entropy fall within 0.1 (linear). The card
+matches when every residual is at most 1; otherwise the best fit is reported with its residuals and ``cliplab sim``
+exits 1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from spec.regime import ENTRIES
+
+#: Card entries a fit can target, and how each residual is scaled: ("log", factor) for shares and movements,
+#: ("linear", width) for quantities in [0, 1].
+FIT_ENTRIES = {"clip_frac": ("log", 2.0), "clip_up_frac": ("log", 2.0), "decision_dev_q50": ("log", 2.0),
+               "upclip_pold_lt02": ("linear", 0.1), "accuracy_start": ("linear", 0.1),
+               "accuracy_end": ("linear", 0.1), "entropy_fall": ("linear", 0.1),
+               "entropy_relevant_fall": ("linear", 0.1)}
+LOG_FLOOR = 1e-4  # a share below this reads as this: a clip that binds on under 0.01% of tokens does not bind
+MISSING = 3.0  # the residual of an entry the simulator's run did not produce (no up-clipped token, say)
+#: What each log format calls the metric an entry needs (for the error when a target lacks all of them).
+SOURCES = {"clip_frac": "clip_frac (verl actor/pg_clipfrac, TRL clip_ratio/region_mean)",
+           "clip_up_frac": "clip_up_frac (TRL clip_ratio/high_mean; cliplab runs)",
+           "decision_dev_q50": "decision_dev_q50 (cliplab runs only)",
+           "upclip_pold_lt02": "upclip_pold_lt02 (cliplab runs only)",
+           "accuracy_start": "accuracy (cliplab runs; verl val-core .../acc)", "accuracy_end": "accuracy",
+           "entropy_fall": "entropy (verl actor/entropy, TRL entropy)",
+           "entropy_relevant_fall": "entropy_relevant (cliplab runs only)"}
+ENV = "feature_lm"
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One fitted setting: ``key`` of the simulator's settings over [low, high] (log-uniform if ``log``, whole
+    numbers if ``integer``; ``choices``: a categorical setting, searched as an index)."""
+    key: str
+    low: float
+    high: float
+    log: bool = False
+    integer: bool = False
+    choices: tuple = ()
+
+    def value(self, x: float):
+        if self.choices:
+            return self.choices[int(round(x))]
+        if self.log:
+            return float(10 ** x)
+        return int(round(x)) if self.integer else float(x)
+
+    def bounds(self) -> tuple[float, float]:
+        if self.choices:
+            return 0.0, float(len(self.choices) - 1)
+        return (math.log10(self.low), math.log10(self.high)) if self.log else (self.low, self.high)
+
+
+def knobs() -> list[Knob]:
+    """The knobs the environment has: the schedule's, the prior's and, where feature_lm has it, exploration's."""
+    from sim.config import known_keys, schema
+    out = [Knob("lr", 1e-3, 0.3, log=True), Knob("minibatches", 1, 16, integer=True),
+           Knob("staleness", 0, 6, integer=True), Knob("confidence", 0.0, 6.0),
+           Knob("difficulty_low", -10.0, -1.0), Knob("difficulty_high", -1.0, 6.0)]
+    if "explore" in known_keys(ENV):
+        out.append(Knob("explore", 0, 0, choices=tuple(schema(ENV)["explore"].choices)))
+    return out
+
+
+def target_card(paths, label: str | None) -> tuple[str, str | None, dict]:
+    """(label, algorithm, {entry: value}) of the run set's label to fit: ``label``, or its only label."""
+    from harness.reports.regime import run_set_card
+    runs = _runs(paths)
+    cards = run_set_card(runs)
+    if label is None:
+        if len(cards) != 1:
+            raise ValueError(f"match-label: {', '.join(map(str, paths))} hold {len(cards)} labels "
+                             f"({', '.join(cards)}); expected --match-label naming the one to fit")
+        label = next(iter(cards))
+    elif label not in cards:
+        raise ValueError(f"match-label: no label {label!r} in {', '.join(map(str, paths))}; expected one of "
+                         f"{', '.join(cards)}")
+    algo = next(r["algo"] for r in runs if r["label"] == label)
+    values = {e: cv.value for e, cv in cards[label].items() if e in FIT_ENTRIES and cv.value is not None}
+    if not values:
+        raise ValueError(f"match: {label} logs no card entry the fit can target; each needs a metric: "
+                         + "; ".join(f"{e} needs {SOURCES[e]}" for e in FIT_ENTRIES))
+    return label, algo, values
+
+
+def _runs(paths) -> list[dict]:
+    """The runs under ``paths``: cliplab run folders (sim, train) as the reports read them, else cluster logs."""
+    from harness.reports import cluster
+    from harness.reports.rundirs import load_runs
+    if all(Path(p).is_dir() and any(Path(p).glob("**/metrics.jsonl")) for p in paths):
+        return load_runs(paths)
+    return cluster.load(paths)[0]
+
+
+def residual(entry: str, fitted: float | None, target: float) -> float:
+    """``fitted`` against ``target`` in units of the entry's tolerance (see the module's docstring)."""
+    if fitted is None or not math.isfinite(fitted):
+        return MISSING
+    scale, width = FIT_ENTRIES[entry]
+    if scale == "log":
+        return math.log(max(fitted, LOG_FLOOR) / max(target, LOG_FLOOR)) / math.log(width)
+    return (fitted - target) / width
+
+
+class Objective:
+    """The simulator's card at one point of the knobs, against the target's (picklable, for scipy's workers)."""
+
+    def __init__(self, algo: str, target: dict, knob_list: list[Knob], seeds: int, steps: int, fixed: dict):
+        self.algo, self.target, self.knobs = algo, target, knob_list
+        self.seeds, self.steps, self.fixed = seeds, steps, fixed
+
+    def settings(self, x) -> dict:
+        out = dict(self.fixed)
+        out.update({k.key: k.value(v) for k, v in zip(self.knobs, x)})
+        lo, hi = out.get("difficulty_low"), out.get("difficulty_high")
+        if lo is not None and hi is not None and lo > hi:
+            out["difficulty_low"], out["difficulty_high"] = hi, lo
+        if "minibatches" in out:  # a minibatch holds whole groups
+            out["minibatches"] = min(out["minibatches"], out.get("batch_prompts", 16))
+        return out
+
+    def card(self, x) -> dict:
+        from sim.loop import run_stack
+
+        from harness.reports.regime import label_card
+        records = run_stack(ENV, self.algo, list(range(self.seeds)), self.steps, self.settings(x))
+        card = label_card([{"algo": self.algo, "records": r} for r in records])
+        return {e: card[e].value for e in self.target}
+
+    def residuals(self, x) -> dict:
+        card = self.card(x)
+        return {e: residual(e, card[e], t) for e, t in self.target.items()}
+
+    def __call__(self, x) -> float:
+        return float(sum(r * r for r in self.residuals(x).values()))
+
+
+@dataclass
+class Fit:
+    label: str
+    algo: str
+    settings: dict
+    target: dict
+    fitted: dict
+    residuals: dict
+    evaluations: int
+
+    @property
+    def matched(self) -> bool:
+        return all(abs(r) <= 1.0 for r in self.residuals.values())
+
+    def lines(self) -> list[str]:
+        width = max(len(e) for e in self.target)
+        out = [f"fit of the simulator ({ENV}, {self.algo}) to {self.label}'s regime card, "
+               f"{self.evaluations} simulator runs:",
+               "settings: " + " ".join(f"{k}={_short(v)}" for k, v in self.settings.items()),
+               f"{'entry'.ljust(width)}  target     fitted     residual (tolerance units; |r| <= 1 matches)"]
+        for e, t in self.target.items():
+            f = self.fitted[e]
+            out.append(f"{e.ljust(width)}  {_short(t).ljust(9)}  {('-' if f is None else _short(f)).ljust(9)}  "
+                       f"{self.residuals[e]:+.2f}  {ENTRIES[e].meaning}")
+        out.append("matched: every entry within its tolerance" if self.matched else
+                   "not matched: the knobs cannot reach this card (best fit above)")
+        return out
+
+
+def _short(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3, steps: int | None = None,
+        budget: int = 60, workers: int = 2, fixed: dict | None = None) -> Fit:
+    """Fit ``KNOBS`` to the target's card within ``budget`` simulator runs (of ``seeds`` stacked seeds and
+    ``steps`` steps: by default the target's logged steps, at most 300)."""
+    from scipy.optimize import differential_evolution
+
+    from spec.registry import ALGORITHMS
+    if budget < 8:
+        raise ValueError(f"match-budget: expected at least 8 simulator runs, got {budget}")
+    label, target_algo, target = target_card(paths, label)
+    algo = algo or (target_algo if target_algo in ALGORITHMS else "grpo")
+    if steps is None:
+        steps = min(300, max(len(r["records"]) for r in _runs(paths) if r["label"] == label))
+    knob_list = [k for k in knobs() if k.key not in (fixed or {})]
+    objective = Objective(algo, target, knob_list, seeds, steps, dict(fixed or {}))
+    popsize = max(1, budget // (2 * len(knob_list)))  # scipy's population: popsize x the number of knobs
+    generations = max(0, budget // (popsize * len(knob_list)) - 1)
+    result = differential_evolution(objective, [k.bounds() for k in knob_list], popsize=popsize,
+                                    maxiter=generations, integrality=[k.integer or bool(k.choices) for k in knob_list],
+                                    rng=0, polish=False, tol=0.0, workers=workers if workers > 1 else 1,
+                                    updating="deferred" if workers > 1 else "immediate")
+    card = objective.card(result.x)
+    settings = {k: v for k, v in objective.settings(result.x).items() if k not in (fixed or {})}
+    return Fit(label, algo, settings, target, card, {e: residual(e, card[e], t) for e, t in target.items()},
+               int(result.nfev) + 1)

@@ -1,0 +1,77 @@
+"""``cliplab sim --match``: the target card read from run folders, residuals in tolerance units, an objective
+that is zero at the target's own settings, an unreachable card reported as such (exit 1), and targets without a
+fittable metric named."""
+import json
+import math
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.runs.match import MISSING, Objective, knobs, residual, target_card
+from sim.loop import run_stack
+from spec.records import write_json
+
+
+def _sweep_folder(root, label, records_by_seed, algo="grpo", settings=None):
+    for seed, records in enumerate(records_by_seed):
+        d = root / f"{label}_s{seed}"
+        d.mkdir(parents=True)
+        write_json(d / "config.json", {"algo": algo, "label": label, "seed": seed, "env": "feature_lm",
+                                       "params": {}, "settings": settings or {}})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return root
+
+
+def test_residuals_are_in_tolerance_units():
+    assert residual("clip_frac", 0.02, 0.01) == pytest.approx(1.0)  # a factor of 2
+    assert residual("clip_frac", 0.0025, 0.01) == pytest.approx(-2.0)
+    assert residual("clip_up_frac", 0.0, 1e-6) == 0.0  # both below the floor: neither clip binds
+    assert residual("accuracy_end", 0.45, 0.5) == pytest.approx(-0.5)
+    assert residual("entropy_fall", None, 0.5) == MISSING
+    assert residual("entropy_fall", math.nan, 0.5) == MISSING
+
+
+def test_the_objective_is_zero_at_the_targets_own_settings(tmp_path):
+    settings = {"lr": 0.01, "minibatches": 4, "staleness": 1, "confidence": 2.5, "difficulty_low": -6.0,
+                "difficulty_high": 2.0}
+    records = run_stack("feature_lm", "grpo", [0, 1], 20, settings)
+    _sweep_folder(tmp_path, "grpo", records, settings=settings)
+    label, algo, target = target_card([tmp_path], None)
+    assert (label, algo) == ("grpo", "grpo") and {"clip_frac", "accuracy_start"} <= set(target)
+    knob_list = [k for k in knobs() if k.key in settings]
+    objective = Objective("grpo", target, knob_list, 2, 20, {})
+    x = [math.log10(settings[k.key]) if k.log else settings[k.key] for k in knob_list]
+    assert objective.settings(x) == settings
+    assert objective(x) == 0.0
+
+
+def test_an_unreachable_card_is_reported_with_its_residuals_and_exits_1(tmp_path):
+    records = [[{"step": s, "clip_frac": 0.5, "accuracy": 0.3} for s in range(10)]]
+    _sweep_folder(tmp_path, "grpo", records)
+    out = CliRunner().invoke(app, ["sim", "--match", str(tmp_path), "--match-budget", "8", "--steps", "8",
+                                   "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "ablation")])
+    assert out.exit_code == 1, out.output
+    runs = int(re.search(r"card, (\d+) simulator runs", out.output)[1])
+    assert runs <= 9  # the budget, and the best point's card
+    clip = next(line for line in out.output.splitlines() if line.startswith("clip_frac "))
+    assert abs(float(clip.split()[3])) > 1  # its residual, in tolerance units
+    assert "not matched" in out.output and not (tmp_path / "ablation").exists()
+
+
+def test_a_target_without_a_fittable_metric_names_the_entries_and_metrics(tmp_path):
+    _sweep_folder(tmp_path, "grpo", [[{"step": s, "loss": 0.1} for s in range(5)]])
+    with pytest.raises(ValueError, match=r"logs no card entry the fit can target.*clip_frac needs clip_frac "
+                                         r"\(verl actor/pg_clipfrac"):
+        target_card([tmp_path], None)
+
+
+def test_several_labels_need_match_label(tmp_path):
+    _sweep_folder(tmp_path, "grpo", [[{"step": 0, "clip_frac": 0.01}]])
+    _sweep_folder(tmp_path, "dapo", [[{"step": 0, "clip_frac": 0.01}]], algo="dapo")
+    with pytest.raises(ValueError, match="match-label: .* hold 2 labels"):
+        target_card([tmp_path], None)
+    assert target_card([tmp_path], "dapo")[1] == "dapo"
+    with pytest.raises(ValueError, match="match-label: no label 'ppo'"):
+        target_card([tmp_path], "ppo")
