@@ -100,3 +100,10 @@ def test_gspo_with_per_token_advantages_averages_them_through_the_sequence_ratio
     mean_adv = np.ravel(spec.policy_loss("gspo", logp, logp, adv, mask, agg="token_mean")[1].astype(float))
     assert out["loss"] == pytest.approx(0.0) and np.ravel(out["grad"]) == pytest.approx(mean_adv)
     assert mean_adv == pytest.approx([0.0, 0.0])
+
+
+def test_kl_estimator_clamps_every_value_to_10(areal):
+    # the KL penalty of AReaL's rewards: logp - ref = 30 nats gives k1 = 30 (spec); KLEstimator clamps it at 10
+    out = areal.call("kl", {"kl_estimator": "k1", "dtype": "float64"}, logp=[[0.0]], ref_logp=[[-30.0]], mask=[[1.0]])
+    assert float(spec.kl([0.0], [-30.0], "k1")[0]) == pytest.approx(30.0)
+    assert np.asarray(out["value"])[0, 0] == 10.0

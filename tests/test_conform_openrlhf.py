@@ -204,3 +204,23 @@ def test_missing_environment_names_its_make_target(tmp_path, monkeypatch):
     monkeypatch.setenv("CLIPLAB_TARGET_ENVS", str(tmp_path))
     with pytest.raises(ValueError, match="`make target-openrlhf`"):
         load_target("openrlhf")
+
+
+def kl(worker, logp, ref_logp, old_logp=None, **kw):
+    out = worker.call("kl", {"dtype": "float64", **kw}, logp=logp, ref_logp=ref_logp, mask=np.ones(np.shape(logp)),
+                      **({} if old_logp is None else {"old_logp": old_logp}))
+    return np.asarray(out["value"]), np.asarray(out["grad"])
+
+
+def test_every_kl_estimator_is_clamped_to_10(worker):
+    # logp - ref = 30 nats: k1 = 30 and k2 = 450 (spec); OpenRLHF clamps both values at 10, and the gradient to 0
+    for name, want in (("k1", 30.0), ("k2", 450.0)):
+        value, grad = kl(worker, [[0.0]], [[-30.0]], kl_estimator=name)
+        assert float(spec.kl([0.0], [-30.0], name)[0]) == pytest.approx(want)
+        assert value[0, 0] == 10.0 and grad[0, 0] == 0.0
+
+
+def test_unbiased_gradient_weighs_k2s_gradient_by_the_capped_ratio(worker):
+    # logp - ref = 0.5, logp - old = 3: k1's value 0.5; gradient w * (logp - ref) with w = min(e^3, 10) = 10
+    value, grad = kl(worker, [[0.0]], [[-0.5]], [[-3.0]], kl_estimator="k1", unbiased_gradient=True)
+    assert value[0, 0] == pytest.approx(0.5) and grad[0, 0] == pytest.approx(10 * 0.5)

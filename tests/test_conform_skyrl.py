@@ -167,3 +167,15 @@ def test_reinforce_pp_and_gae_raise_on_a_one_token_mask(skyrl, estimator):
         assert float(want[0, 0]) == 0.0
     with pytest.raises(TargetError, match="sum of the mask is one"):
         skyrl.call("advantage", {"estimator": estimator, "gamma": 1.0, "lambd": 0.95}, **arrays)
+
+
+def test_k1_kl_loss_has_the_score_functions_gradient(skyrl):
+    # k1 = logp - ref differentiated pathwise is 1 on every token, whatever logp - ref: its expectation under pi is
+    # 0 (the score function), so the KL loss pulls nothing towards the reference; k2's gradient is logp - ref
+    logp, ref = [[-1.0, -2.0]], [[-1.5, -0.5]]
+    out = skyrl.call("kl", {"kl_estimator": "k1", "dtype": "float64"}, logp=logp, ref_logp=ref, mask=[[1.0, 1.0]])
+    assert np.asarray(out["value"])[0] == pytest.approx([0.5, -1.5])
+    assert np.asarray(out["grad"])[0] == pytest.approx([1.0, 1.0])
+    k2 = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
+    gpu.kl(k2, torch.tensor(ref, dtype=torch.float64), "k2").sum().backward()
+    assert k2.grad[0].numpy() == pytest.approx([0.5, -1.5])

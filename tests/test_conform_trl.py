@@ -171,3 +171,19 @@ def test_the_gradient_overflows_in_the_float32_log_probs():
     want, want_grad = exact("dapo", used, agg="token_mean")
     assert want == pytest.approx(0.4 * np.exp(100)) and want_grad[0, 0] == pytest.approx(want)
     assert loss == pytest.approx(want, rel=1e-6) and np.isinf(grad[0, 0])
+
+
+def test_gmpo_gives_an_empty_completion_the_weight_1():
+    # two completions, the second fully masked, A = (1, 2): the first's geometric-mean ratio is e^0.1 (log-ratios
+    # 0.1 and 0.1, inside the log-space clip 0.4); the empty one's is exp(0 / max(0, 1)) = 1, so TRL's mean over
+    # both rows is (-e^0.1 - 2) / 2, where the reference averages over the non-empty completion: -e^0.1
+    from trl.experimental.gmpo import GMPOConfig, GMPOTrainer
+    key = ("gmpo",)
+    if key not in TRAINERS:
+        TRAINERS[key] = make_trainer(trainer_cls=GMPOTrainer, config_cls=GMPOConfig)
+    mask = np.array([[1.0, 1.0], [0.0, 0.0]])
+    b = Batch(np.zeros_like(mask), -np.full(mask.shape, 0.1), np.array([[1.0] * 2, [2.0] * 2]), mask,
+              np.zeros_like(mask), 1, {"ids": np.array([[4, 5], [6, 7]])})
+    loss, _, used = trl_run(TRAINERS[key])(b)
+    assert exact("gmpo", used)[0] == pytest.approx(-np.exp(0.1), rel=1e-6)
+    assert loss == pytest.approx((-np.exp(0.1) - 2) / 2, rel=1e-6)

@@ -236,3 +236,33 @@ def test_gae_raises_on_a_one_token_mask(part):
     assert float((adv, ret)[part][0, 0]) == pytest.approx((0.5, 1.0)[part])
     with pytest.raises(ValueError, match="sum of the mask is one"):
         ca.compute_gae_advantage_return(rewards, values, mask, 1.0, 0.95)
+
+
+def estimator(name, rewards, groups, dtype=torch.float64, **kw):
+    """verl's registered estimator ``name`` on one-token responses: one advantage per response."""
+    from verl.trainer.config import AlgoConfig
+    fn = ca.get_adv_estimator_fn(name)
+    r = torch.tensor(rewards, dtype=dtype)[:, None]
+    index = np.array([f"p{g}" for g in groups], dtype=object)
+    adv, _ = fn(token_level_rewards=r, response_mask=torch.ones_like(r), index=index, config=AlgoConfig(**kw))
+    return adv[:, 0].double().numpy()
+
+
+def test_rloo_vectorized_zeroes_a_lone_response_that_rloo_keeps():
+    # group p0 = (1, 0): R - mean of the other = +-1; lone p1 = 2: no others, baseline 0, advantage R = 2
+    assert estimator("rloo", [1.0, 0.0, 2.0], [0, 0, 1]) == pytest.approx([1.0, -1.0, 2.0])
+    assert estimator("rloo_vectorized", [1.0, 0.0, 2.0], [0, 0, 1]) == pytest.approx([1.0, -1.0, 0.0])
+
+
+def test_gpg_scales_by_the_count_of_nonzero_rewards():
+    # groups (1, 1) and (0, 1): only the second varies, so GPG's M = 2 of B = 4 and A = 2 * (R - mean) = (-1, 1)
+    # there; verl counts the three non-zero rewards: alpha = 4 / 3
+    adv = estimator("gpg", [1.0, 1.0, 0.0, 1.0], [0, 0, 1, 1])
+    assert adv == pytest.approx([0.0, 0.0, -2 / 3, 2 / 3])
+
+
+def test_grpo_vectorized_computes_in_float32_whatever_the_dtype():
+    # a constant group of 0.3 (no binary float holds it): float64 gives R - mean = 0 exactly; verl's group_mean_std
+    # takes the mean and std in float32, a std of about 1e-8 against eps = 1e-6, so the advantage is not 0
+    assert estimator("grpo", [0.3] * 3, [0] * 3) == pytest.approx([0.0] * 3, abs=1e-12)
+    assert np.abs(estimator("grpo_vectorized", [0.3] * 3, [0] * 3)).max() > 1e-3

@@ -1,11 +1,11 @@
 """AReaL's ``areal.utils.functional.functional`` (its own virtualenv, workers/areal.py): ``ppo_actor_loss_fn``
-(PPO, DAPO clip-higher, dual clip, GSPO by ``importance_sampling_level="sequence"``), ``sapo_loss_fn`` and the
-DPO engine's ``dpo_pair_logratios`` + ``dpo_preference_loss``."""
+(PPO, DAPO clip-higher, dual clip, GSPO by ``importance_sampling_level="sequence"``), ``sapo_loss_fn``, the
+DPO engine's ``dpo_pair_logratios`` + ``dpo_preference_loss`` and ``areal.utils.data.KLEstimator``."""
 from __future__ import annotations
 
 from harness.conform.cases import Check, batch_of
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import RemoteTarget, loss_and_grad
+from harness.conform.targets.remote import RemoteTarget, kl_checks, loss_and_grad
 
 DPO_READS = "rows 2k / 2k+1 as pair k's chosen / rejected response: logp (policy), ref_logp (reference), mask"
 
@@ -63,7 +63,10 @@ class Target(RemoteTarget):
                              self.run("dpo", beta=beta), ref.dpo(beta),
                              [ref.dpo(b) for b in (0.1, 0.5) if b != beta], dpo_batch, reads=DPO_READS,
                              exact=ref.exact_dpo(beta)))
-        return out
+        return out + kl_checks(self, "KLEstimator", {"k1": "k1", "k2": "k2", "k3": "k3"}, gradient=False,
+                               note="AReaL's PPO actor puts -kl_ctl * KLEstimator(old_logp, ref_logp) in the "
+                               "rewards, without a gradient: the values are checked. It computes in float32 and "
+                               "clamps every estimator's value to [-10, 10] (apply_clamp=True).")
 
 
 def dpo_batch(seed, family):

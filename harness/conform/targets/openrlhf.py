@@ -1,5 +1,6 @@
 """OpenRLHF 0.11.2 (``openrlhf.models.loss``: PolicyLoss for ppo and gspo, dual clip, token- or sample-level
-aggregation, clip-higher, the rollout importance-sampling correction; DPOLoss), run in its own virtualenv
+aggregation, clip-higher, the rollout importance-sampling correction; DPOLoss; ``openrlhf.models.utils``'s
+compute_approx_kl), run in its own virtualenv
 (``make target-openrlhf``) by ``workers/openrlhf.py``.
 
 The worker's ops (arrays are float64 [B, T] unless said; ``mask`` is 0/1; replies are JSON numbers and lists):
@@ -18,6 +19,8 @@ The worker's ops (arrays are float64 [B, T] unless said; ``mask`` is 0/1; replie
 - ``dpo``: kw = DPOLoss's keywords (beta, label_smoothing, ipo); arrays logp, ref_logp, mask with an even B; rows
   2k and 2k + 1 are pair k's chosen and rejected responses, their sequence log-probs the sums over unmasked tokens.
   Reply {"loss": float, "grad": [B, T]}.
+- ``kl``: kw = compute_approx_kl's kl_estimator and unbiased_gradient, and dtype; arrays logp, ref_logp, old_logp,
+  mask. Reply {"value": [B, T] per-token values (0 off the mask), "grad": d sum(value) / d logp}.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import numpy as np
 
 from harness.conform.cases import Check, batch_of, rollout_batch
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import RemoteTarget, loss_and_grad
+from harness.conform.targets.remote import RemoteTarget, kl_checks, loss_and_grad
 
 AGG_AND_DUAL = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
 ROLLOUT_READ = "logp, old_logp, adv, mask and rollout_logp (the rollout engine's log-probs)"
@@ -63,7 +66,17 @@ class Target(RemoteTarget):
 
     # ---- checks ----------------------------------------------------------------------------------------------
     def checks(self) -> list[Check]:
-        return self.policy_checks() + self.rollout_checks() + self.dpo_checks()
+        return self.policy_checks() + self.rollout_checks() + self.dpo_checks() + self.kl_checks()
+
+    def kl_checks(self) -> list[Check]:
+        """``compute_approx_kl`` for the actor's KL loss: k1, k2, k3, and k1 with unbiased_gradient."""
+        clamp = ("OpenRLHF computes in float32 (`log_probs.float()`), clamps log r at -10 before k3's exp and "
+                 "every estimator's value to [-10, 10] (`models/utils.py`).")
+        return (kl_checks(self, "compute_approx_kl", {"k1": "k1", "k2": "k2", "k3": "k3"}, note=clamp)
+                + kl_checks(self, "compute_approx_kl", {"k1": "k1"}, unbiased_gradient=True,
+                            note=clamp + " unbiased_gradient=True keeps the value and takes the gradient "
+                            "w * (logp - ref_logp), w = exp(logp - old_logp) capped at 10 and detached: k2's "
+                            "gradient importance-weighted to the sampling policy."))
 
     def _policy(self, name, knob, module, ref_hp, grid, seq_adv=None, names=None, note=""):
         return Check(name, _call_text(module), knob, self.policy_run(**module), ref.policy(name, **ref_hp),

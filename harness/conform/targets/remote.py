@@ -189,6 +189,38 @@ class RemoteTarget:
         """Stop the worker process (a later call starts it again)."""
         self.worker.close()
 
+KL_BINDING = {"logp": "log_probs", "ref_logp": "log_probs_base", "old_logp": "log_probs_old", "mask": "loss_mask"}
+
+
+def kl_checks(target: RemoteTarget, call: str, estimators: dict, note: str = "", gradient: bool = True,
+              **kw) -> list:
+    """The worker's ``kl`` op (``workers/_serve.kl_term``) for each of ``estimators`` (the framework's name -> the
+    ``kl`` kind's estimator it claims), checked as a user callable of that kind is (``kinds.checks``: float64,
+    float32 and bfloat16, typical and far_ref batches), with the clamped k3 of ``reference.capped_kl`` among the
+    named candidates; ``kw`` goes to the op beside the estimator's name (``kl_estimator``). Without ``gradient``
+    (a framework that uses the estimator in a reward, under no_grad) only the values are compared."""
+    from harness.conform import kinds
+    from harness.conform.targets import reference as ref
+    out = []
+    for name, kind in estimators.items():
+        def run(b, dtype, name=name):
+            used = kinds.rounded(b, "kl", dtype)
+            reply = target.worker.call("kl", {**kw, "kl_estimator": name, "dtype": dtype}, logp=used.logp,
+                                       ref_logp=used.ref_logp, old_logp=used.old_logp, mask=used.mask)
+            value, grad = (np.asarray(reply[k], dtype=float) if isinstance(reply, dict) and k in reply else None
+                           for k in ("value", "grad"))
+            if value is None or value.shape != used.mask.shape or grad is None or grad.shape != used.mask.shape:
+                raise TargetError(f"{target.name}: kl returned {type(reply).__name__}; expected values and their "
+                                  f"gradient of shape {used.mask.shape}")
+            return value, grad if gradient else None, used
+        text = f"{call}(kl_estimator={name!r}" + "".join(f", {k}={v!r}" for k, v in kw.items()) + ")"
+        for check in kinds.checks("kl", text, {"kl": kind}, KL_BINDING, run):
+            check.candidates = check.candidates + ([ref.kl(kind, capped=True)] if kind == "k3" else [])
+            check.note = note
+            out.append(check)
+    return out
+
+
 def loss_and_grad(name: str, out, shape) -> tuple[float, np.ndarray | None]:
     """A worker's ``{"loss", "grad"}`` as (float, array of ``shape``), or a TargetError saying what was wrong. A NaN
     is a value the framework returned: it passes (the engine names it)."""

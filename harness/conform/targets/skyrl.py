@@ -7,7 +7,7 @@ import numpy as np
 
 from harness.conform.cases import ADV_READS, Check, advantage_batch, batch_of, rollout_batch
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import RemoteTarget, loss_and_grad
+from harness.conform.targets.remote import RemoteTarget, kl_checks, loss_and_grad
 
 LONE = "SkyRL's grpo estimator gives a prompt with a single response mean 0 and std 1."
 GAE_NOTE = ("SkyRL's GAE runs its recursion over every column, padding included (the last valid token bootstraps "
@@ -54,7 +54,12 @@ class Target(RemoteTarget):
 
     # ---- checks ----------------------------------------------------------------------------------------------
     def checks(self) -> list[Check]:
-        return self.policy_checks() + self.rollout_checks() + self.advantage_checks()
+        return self.policy_checks() + self.rollout_checks() + self.advantage_checks() + self.kl_checks()
+
+    def kl_checks(self) -> list[Check]:
+        """``compute_approx_kl`` as the worker's KL loss calls it (with the loss mask): k1, k2, k3."""
+        return kl_checks(self, "compute_approx_kl", {"k1": "k1", "k2": "k2", "k3": "k3"},
+                         note="SkyRL clamps ref - logp to [-20, 20] and k3 to [-10, 10] (`ppo_utils.py:115-118`).")
 
     def _policy(self, name, call, knob, run, ref_hp, seq_adv=None, names=None, grid=None, note="", cases=None,
                 reads=None, more=()):

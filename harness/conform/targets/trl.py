@@ -179,7 +179,9 @@ class Target:
                     "the batch's log-ratios laid on the model's log-probs, and the gradient is taken w.r.t. the "
                     "per-token log-probs the trainer computes. TRL computes log-probs in float32 whatever the model's "
                     "dtype, hence the float32 tolerance. "
-                    "loss_type luspo and vespo have no reference convention and are not checked.")
+                    "loss_type luspo and vespo have no reference convention and are not checked. Not driven: "
+                    "vllm_importance_sampling_mode (token/sequence truncate/mask), whose ratio TRL computes while "
+                    "generating with vLLM (`_generate_and_score_completions`, use_vllm=True), not in the loss.")
 
     def _check(self, name, knob, config, ref_hp, grid, names=None, note=""):
         trainer = make_trainer(**config)
@@ -231,4 +233,16 @@ class Target:
                         {"loss_type": "dapo", **tg}, gspo, {"agg": aggs}, names=["gspo", "gspo_token"]),
             self._check("gspo", "loss_type='dr_grpo', importance_sampling_level='sequence', epsilon 3e-4/4e-4",
                         {"loss_type": "dr_grpo", **tg}, gspo, {"agg": aggs}, names=["gspo", "gspo_token"]),
+            self.gmpo_check(),
         ]
+
+    def gmpo_check(self) -> Check:
+        """trl.experimental.gmpo's GMPOTrainer._compute_loss at its defaults (epsilon 0.4 in log space, beta 0)."""
+        from trl.experimental.gmpo import GMPOConfig, GMPOTrainer
+        trainer = make_trainer(trainer_cls=GMPOTrainer, config_cls=GMPOConfig)
+        cands = ref.policy_grid(["gmpo"], {}, {"agg": ["seq_mean"]}, rows_counted=True, exclude=("gmpo", {}))
+        return Check("gmpo", "experimental.gmpo.GMPOTrainer._compute_loss()", "GMPOConfig defaults (epsilon 0.4 "
+                     "in log space, beta 0)", trl_run(trainer), ref.policy("gmpo"), cands, trl_batch,
+                     exact=ref.exact_policy("gmpo"), tolerance=self.tolerance,
+                     note="TRL averages -coef * A over every completion; an empty one's geometric mean is exp(0 / "
+                     "max(0, 1)) = 1, so it adds -A to the loss (no gradient).")

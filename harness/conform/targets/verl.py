@@ -1,10 +1,15 @@
 """verl's ``verl.trainer.ppo.core_algos``: policy losses by loss_mode, agg_loss modes, kl_penalty estimators, the
-grpo and gae advantage estimators and the value loss, called as verl's actor and trainer call them."""
+advantage estimators it registers (grpo and gae here; grpo_vectorized, rloo, rloo_vectorized, gpg and
+reinforce_plus_plus through the ``advantage`` kind of ``harness.conform.kinds``) and the value loss, called as verl's
+actor and trainer call them."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from spec.registry import PARTS
+
+from harness.conform import kinds
 from harness.conform.cases import ADV_READS, Check, advantage_batch, batch_of, rollout_batch
 from harness.conform.targets import reference as ref
 from harness.conform.targets.reference import t64
@@ -15,6 +20,17 @@ INSTALL = ("pip install --no-deps verl==0.9.1 && pip install tensordict==0.10.0 
 VERL_AGG = {"token-mean": "token_mean", "seq-mean-token-sum": "seq_mean_token_sum",
             "seq-mean-token-mean": "seq_mean_token_mean", "seq-mean-token-sum-norm": "seq_mean_token_sum_norm",
             "token-sum": None}
+#: verl's registered outcome estimators checked as a callable of the advantage kind: adv_estimator -> the kind's
+#: estimator (reinforce_plus_plus reads config.gamma).
+ESTIMATORS = {"grpo_vectorized": "grpo", "rloo": "rloo", "rloo_vectorized": "rloo", "gpg": "gpg",
+              "reinforce_plus_plus": "reinforce_pp"}
+ESTIMATOR_NOTES = {
+    "grpo_vectorized": "group_mean_std casts the rewards to float32 whatever their dtype (verl/utils/groupwise.py) "
+                       "and gives a lone response mean 0 and std 1: its advantage is R / (1 + 1e-6) in float32.",
+    "gpg": "verl scales R - mean by alpha = B / (number of non-zero rewards in the batch); GPG (2504.02546 Sec. 2) "
+           "counts the responses of groups whose rewards vary. A lone response keeps its reward (mean 0)."}
+#: How verl's trainer passes an estimator its inputs, as the advantage kind's binding names them.
+ESTIMATOR_BINDING = {"rewards": "token_level_rewards", "group_index": "index", "mask": "response_mask"}
 KL_NAMES = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3", "k3+": "k3",
             "abs": None}
 
@@ -95,6 +111,25 @@ class Target:
             return (adv if part == "advantages" else ret).numpy() * b.mask, None, b
         return run
 
+    def estimator_run(self, name):
+        """``get_adv_estimator_fn(name)`` as verl's trainer calls it: each response's reward at its last response
+        token of token_level_rewards, the group ids as a NumPy array of uid strings, an AlgoConfig; in the dtype
+        the advantage kind asks for."""
+        from verl.trainer.config import AlgoConfig
+        fn = self.ca.get_adv_estimator_fn(name)
+        config = AlgoConfig(gamma=PARTS["reinforce_pp"]["gamma"])
+
+        def run(b, dtype):
+            used = kinds.rounded(b, "advantage", dtype)
+            on = used.mask > 0
+            last = on & (np.cumsum(on[:, ::-1], 1)[:, ::-1] == 1)
+            rewards = np.where(last, kinds.rewards_of(used)[:, None], 0.0)
+            cast = lambda x: t64(x).to(getattr(torch, dtype))  # noqa: E731
+            index = np.array([f"p{g}" for g in kinds.groups_of(used)], dtype=object)
+            adv, _ = fn(token_level_rewards=cast(rewards), response_mask=cast(used.mask), index=index, config=config)
+            return np.where(on, adv.double().numpy(), 0.0), None, used
+        return run
+
     def value_run(self, clip, mode):
         def run(b):
             v = t64(b.logp, grad=True)
@@ -106,7 +141,20 @@ class Target:
     # ---- checks ----------------------------------------------------------------------------------------------
     def checks(self) -> list[Check]:
         return (self.policy_checks() + self.beyond_seed_checks() + self.agg_checks() + self.kl_checks()
-                + self.advantage_checks())
+                + self.advantage_checks() + self.estimator_checks())
+
+    def estimator_checks(self) -> list[Check]:
+        """Each registered estimator of ESTIMATORS against the advantage kind's reference, cases and named
+        variants, in float64, float32 and bfloat16 as a user callable of that kind is checked."""
+        out = []
+        for name, estimator in ESTIMATORS.items():
+            adapter = {"kind": "advantage", "estimator": estimator}
+            for check in kinds.checks("advantage", f"get_adv_estimator_fn({name!r})", adapter, ESTIMATOR_BINDING,
+                                      self.estimator_run(name)):
+                check.knob = f"adv_estimator={name}, {check.knob}"
+                check.note = " ".join(filter(None, (ESTIMATOR_NOTES.get(name, ""), check.note)))
+                out.append(check)
+        return out
 
     def beyond_seed_checks(self) -> list[Check]:
         """CISPO, GPG, GMPO (geo_mean), Clip-Cov, KL-Cov and the rollout corrections (TIS, IcePop)."""

@@ -24,6 +24,21 @@ def plain(x):
     return x
 
 
+def kl_term(compute, kw, logp, ref_logp, mask, old_logp=None):
+    """A framework's per-token KL estimator as a loss term, for the ``kl`` op of a worker: ``compute(logp, ref_logp,
+    old_logp)`` on tensors in ``kw["dtype"]`` (logp a leaf), its values on the mask (0 off it) and d sum(values) /
+    d logp, as the ``kl`` kind of ``harness.conform.kinds`` reads a callable's."""
+    import torch
+    dtype = getattr(torch, kw["dtype"])
+    cast = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float64)).to(dtype)  # noqa: E731
+    leaf, on = cast(logp).requires_grad_(True), torch.as_tensor(np.asarray(mask)) > 0
+    values = compute(leaf, cast(ref_logp), None if old_logp is None else cast(old_logp))
+    values = torch.where(on, values, torch.zeros((), dtype=values.dtype))
+    if values.requires_grad:
+        values.sum().backward()
+    return {"value": values, "grad": leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)}
+
+
 def last_line(exc: BaseException) -> str:
     """``Type: message`` and where it was raised, on one line."""
     frames = traceback.extract_tb(exc.__traceback__)

@@ -1,10 +1,13 @@
 """Worker of the ``areal`` conformance target (run by .venv-targets/areal/bin/python): AReaL 1.0.4's
 ``areal.utils.functional.functional`` (PPO/DAPO/GSPO actor loss, SAPO, DPO), called as its actor and DPO engine
-call them. Only torch is installed: the packages on the way are registered bare, and the two names the module
-imports for its rejection-sampling path (``RejectionSamplingConfig``, ``KLEstimator``) are stand-ins, since that
-path is never driven (``rejection_sampling=None``)."""
+call them, and ``areal.utils.data.KLEstimator`` as its PPO actor calls it. Only torch is installed: the packages on
+the way are registered bare; ``areal.api.cli_args.RejectionSamplingConfig`` is a stand-in (its rejection-sampling
+path is never driven: ``rejection_sampling=None``), and ``areal.utils.data`` holds only AReaL's own
+``KLEstimator``, its class statement run alone from the installed file (the module imports einops, torchdata and
+AReaL's trainer configuration; the class needs torch only)."""
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import sys
@@ -14,7 +17,7 @@ from importlib.metadata import version
 import numpy as np
 import torch
 
-from _serve import serve
+from _serve import kl_term, serve
 
 # This file is named like the framework: keep its folder off the import path from here on.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
@@ -26,10 +29,16 @@ def _bare_packages():
         module = types.ModuleType(name)
         module.__path__ = [os.path.join(root, *name.split(".")[1:])]
         sys.modules[name] = module
-    for name, attr in (("areal.api.cli_args", "RejectionSamplingConfig"), ("areal.utils.data", "KLEstimator")):
-        module = types.ModuleType(name)
-        setattr(module, attr, type(attr, (), {}))
-        sys.modules[name] = module
+    cli_args = types.ModuleType("areal.api.cli_args")
+    cli_args.RejectionSamplingConfig = type("RejectionSamplingConfig", (), {})
+    sys.modules["areal.api.cli_args"] = cli_args
+    data = types.ModuleType("areal.utils.data")
+    path = os.path.join(root, "utils", "data.py")
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    statement = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KLEstimator")
+    exec(compile(ast.Module([statement], []), path, "exec"), vars(data) | {"torch": torch}, vars(data))
+    sys.modules["areal.utils.data"] = data
 
 
 _bare_packages()
@@ -79,5 +88,12 @@ def dpo(kw, logp, ref_logp, mask):
     return {"loss": loss.detach(), "grad": lp.grad.reshape(rows, width + 1)[:, :width]}
 
 
-serve({"ppo": ppo, "sapo": sapo, "dpo": dpo},
+def kl(kw, logp, ref_logp, mask, old_logp=None):
+    """``KLEstimator(kl_estimator)(log_probs, log_probs_base)`` in ``kw["dtype"]``; AReaL's PPO actor calls it on
+    (old_logp, ref_logp) for the KL penalty in its rewards (trainer/ppo/actor.py)."""
+    estimator = sys.modules["areal.utils.data"].KLEstimator(kw["kl_estimator"])
+    return kl_term(lambda lp, ref, _: estimator(lp, ref), kw, logp, ref_logp, mask)
+
+
+serve({"ppo": ppo, "sapo": sapo, "dpo": dpo, "kl": kl},
       lambda: {"areal": version("areal"), "torch": torch.__version__.split("+")[0]})

@@ -1,5 +1,5 @@
-"""OpenRLHF's losses (``openrlhf.models.loss``: PolicyLoss, DPOLoss) and its trainer's loss normalisers
-(``openrlhf.utils.loss_utils``), served to cliplab's conformance target; float64 on the CPU."""
+"""OpenRLHF's losses (``openrlhf.models.loss``: PolicyLoss, DPOLoss), its KL estimators
+(``openrlhf.models.utils.compute_approx_kl``) and its trainer's loss normalisers (``openrlhf.utils.loss_utils``), served to cliplab's conformance target; float64 on the CPU."""
 from __future__ import annotations
 
 import importlib
@@ -10,7 +10,7 @@ import types
 import numpy as np
 import torch
 
-from _serve import serve
+from _serve import kl_term, serve
 
 
 def _import_openrlhf():
@@ -27,12 +27,13 @@ def _import_openrlhf():
     sys.modules["deepspeed"] = types.ModuleType("deepspeed")
     compile_, torch.compile = torch.compile, lambda fn: fn
     try:
-        return importlib.import_module("openrlhf.models.loss"), importlib.import_module("openrlhf.utils.loss_utils")
+        return (importlib.import_module("openrlhf.models.loss"), importlib.import_module("openrlhf.utils.loss_utils"),
+                importlib.import_module("openrlhf.models.utils"))
     finally:
         torch.compile = compile_
 
 
-LOSS, NORM = _import_openrlhf()
+LOSS, NORM, UTILS = _import_openrlhf()
 
 
 def _t(x):
@@ -110,9 +111,17 @@ def dpo(kw, logp, ref_logp, mask):
     return {"loss": loss, "grad": _grad(leaf)}
 
 
+def kl(kw, logp, ref_logp, mask, old_logp=None):
+    """``compute_approx_kl(log_probs, log_probs_base, log_probs_old, kl_estimator, unbiased_gradient)`` as the
+    PPO actor calls it for its KL loss (trainer/ray/ppo_actor.py), in ``kw["dtype"]``."""
+    return kl_term(lambda lp, ref, old: UTILS.compute_approx_kl(
+        lp, ref, log_probs_old=old, kl_estimator=kw["kl_estimator"],
+        unbiased_gradient=kw.get("unbiased_gradient", False)), kw, logp, ref_logp, mask, old_logp)
+
+
 def versions():
     return {"openrlhf": importlib.metadata.version("openrlhf"), "torch": torch.__version__.split("+")[0]}
 
 
 if __name__ == "__main__":
-    serve({"policy": policy, "policy_step": policy_step, "dpo": dpo}, versions)
+    serve({"policy": policy, "policy_step": policy_step, "dpo": dpo, "kl": kl}, versions)

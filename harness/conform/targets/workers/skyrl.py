@@ -13,7 +13,7 @@ import types
 import numpy as np
 import torch
 
-from _serve import serve
+from _serve import kl_term, serve
 
 # This file is named like the framework: keep its folder off the import path from here on.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
@@ -73,5 +73,13 @@ def advantage(kw, rewards, mask, values=None):
     return {"advantages": adv, "returns": ret}
 
 
-serve({"policy": policy, "advantage": advantage},
+def kl(kw, logp, ref_logp, mask, old_logp=None):
+    """``compute_approx_kl(log_probs, log_probs_base, loss_mask, kl_estimator_type)`` as the worker calls it for
+    its KL loss (workers/worker.py), in ``kw["dtype"]``."""
+    return kl_term(lambda lp, ref, _: ppo_utils.compute_approx_kl(
+        lp, ref, loss_mask=torch.as_tensor(np.asarray(mask)).to(lp.dtype), kl_estimator_type=kw["kl_estimator"]),
+        kw, logp, ref_logp, mask)
+
+
+serve({"policy": policy, "advantage": advantage, "kl": kl},
       lambda: {"skyrl": skyrl.__version__, "torch": torch.__version__.split("+")[0]})
