@@ -20,8 +20,10 @@ from spec.extras import require
 from spec.records import naming, read_json, read_text, safe_name, write_text
 from spec.schema import did_you_mean, show
 
+from harness.reports.claim_record import Kind
 from harness.reports.claims import CLAIMS
 from harness.reports.published import published
+from harness.reports.regime import card_lines, run_set_card
 from harness.reports.rundirs import LOG_NAMES, Groups, fmt, load_runs, md, output_file, shell_line
 
 #: verl metric -> cliplab metric. ``actor/kl_loss`` is the KL to the reference under verl's kl_loss_type (k3 for
@@ -36,7 +38,8 @@ VERL_VAL = re.compile(r"^val-(?P<sec>core|aux)/(?P<source>[^/]+)/(?P<var>acc|rew
 VAL_METRICS = {"acc": "accuracy", "reward": "val_reward"}
 #: TRL GRPOTrainer log_history key -> cliplab metric (``cliplab/rur`` is logged by CliplabGRPOTrainer); its
 #: TensorBoard tags are these keys under ``train/``.
-TRL = {"clip_ratio/region_mean": "clip_frac", "entropy": "entropy", "reward": "reward",
+TRL = {"clip_ratio/region_mean": "clip_frac", "clip_ratio/high_mean": "clip_up_frac",
+       "clip_ratio/low_mean": "clip_low_frac", "entropy": "entropy", "reward": "reward",
        "completions/mean_length": "resp_len", "kl": "kl_ref", "cliplab/rur": "rur",
        "frac_reward_zero_std": "zero_grad_frac", "completions/clipped_ratio": "truncated"}
 TB_EVENTS = "events.out.tfevents.*"
@@ -499,20 +502,22 @@ def claim_rows(groups: Groups) -> list[str]:
     """One row per claim: measured on the runs of the algorithms it compares, or what the logs lack to measure it,
     named by the logged metrics that would give it."""
     rows = []
-    for text, fn in CLAIMS:
-        keys, algos = NEEDS[fn.__name__]
+    for claim, fn in CLAIMS:
+        text, keys, algos = claim.text, *NEEDS[fn.__name__]
         used = [lbl for lbl in groups.labels() if groups.runs[lbl][0]["algo"] in algos]
         lacking = sorted({k for lbl in used for k in keys if not np.isfinite(groups.curve(lbl, k)).any()})
         if used and lacking:
             rows.append(f"| {text} | absent | **absent** | the logs of {md(', '.join(used))} have no "
                         f"{'; no '.join(map(logged_as, lacking))} |")
             continue
-        out = fn(groups)  # one (measured, verdict, why), or one row per regime
-        for regime, meas, verdict, why in (out if isinstance(out, list) else [("", *out)]):
-            if meas == "n/a":  # the claims' advice is a simulator command: say what the logs would need instead
-                why = (f"{why.split('; run `')[0]}, each logging " + "; ".join(map(logged_as, keys))
+        for rec in fn(groups):  # one record per regime
+            regime, meas = rec.regime, rec.discovery.measured or "n/a"
+            why = "; ".join(x for x in (rec.reason, rec.attribution) if x)
+            if rec.kind is Kind.NOT_MEASURED:  # the claims' command is a simulator's: say what the logs would need
+                why = (f"{rec.reason}, each logging " + "; ".join(map(logged_as, keys))
                        + " (a run's algorithm: its run.json, `--algo NAME=ALGO`, or a folder named like one)")
-            rows.append(f"| {text} | {md(f'{regime}: {meas}' if regime else meas)} | **{verdict}** | {why} |")
+            rows.append(f"| {text} | {md(f'{regime}: {meas}' if regime else meas)} | **{rec.verdict_text()}** | "
+                        f"{why} |")
     return rows
 
 
@@ -610,7 +615,8 @@ def write_report(paths, out_md=None, labels=(), algos=()) -> Path:
         pub = published(r.get("recipe"), r.get("run"))
         lines.append(f"| {md(label)} | " + " | ".join(cells) + " | "
                      + md("; ".join(f"{k} {_cell(v, k)} ({src})" for k, (v, src) in pub.items()) or "-") + " |")
-    lines += ["", "## Claims", "", "| claim | measured | verdict | why |", "|---|---|---|---|", *claim_rows(groups)]
+    lines += ["", *card_lines(run_set_card(runs))]
+    lines += ["## Claims", "", "| claim | measured | verdict | why |", "|---|---|---|---|", *claim_rows(groups)]
     if notes:
         lines += ["", "## Cut short", "", *[f"- {md(n)}; reported up to its last complete step" for n in notes]]
     if panels:
