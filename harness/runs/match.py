@@ -197,7 +197,7 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
         steps = min(300, max(len(r["records"]) for r in _runs(paths) if r["label"] == label))
     knob_list = [k for k in knobs() if k.key not in (fixed or {})]
     objective = Objective(algo, target, knob_list, seeds, steps, dict(fixed or {}))
-    popsize = max(1, budget // (2 * len(knob_list)))  # scipy's population: popsize x the number of knobs
+    popsize = 2 if budget >= 4 * len(knob_list) else 1  # scipy's population: popsize x the number of knobs; small, so that the budget buys generations
     generations = max(0, budget // (popsize * len(knob_list)) - 1)
     result = differential_evolution(objective, [k.bounds() for k in knob_list], popsize=popsize,
                                     maxiter=generations, integrality=[k.integer or bool(k.choices) for k in knob_list],
