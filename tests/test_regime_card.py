@@ -2,7 +2,7 @@
 "n/a" for clip statistics an algorithm cannot have, and claim conditions that name the value that fails them."""
 import pytest
 
-from harness.reports.regime import card_lines, card_records, failures, run_set_card
+from harness.reports.regime import card_lines, card_records, failures, mismatch, run_set_card
 from spec.regime import CARD, CLIP_BINDS, ENTRIES, WELL_FORMED, Condition, STEP_METRICS, reduce_values, window_steps
 
 
@@ -69,3 +69,12 @@ def test_a_condition_names_the_value_that_fails_it():
 def test_a_condition_on_an_unknown_entry_is_refused():
     with pytest.raises(ValueError, match="entry: expected one of"):
         Condition("clip_fraction", ">=", 0.1, "x")
+
+
+def test_two_cards_mismatch_by_the_entries_off_by_more_than_their_tolerance():
+    runs = [_run("tier", "grpo", clip_frac=[0.004] * 10, accuracy=[0.3] * 10),
+            _run("sim", "grpo", clip_frac=[0.012] * 10, accuracy=[0.35] * 10),
+            _run("close", "grpo", clip_frac=[0.006] * 10, accuracy=[0.25] * 10)]
+    cards = run_set_card(runs)
+    assert mismatch(cards["tier"], cards["sim"]) == "clip_frac 0.4% vs 1.2%"  # 3x: beyond a factor of 2
+    assert mismatch(cards["tier"], cards["close"]) is None  # 1.5x and 0.05 apart: within

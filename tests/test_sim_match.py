@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.runs.match import MISSING, Objective, knobs, residual, target_card
+from harness.reports.regime import MISSING, residual
+from harness.runs.match import Objective, knobs, target_card
 from sim.loop import run_stack
 from spec.records import write_json
 

@@ -126,3 +126,42 @@ def card_lines(cards: dict[str, dict[str, CardValue]], title: str = "## Regime c
     if missing:
         lines += ["", "Not logged by these runs: " + ", ".join(missing) + "."]
     return lines + [""]
+
+
+#: Card entries a fit or a comparison of two cards reads, and how each residual is scaled: ("log", factor) for shares and movements,
+#: ("linear", width) for quantities in [0, 1].
+FIT_ENTRIES = {"clip_frac": ("log", 2.0), "clip_up_frac": ("log", 2.0), "decision_dev_q50": ("log", 2.0),
+               "upclip_pold_lt02": ("linear", 0.1), "accuracy_start": ("linear", 0.1),
+               "accuracy_end": ("linear", 0.1), "entropy_fall": ("linear", 0.1),
+               "entropy_relevant_fall": ("linear", 0.1)}
+LOG_FLOOR = 1e-4  # a share below this reads as this: a clip that binds on under 0.01% of tokens does not bind
+MISSING = 3.0  # the residual of an entry the simulator's run did not produce (no up-clipped token, say)
+
+
+def residual(entry: str, fitted: float | None, target: float) -> float:
+    """``fitted`` against ``target`` in units of the entry's tolerance: a share or a ratio movement within a
+    factor of 2 of the target (log scale), an accuracy, a share of tokens below pi_old 0.2 or an entropy fall
+    within 0.1 (linear); |residual| <= 1 is a match."""
+    if fitted is None or not math.isfinite(fitted):
+        return MISSING
+    scale, width = FIT_ENTRIES[entry]
+    if scale == "log":
+        return math.log(max(fitted, LOG_FLOOR) / max(target, LOG_FLOOR)) / math.log(width)
+    return (fitted - target) / width
+
+
+def differences(a: dict[str, CardValue], b: dict[str, CardValue], entries=None) -> dict[str, float]:
+    """Two labels' cards compared entry by entry (``residual`` of ``a`` against ``b``, tolerance units), over the
+    ``FIT_ENTRIES`` (or ``entries``) both define and log."""
+    names = entries or FIT_ENTRIES
+    return {e: residual(e, a[e].value, b[e].value) for e in names
+            if a[e].applicable and b[e].applicable and a[e].value is not None and b[e].value is not None}
+
+
+def mismatch(a: dict[str, CardValue], b: dict[str, CardValue], entries=None) -> str | None:
+    """Why two cards do not match, naming each entry off by more than its tolerance with both values; None when
+    every shared entry is within it."""
+    off = [(e, r) for e, r in differences(a, b, entries).items() if abs(r) > 1]
+    if not off:
+        return None
+    return "; ".join(f"{e} {a[e].text(e)} vs {b[e].text(e)}" for e, _ in sorted(off, key=lambda x: -abs(x[1])))

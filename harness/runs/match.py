@@ -7,10 +7,8 @@ sit when the environment has that setting) to bring the simulator's card, on the
 with scipy's differential evolution under a fixed budget of simulator runs, from a fixed seed: the fit does not
 depend on the machine. Only the entries the target's logs supply are fitted (``FIT_ENTRIES`` that its card has).
 
-Each entry's residual is in units of its tolerance: a share or a ratio movement within a factor of 2 of the target
-(log scale), an accuracy, a share of tokens below pi_old 0.2 or an entropy fall within 0.1 (linear). The card
-matches when every residual is at most 1; otherwise the best fit is reported with its residuals and ``cliplab sim``
-exits 1.
+Each entry's residual is in units of its tolerance (``harness.reports.regime.residual``). The card matches when
+every residual is at most 1; otherwise the best fit is reported with its residuals and ``cliplab sim`` exits 1.
 """
 from __future__ import annotations
 
@@ -22,14 +20,8 @@ import numpy as np
 
 from spec.regime import ENTRIES
 
-#: Card entries a fit can target, and how each residual is scaled: ("log", factor) for shares and movements,
-#: ("linear", width) for quantities in [0, 1].
-FIT_ENTRIES = {"clip_frac": ("log", 2.0), "clip_up_frac": ("log", 2.0), "decision_dev_q50": ("log", 2.0),
-               "upclip_pold_lt02": ("linear", 0.1), "accuracy_start": ("linear", 0.1),
-               "accuracy_end": ("linear", 0.1), "entropy_fall": ("linear", 0.1),
-               "entropy_relevant_fall": ("linear", 0.1)}
-LOG_FLOOR = 1e-4  # a share below this reads as this: a clip that binds on under 0.01% of tokens does not bind
-MISSING = 3.0  # the residual of an entry the simulator's run did not produce (no up-clipped token, say)
+from harness.reports.regime import FIT_ENTRIES, MISSING, residual
+
 #: What each log format calls the metric an entry needs (for the error when a target lacks all of them).
 SOURCES = {"clip_frac": "clip_frac (verl actor/pg_clipfrac, TRL clip_ratio/region_mean)",
            "clip_up_frac": "clip_up_frac (TRL clip_ratio/high_mean; cliplab runs)",
@@ -104,16 +96,6 @@ def _runs(paths) -> list[dict]:
     if all(Path(p).is_dir() and any(Path(p).glob("**/metrics.jsonl")) for p in paths):
         return load_runs(paths)
     return cluster.load(paths)[0]
-
-
-def residual(entry: str, fitted: float | None, target: float) -> float:
-    """``fitted`` against ``target`` in units of the entry's tolerance (see the module's docstring)."""
-    if fitted is None or not math.isfinite(fitted):
-        return MISSING
-    scale, width = FIT_ENTRIES[entry]
-    if scale == "log":
-        return math.log(max(fitted, LOG_FLOOR) / max(target, LOG_FLOOR)) / math.log(width)
-    return (fitted - target) / width
 
 
 class Objective:
