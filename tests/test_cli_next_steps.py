@@ -314,3 +314,27 @@ def test_an_empty_folder_names_the_formats_report_reads(tmp_path):
     line = one_line_error(["report", tmp_path])
     assert f"no complete runs (config.json + metrics.jsonl, from cliplab sim or cliplab train) under {tmp_path}" \
         in line and f"cluster logs ({FORMATS})" in line
+
+
+TOKEN_MEAN_DAPO = '''import torch
+def dapo_loss(logp, old_logp, adv, mask, eps_low=0.2, eps_high=0.28):
+    r = torch.exp(logp - old_logp)
+    per_token = -torch.min(r * adv, torch.clamp(r, 1 - eps_low, 1 + eps_high) * adv)
+    return (per_token * mask).sum() / mask.sum()
+'''
+
+
+def test_a_differs_ends_with_the_next_command_and_that_command_passes(tmp_path, monkeypatch, capsys):
+    """A token-mean DAPO checked against DAPO's paper reference (a per-group token mean) differs; the printed next
+    command that says so passes."""
+    from harness.conform.engine import conform_command
+    (tmp_path / "userloss.py").write_text(TOKEN_MEAN_DAPO)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not conform_command("userloss:dapo_loss", seeds=3, adapter="algorithm=dapo")["ok"]
+    nexts = [line for line in capsys.readouterr().out.splitlines() if line.startswith("next: ")]
+    assert nexts[0].endswith("cliplab conform userloss:dapo_loss --adapter algorithm=dapo,agg=token_mean")
+    assert nexts[1].endswith("--adapter algorithm=dapo --accept agg=token_mean")
+    assert "--write-baseline" in nexts[2]
+    assert conform_command("userloss:dapo_loss", seeds=3, adapter="algorithm=dapo,agg=token_mean")["ok"]
+    assert "next: " not in capsys.readouterr().out  # nothing to do after a pass

@@ -880,10 +880,43 @@ def conform_command(target: str, json_out: bool = False, out: str | Path | None 
     if json_out:
         print(json.dumps(strict_json(report), indent=1, sort_keys=True))
     else:
-        print("\n".join(console_lines(report)))
+        print("\n".join(console_lines(report) + next_steps(report, target, adapter)))
         if write_baseline is not None:
             print(f"baseline written: {write_baseline} ({report['baseline_written']['findings']} findings)")
     return report
+
+
+def next_steps(report: dict, target: str, adapter: str | None) -> list[str]:
+    """What to run after a failing check: the settings that would let its findings pass, said as the adapter of a
+    callable that means that convention, or as ``--accept``; else the baseline that gates on what is new."""
+    from harness.conform.targets.callable import parse_adapter
+    from harness.reports.rundirs import shell_line
+    if report["ok"]:
+        return []
+    items = []
+    for r in report["rows"]:
+        if r["outcome"] in FAILING:
+            for f in r["findings"]:
+                for item in (f.get("accept") or [[]])[0]:
+                    if item not in items:
+                        items.append(item)
+    out = []
+    if items:
+        policy = ":" in target and parse_adapter(adapter).get("kind", "policy") == "policy"
+        settings = [i for i in items if i.partition("=")[0] in HPARAMS]
+        if policy and settings == items:
+            merged = dict(i.partition("=")[::2] for i in filter(None, (adapter or "").split(",")))
+            merged.update(i.partition("=")[::2] for i in items)
+            out.append("next: if your code means that convention, say so: " + shell_line(
+                "cliplab", "conform", target, "--adapter", ",".join(f"{k}={v}" for k, v in merged.items())))
+        out.append("next: to let these conventions pass: " + shell_line("cliplab", "conform", target,
+                                                                        *(["--adapter", adapter] if adapter else []),
+                                                                        "--accept", ",".join(items)))
+    out.append("next: to fail only on new findings, record today's once ("
+               + shell_line("cliplab", "conform", target, *(["--adapter", adapter] if adapter else []),
+                            "--write-baseline", "conform-baseline.json") + ") and gate on it with --baseline "
+               "conform-baseline.json")
+    return out
 
 
 def _record(report: dict, path) -> None:
