@@ -141,7 +141,7 @@ def _row_mean(x, mask, lens):
     return (x * mask).sum(1) / lens.clamp(min=1.0)
 
 
-def _rollout_weights(hp, old_logp, rollout_logp, mask):
+def rollout_weights(hp, old_logp, rollout_logp, mask):
     """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
     (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats)."""
     kind = hp["rollout_correction"]
@@ -200,7 +200,7 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     adv = torch.where(on, adv, torch.zeros_like(adv))  # a huge advantage on padding never meets a row's ratio
     log_ratio = torch.where(on, logp - old_logp, torch.zeros_like(logp))
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"])
-    rc_weights, stats = _rollout_weights(hp, old_logp, rollout_logp, mask)
+    rc_weights, stats = rollout_weights(hp, old_logp, rollout_logp, mask)
     scale = weights * rc_weights
     flows = scale != 0  # the tokens whose loss reaches the total: not padding, not cut by a rollout correction
     n = mask.sum().clamp(min=1.0)

@@ -237,7 +237,9 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
                                                   "kind=advantage,estimator=NAME or kind=kl,kl=NAME for an "
                                                   "advantage estimator or a KL term."),
             level: str = typer.Option("loss", help="loss: each loss call; step: one optimisation step "
-                                      "(micro-batches, accumulation, ranks), writing OUT/step/TARGET.md and .json."),
+                                      "(micro-batches, accumulation, ranks) of a trainer, or of a module:function's "
+                                      "per-micro-batch loss given num_items_in_batch, gradient_accumulation_steps, "
+                                      "num_processes and steps_per_generation, writing OUT/step/TARGET.md and .json."),
             accept: List[str] = typer.Option([], help="Conventions to let pass where the target differs from the "
                                              "reference, KEY=VALUE (agg=token_mean,dual_clip=3) or a file of them, "
                                              "one a line (repeatable)."),
@@ -271,13 +273,10 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
         matrix, failing = _user_errors(conform_all, out, seeds)
         console.print(f"matrix: {matrix}; {failing} checks differ or raise")
         raise typer.Exit(1 if failing else 0)
-    if level == "step":
+    if level == "step":  # a trainer's own step, or a module:function's loss driven through one
         from harness.conform.step import step_command
-        if adapter is not None:
-            _user_errors(_refuse, "adapter: --level step drives a trainer (verl, trl or openrlhf); a module:function "
-                                  "target has no optimisation step")
         report = _user_errors(step_command, target, json_out, out, 5 if seeds is None else seeds, baseline,
-                              write_baseline)
+                              write_baseline, adapter)
     else:
         report = _user_errors(conform_command, target, json_out, out, 30 if seeds is None else seeds, adapter, accept,
                               baseline, write_baseline)

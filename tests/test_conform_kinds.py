@@ -90,6 +90,28 @@ MODULE = textwrap.dedent('''
         """A lone response keeps its reward (the mean of no others taken as 0)."""
         return _rloo(rewards, group_index, lone_zero=False)
 
+    def _reinforce_pp_returns(rewards, mask):
+        """Each row's reward at its last unmasked token, summed back over the row (gamma = 1); a non-finite reward
+        leaves its row out."""
+        ok = torch.isfinite(rewards)
+        on = (mask > 0) & ok[:, None]
+        last = on & (on.flip(1).cumsum(1).flip(1) == 1)
+        token_r = torch.where(last, torch.where(ok, rewards, 0.0)[:, None].expand_as(mask), torch.zeros_like(mask))
+        return token_r.flip(1).cumsum(1).flip(1) * on, on
+
+    def reinforce_pp_whiten_one_token(rewards, mask, group_size):
+        """Whitened by torch.var over the batch's tokens: NaN when a single token is unmasked."""
+        ret, on = _reinforce_pp_returns(rewards, mask)
+        vals = ret[on]
+        return torch.where(on, (ret - vals.mean()) / torch.sqrt(vals.var() + 1e-8), torch.zeros_like(ret))
+
+    def reinforce_pp(rewards, mask, group_size):
+        """The variance of a single value taken as 0."""
+        ret, on = _reinforce_pp_returns(rewards, mask)
+        vals = ret[on]
+        var = vals.var() if len(vals) > 1 else vals.new_zeros(())
+        return torch.where(on, (ret - vals.mean()) / torch.sqrt(var + 1e-8), torch.zeros_like(ret))
+
     def k1_pathwise(log_prob, ref_log_prob):
         """A k1 penalty backpropagated as is: gradient 1 per token."""
         return log_prob - ref_log_prob
@@ -143,12 +165,22 @@ def test_nan_rewards_poisoning_the_group_are_named(user):
     for row in bad.values():
         assert row["findings"][0]["name"].startswith("returns NaN in the value where the reference is finite")
         assert "non-finite rewards propagated" in row["closest"]
+    assert report_of(user.grpo, "kind=advantage,estimator=grpo")["ok"]  # a NaN or inf reward left out
 
 
 def test_partial_groups_on_a_fixed_stride_are_named(user):
     bad = failing(report_of(user.grpo_fixed_stride, "kind=advantage,estimator=grpo"))
     ragged = [r for (_, family), r in bad.items() if family == "ragged"]
     assert ragged and all("fixed-stride groups" in r["closest"] for r in ragged)
+    assert report_of(user.grpo, "kind=advantage,estimator=grpo")["ok"]  # by group id
+
+
+def test_whitening_a_single_token_with_nan_is_caught(user):
+    bad = failing(report_of(user.reinforce_pp_whiten_one_token, "kind=advantage,estimator=reinforce_pp", seeds=2))
+    assert {family for _, family in bad} == {"one_token"}
+    assert all(r["findings"][0]["name"].startswith("returns NaN in the value where the reference is finite")
+               for r in bad.values())
+    assert report_of(user.reinforce_pp, "kind=advantage,estimator=reinforce_pp", seeds=2)["ok"]
 
 
 def test_float32_std_noise_on_constant_groups_differs_only_in_float32(user):

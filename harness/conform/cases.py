@@ -59,6 +59,8 @@ FAMILY_TEXT = {
     "ragged": "advantages: groups of different sizes (a partial group, down to a lone response), by group id",
     "nonfinite": "advantages: as groups, with one or two rewards NaN, +inf or -inf (a missing reward: no part in "
                  "its group's statistics, advantage 0)",
+    "one_token": "advantages: as groups, with a single unmasked token in the batch (REINFORCE++'s whitening over "
+                 "one value: its variance 0, not NaN)",
 }
 #: Families built on the typical batches hold a bound or an offset on many tokens of every batch: a third of the
 #: seeds covers them.
@@ -310,7 +312,8 @@ class StepCheck:
     ``batch`` over ``ranks`` data-parallel ranks and micro-batches of ``micro`` rows per rank (None: one
     micro-batch per rank) as the trainer does, and returns the gradient w.r.t. the per-token log-probs after
     accumulation and the ranks' mean, with the batch whose rows it used (a step may use part of ``batch``); it raises
-    NotApplicable for a split the trainer does not allow."""
+    NotApplicable for a split the trainer does not allow. ``candidates``: steps a trainer may take instead, by
+    name, each ``f(batch, micro, ranks) -> gradient`` on the rows used."""
 
     algorithm: str
     call: str
@@ -320,6 +323,7 @@ class StepCheck:
     note: str = ""
     tolerance: float = TOLERANCE
     batches: Callable | None = None
+    candidates: dict = field(default_factory=dict)
 
 
 def step_batch(seed: int, family: str = "mixed", rows: int = STEP_ROWS) -> Batch:

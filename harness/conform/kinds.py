@@ -28,9 +28,10 @@ import gpu
 from spec.registry import ADVANTAGES, KL_KINDS, PARTS
 from spec.schema import did_you_mean
 
+from harness.conform import kinds_rollout
 from harness.conform.cases import Batch, Check, Convention, batch_of, bind_params
 
-KINDS = ("policy", "advantage", "kl")
+KINDS = ("policy", "advantage", "kl", "rollout_correction")
 #: The estimators a callable of kind advantage can be checked against (ADVANTAGES less the ones that need more
 #: than one call's inputs: SAS keeps a per-prompt history over steps, GAE needs values, REINFORCE++ with a group
 #: baseline is reinforce_pp after a Dr.GRPO centring).
@@ -47,7 +48,8 @@ ALIASES = {
     "kl": {"logp": ("logp", "log_prob", "log_probs", "logprob", "logprobs", "per_token_logps"),
            "ref_logp": ("ref_logp", "ref_log_prob", "ref_log_probs", "ref_logprob", "ref_per_token_logps"),
            "old_logp": ("old_logp", "old_log_prob", "old_log_probs", "old_per_token_logps"),
-           "mask": ("mask", "response_mask", "action_mask", "completion_mask")}}
+           "mask": ("mask", "response_mask", "action_mask", "completion_mask")},
+    "rollout_correction": kinds_rollout.ALIASES}
 #: Adapter keys of each kind beside the parameter names (kind, returns and timeout_s are common to all).
 OPTIONS = {
     "advantage": {"estimator": f"what the callable implements: {', '.join(ESTIMATORS)}",
@@ -58,20 +60,26 @@ OPTIONS = {
                   "eps": f"GRPO's std stabiliser (default {PARTS['grpo_advantage']['eps']:g})",
                   "unbiased": f"GRPO's std with Bessel's correction (default {PARTS['grpo_advantage']['unbiased']})",
                   "gamma": f"REINFORCE++'s discount (default {PARTS['reinforce_pp']['gamma']:g})"},
-    "kl": {"kl": f"the estimator: {', '.join(KL_KINDS)}"}}
-REQUIRED = {"advantage": ("rewards",), "kl": ("logp", "ref_logp")}
+    "kl": {"kl": f"the estimator: {', '.join(KL_KINDS)}"},
+    "rollout_correction": kinds_rollout.OPTIONS}
+REQUIRED = {"advantage": ("rewards",), "kl": ("logp", "ref_logp"), "rollout_correction": kinds_rollout.REQUIRED}
 EXPECTED = {
     "advantage": "a callable f(rewards, group_index or group_size[, mask]) -> advantages ([B], or [B, T] over the "
                  "response mask; or a tuple whose item `returns` is one)",
-    "kl": "a callable f(logp, ref_logp[, old_logp][, mask]) -> per-token KL values [B, T] (differentiable in logp)"}
+    "kl": "a callable f(logp, ref_logp[, old_logp][, mask]) -> per-token KL values [B, T] (differentiable in logp)",
+    "rollout_correction": kinds_rollout.EXPECTED}
+#: The tensors a callable of each kind is given beside the mask, and the one its result is differentiated in.
+INPUTS = {"kl": ("logp", "ref_logp", "old_logp"), "rollout_correction": ("old_logp", "rollout_logp")}
+DIFFERENTIATED = {"kl": "logp", "rollout_correction": "old_logp"}
 
 
 def parse(kind: str, items: list, common: dict) -> dict:
-    """The adapter of a callable of ``kind`` (advantage or kl) from its (key, text) items; ``common``: the keys
-    every kind takes (returns, timeout_s), already read. A ValueError names a key or value that is wrong."""
+    """The adapter of a callable of ``kind`` (advantage, kl or rollout_correction) from its (key, text) items;
+    ``common``: the keys every kind takes (returns, timeout_s), already read. A ValueError names a key or value that
+    is wrong."""
     out = {"kind": kind, **common}
     known = ("kind", *common, *OPTIONS[kind], *ALIASES[kind])
-    claim = "estimator" if kind == "advantage" else "kl"
+    claim = {"advantage": "estimator", "kl": "kl", "rollout_correction": "correction"}[kind]
     for key, value in items:
         if key in ("kind", *common):
             continue
@@ -109,6 +117,8 @@ def parse(kind: str, items: list, common: dict) -> dict:
             if flag not in ("true", "false", "1", "0"):
                 raise ValueError(f"adapter: unbiased={out['unbiased']!r}; expected true or false")
             out["unbiased"] = flag in ("true", "1")
+    elif kind == "rollout_correction":
+        kinds_rollout.parse(out)
     elif out.get("kl") not in KL_KINDS:
         got = out.get("kl")
         raise ValueError(f"adapter: kind=kl needs kl=NAME" + (f", got {got!r}{did_you_mean(str(got), KL_KINDS)}"
@@ -148,7 +158,7 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     dtype = getattr(torch, how["dtype"])
     mask = torch.tensor(np.asarray(arrays["mask"], dtype=np.float64))
     on = mask > 0
-    given, logp = {}, None
+    given, wrt = {}, None
     if how["kind"] == "advantage":
         rewards = torch.tensor(np.asarray(arrays["rewards"], dtype=np.float64))
         if how.get("reward_shape") == "token":
@@ -159,9 +169,8 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
         if how.get("group_index_as", "tensor") == "tensor":
             given["group_index"] = torch.from_numpy(given["group_index"])
     else:
-        given = {k: torch.tensor(np.asarray(arrays[k], dtype=np.float64)).to(dtype)
-                 for k in ("logp", "ref_logp", "old_logp")}
-        logp = given["logp"].requires_grad_(True)
+        given = {k: torch.tensor(np.asarray(arrays[k], dtype=np.float64)).to(dtype) for k in INPUTS[how["kind"]]}
+        wrt = given[DIFFERENTIATED[how["kind"]]].requires_grad_(True)
         given["mask"] = mask.to(dtype)
     before = {k: v.clone() for k, v in given.items() if isinstance(v, torch.Tensor)}
     with torch.enable_grad():
@@ -169,17 +178,22 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     changed = [how["binding"].get(k, k) for k, t in before.items() if not unchanged(given[k].detach(), t)]
     if changed:
         raise RuntimeError(f"the callable changed its input {', '.join(changed)} in place")
-    values = _result(out, how.get("returns", 0), _shapes(how["kind"], tuple(mask.shape)))
-    if isinstance(values, str):
-        return {"bad": values}
+    shapes = _shapes(how["kind"], tuple(mask.shape))
+    values = _result(out, how.get("returns", 0), shapes)
+    kept = None if how.get("kept") is None else _result(out, how["kept"], shapes, "kept")
+    for bad in (values, kept):
+        if isinstance(bad, str):
+            return {"bad": bad}
+    if kept is not None:
+        values = values * kept.to(values.dtype)
     if values.dim() == 1:
         values = values[:, None].expand_as(mask)
     grad = None
-    if logp is not None:
+    if wrt is not None:
         if values.requires_grad:
             with torch.enable_grad():
                 torch.where(on, values, torch.zeros_like(values)).sum().backward()
-        grad = (logp.grad if logp.grad is not None else torch.zeros_like(logp)).double().numpy()
+        grad = (wrt.grad if wrt.grad is not None else torch.zeros_like(wrt)).double().numpy()
     value = torch.where(on, values.detach().double(), torch.zeros((), dtype=torch.float64))
     return {"value": value.numpy(), "grad": grad, "dtype": str(values.dtype).removeprefix("torch.")}
 
@@ -192,15 +206,18 @@ def unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _shapes(kind: str, shape: tuple) -> tuple:
     """The result shapes a callable of ``kind`` may return for a [B, T] batch."""
-    return (shape[:1], shape) if kind == "advantage" else (shape,)
+    return (shape[:1], shape) if kind in ("advantage", "rollout_correction") else (shape,)
 
 
-def _result(out, returns: int, shapes: tuple):
-    """The returned tensor of one of ``shapes``, or a string saying what was returned instead."""
+def _result(out, returns: int, shapes: tuple, key: str = "returns"):
+    """The returned tensor of one of ``shapes`` (item ``returns`` of a tuple), or a string saying what was returned
+    instead; ``key``: the adapter key that names the item."""
     if isinstance(out, (tuple, list)):
         if returns >= len(out):
-            return f"returned a {type(out).__name__} of {len(out)} items (returns={returns} is out of range)"
+            return f"returned a {type(out).__name__} of {len(out)} items ({key}={returns} is out of range)"
         out = out[returns]
+    elif key != "returns":
+        return f"returned {type(out).__name__}, not a tuple with a kept-token mask ({key}={returns})"
     if not isinstance(out, torch.Tensor) or out.is_meta or out.is_complex():
         return f"returned {type(out).__name__ if not isinstance(out, torch.Tensor) else out.dtype}, not a real tensor"
     if tuple(out.shape) not in shapes:
@@ -212,7 +229,7 @@ def _result(out, returns: int, shapes: tuple):
 # ---- generated cases --------------------------------------------------------------------------------------------
 
 #: The case families of each kind (cases.FAMILY_TEXT says what each holds).
-ADV_FAMILIES = ("groups", "ragged", "lone", "nonfinite")
+ADV_FAMILIES = ("groups", "ragged", "lone", "nonfinite", "one_token")
 #: Reward values of constant groups that no binary float represents exactly: over 8 responses (3 for 0.9) their
 #: float32 mean is an ulp off, and a std of 1e-8 against GRPO's eps = 1e-6 turns it into advantages of 0.03 to 0.06.
 CONSTANT_REWARDS = (0.3, 0.6, 0.7, 0.9)
@@ -225,7 +242,8 @@ def advantage_batch(seed: int, family: str, fixed_stride: bool = False) -> Batch
     response masks (every row has a token). ``groups``: G = GROUP_SIZES[seed] responses per prompt, 0/1 and
     continuous rewards, one constant group of a non-representable value; ``ragged``: groups of different sizes
     (partial groups, a lone response), B divisible by the number of groups; ``lone``: a lone response among groups
-    (all lone with ``fixed_stride``); ``nonfinite``: as ``groups``, one or two rewards NaN, +inf or -inf."""
+    (all lone with ``fixed_stride``); ``nonfinite``: as ``groups``, one or two rewards NaN, +inf or -inf;
+    ``one_token``: as ``groups``, with one unmasked token in the whole batch (REINFORCE++ whitens over it)."""
     rng = np.random.default_rng(90_000 + seed)
     n, g = int(rng.integers(2, 5)), GROUP_SIZES[seed % len(GROUP_SIZES)]
     sizes = [g] * n
@@ -253,6 +271,9 @@ def advantage_batch(seed: int, family: str, fixed_stride: bool = False) -> Batch
     width = 5
     lens = rng.integers(1, width + 1, rows)
     mask = (np.arange(width)[None, :] < lens[:, None]).astype(float)
+    if family == "one_token":
+        mask = np.zeros(mask.shape)
+        mask[int(rng.integers(rows)), 0] = 1.0
     zeros = np.zeros(mask.shape)
     return Batch(zeros, zeros.copy(), np.repeat(rewards[:, None], width, 1), mask, zeros.copy(),
                  g if fixed_stride else 1, {"group": np.repeat(group[:, None].astype(float), width, 1)})
@@ -400,6 +421,8 @@ KL_READS = "logp, ref_logp (and old_logp for k3_unbiased), mask"
 
 def checks(kind: str, name: str, adapter: dict, binding: dict, run) -> list[Check]:
     """One check per dtype (float64, float32, bfloat16) of the callable ``name``; ``run(batch, dtype)`` calls it."""
+    if kind == "rollout_correction":
+        return kinds_rollout.checks(name, adapter, run, DTYPES)
     out = []
     for dtype in DTYPES:
         call = lambda b, dtype=dtype: run(b, dtype)  # noqa: E731
@@ -407,7 +430,8 @@ def checks(kind: str, name: str, adapter: dict, binding: dict, run) -> list[Chec
             est = adapter["estimator"]
             stride = "group_index" not in binding
             fams = tuple(f for f in ADV_FAMILIES if not (stride and f == "ragged")
-                         and not (est == "reinforce_pp" and f in ("ragged", "lone")))
+                         and not (est == "reinforce_pp" and f in ("ragged", "lone"))
+                         and not (est != "reinforce_pp" and f == "one_token"))
             note = ("Called with group_size (contiguous groups of G rows): ragged and partial groups are not "
                     "checked; a callable that takes group ids is (adapter group_index=PARAM)." if stride else "")
             out.append(Check(f"{est}_advantage", name, dtype, call, advantage(est, adapter),
@@ -426,6 +450,18 @@ def rounded(b: Batch, kind: str, dtype: str) -> Batch:
     if dtype == "float64":
         return b
     cast = lambda x: torch.tensor(x).to(getattr(torch, dtype)).double().numpy()  # noqa: E731
-    names = ("adv",) if kind == "advantage" else ("logp", "ref_logp", "old_logp")
-    return replace(b, **{n: cast(getattr(b, n)) for n in names}, extra=dict(b.extra))
+    names = ("adv",) if kind == "advantage" else ("old_logp",) if kind == "rollout_correction" else (
+        "logp", "ref_logp", "old_logp")
+    extra = dict(b.extra)
+    if kind == "rollout_correction":
+        extra["rollout_logp"] = cast(extra["rollout_logp"])
+    return replace(b, **{n: cast(getattr(b, n)) for n in names}, extra=extra)
+
+
+def arrays_of(kind: str, b: Batch) -> dict:
+    """The arrays a callable of ``kind`` is called with (by ``evaluate``, in the worker) on batch ``b``."""
+    if kind == "advantage":
+        return {"rewards": rewards_of(b), "group": groups_of(b), "mask": b.mask}
+    extra = {"rollout_logp": b.extra["rollout_logp"]} if kind == "rollout_correction" else {}
+    return {**{k: getattr(b, k) for k in INPUTS[kind] if k not in extra}, **extra, "mask": b.mask}
 

@@ -1,4 +1,5 @@
-"""``cliplab conform TARGET --level step``: drive a trainer's own code for one optimisation step (micro-batches,
+"""``cliplab conform TARGET --level step``: drive a trainer's own code (or a user's per-micro-batch loss,
+``harness.conform.kinds_step``) for one optimisation step (micro-batches,
 gradient accumulation, data-parallel ranks simulated in one process, with the loss-scale factors and token or
 sequence counts the trainer passes) and report the factor by which the accumulated gradient w.r.t. the per-token
 log-probs differs from the gradient of the paper's loss on the whole batch, per micro-batch size and rank count."""
@@ -36,9 +37,10 @@ def factor(got, want) -> dict:
 
 def run_cell(check: StepCheck, family: str, micro, ranks: int, seeds: int) -> dict:
     """One grid cell over ``seeds`` batches: exact (factor 1), a factor (proportional, mean +- standard error,
-    range), or not proportional (largest relative difference)."""
+    range), or not proportional (largest relative difference); where it is not exact, ``matches``: the check's
+    candidates that give the target's gradient on every batch (``_used``: the batches, for ``_matches``)."""
     make = check.batches or step_batch
-    fits, errors = [], []
+    fits, errors, grads, used_batches = [], [], [], []
     cell = {"micro": "whole" if micro is None else micro, "ranks": ranks}
     for seed in range(seeds):
         batch = make(seed, family)
@@ -50,7 +52,9 @@ def run_cell(check: StepCheck, family: str, micro, ranks: int, seeds: int) -> di
             errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
             continue
         fits.append(factor(grad, check.reference.fn(used)[1]))
-    cell.update(cases=len(fits), target_errors=sorted(set(errors)))
+        grads.append(grad)
+        used_batches.append(used)
+    cell.update(cases=len(fits), target_errors=sorted(set(errors)), _used=used_batches)
     if not fits:
         return {**cell, "status": "error"}
     tol = check.tolerance
@@ -58,11 +62,24 @@ def run_cell(check: StepCheck, family: str, micro, ranks: int, seeds: int) -> di
     cell.update(max_residual=max(f["residual"] for f in fits), max_rel_diff=max(f["rel_diff"] for f in fits))
     if np.isnan(cs).any() or cell["max_residual"] > tol:
         cell["status"] = "not proportional"
+        cell["matches"] = _matches(check, cell, grads)
         return cell
     cell.update(factor_mean=float(cs.mean()), factor_se=float(cs.std(ddof=1) / np.sqrt(len(cs))) if len(cs) > 1
                 else 0.0, factor_min=float(cs.min()), factor_max=float(cs.max()))
     cell["status"] = "exact" if np.all(np.abs(cs - 1.0) <= tol) else "scaled"
+    if cell["status"] != "exact":
+        cell["matches"] = _matches(check, cell, grads)
     return cell
+
+
+def _matches(check: StepCheck, cell: dict, grads: list | None = None) -> list[str]:
+    """The check's candidates that give ``grads`` (the target's, else the reference's: at an exact cell) on each of
+    the cell's batches."""
+    micro = None if cell["micro"] == "whole" else cell["micro"]
+    grads = grads or [check.reference.fn(used)[1] for used in cell["_used"]]
+    return [name for name, fn in check.candidates.items()
+            if all(factor(g, fn(used, micro, cell["ranks"]))["rel_diff"] <= check.tolerance
+                   for g, used in zip(grads, cell["_used"]))]
 
 
 def run_step_check(check: StepCheck, seeds: int) -> list[dict]:
@@ -73,8 +90,15 @@ def run_step_check(check: StepCheck, seeds: int) -> list[dict]:
         ran = [c for c in grid if c["status"] != "n/a"]
         status = "agrees" if all(c["status"] == "exact" for c in ran) else (
             "error" if all(c["status"] == "error" for c in ran) else "differs")
+        matches, compared = [], [c for c in ran if c["cases"]]
+        if status == "differs" and check.candidates and compared:
+            matches = [name for name in check.candidates if all(
+                name in (c["matches"] if "matches" in c else _matches(check, c)) for c in compared)]
+        for c in grid:
+            c.pop("_used", None)
+            c.pop("matches", None)
         rows.append({"algorithm": check.algorithm, "call": check.call, "knob": check.knob, "family": family,
-                     "reference": check.reference.label, "note": check.note, "status": status, "matches": [],
+                     "reference": check.reference.label, "note": check.note, "status": status, "matches": matches,
                      "tolerance": check.tolerance, "grid": grid})
     return rows
 
@@ -84,26 +108,38 @@ def step_targets() -> tuple[str, ...]:
     return tuple(sorted(m.name for m in pkgutil.iter_modules(step.__path__)))
 
 
-def load_step_target(target: str):
-    """The step-level target ``target`` (a module of harness.conform.targets.step), or a ValueError naming the known ones."""
+def load_step_target(target, adapter=None):
+    """The step-level target ``target`` (a module of harness.conform.targets.step), or a ValueError naming the known
+    ones; a user's per-micro-batch loss (``module:function`` or a function, with ``adapter``) as
+    ``harness.conform.kinds_step`` drives it."""
+    if callable(target) or ":" in target:
+        from harness.conform.kinds_step import UserStep
+        return UserStep(target, adapter)
+    if adapter is not None:
+        raise ValueError("adapter: --level step drives a trainer (verl, trl or openrlhf) as it is, or a "
+                         "module:function with --adapter")
     known = step_targets()
     if target not in known:
         raise ValueError(f"target: --level step covers {', '.join(known)}; got {target!r}")
     return importlib.import_module(f"harness.conform.targets.step.{target}").StepTarget()
 
 
-def conform_step(target: str, seeds: int = 5) -> dict:
-    """Every step-level check of ``target`` over the grid MICRO x RANKS and both step families."""
+def conform_step(target, seeds: int = 5, adapter=None) -> dict:
+    """Every step-level check of ``target`` (a trainer, or a user's loss with ``adapter``) over the grid MICRO x
+    RANKS and both step families."""
     import torch
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds: expected a positive integer (generated batches per grid cell), got {seeds!r}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    tgt = None
     try:
-        tgt = load_step_target(target)
+        tgt = load_step_target(target, adapter)
         rows = [row for check in tgt.step_checks() for row in run_step_check(check, seeds)]
     finally:
         torch.set_num_threads(threads)
+        if hasattr(tgt, "close"):  # a user's worker process ends with its report
+            tgt.close()
     return {"target": tgt.name, "level": "step", "versions": tgt.versions, "how": tgt.how, "seeds": seeds,
             "rows": rows}
 
@@ -159,6 +195,7 @@ def markdown(report: dict) -> str:
 def findings(report: dict) -> list[str]:
     """One markdown bullet per check and family that differs from the reference somewhere on the grid."""
     return [f"- {r['algorithm']}, {r['knob']} ({r['family']}): {_summary(r)}." + (f" {r['note']}" if r["note"] else "")
+            + "".join(f" Matches: {m}." for m in r["matches"])
             for r in report["rows"] if r["status"] != "agrees"] or ["- none: the accumulated gradient equals the "
                                                                    "reference's at every split"]
 
@@ -199,7 +236,7 @@ def write_step_report(report: dict, out: str | Path) -> None:
 
 
 def step_command(target: str, json_out: bool = False, out: str | Path | None = None, seeds: int = 5,
-                 baseline=None, write_baseline=None) -> dict:
+                 baseline=None, write_baseline=None, adapter=None) -> dict:
     """CLI body: run the step-level checks, print one line per check and family (or JSON), and write
     ``<out>/step/<target>.md`` and ``.json`` and the findings of every target there, ``<out>/step/README.md``;
     ``report["ok"]``: every check agrees at every split, or (with ``baseline``, a file of known findings) differs
@@ -207,7 +244,7 @@ def step_command(target: str, json_out: bool = False, out: str | Path | None = N
     from harness.conform.baseline import read_baseline
     base = None if baseline is None else read_baseline(baseline, "step", seeds)
     out, write_baseline = (None if p is None else Path(p).absolute() for p in (out, write_baseline))
-    report = hold_to_baseline(conform_step(target, seeds=seeds), base)
+    report = hold_to_baseline(conform_step(target, seeds=seeds, adapter=adapter), base)
     if write_baseline is not None:
         from harness.conform.baseline import write_baseline as record
         report["baseline_written"] = {"file": str(write_baseline), "findings": record(report, write_baseline)}
@@ -224,6 +261,7 @@ def step_command(target: str, json_out: bool = False, out: str | Path | None = N
                                                   if c.get("baseline", "known") != "known")
         mark = f"{r['outcome'] if r['outcome'] != 'agrees' else '':<9} " if "baseline" in report else ""
         print(f"{mark}{r['algorithm']:<10} {r['knob']:<48} {r['family']:<12} {text}")
+        print("".join(f"    matches: {m}\n" for m in r["matches"]), end="")
     if "baseline" in report:
         from harness.conform.baseline import summary
         print(summary(report))

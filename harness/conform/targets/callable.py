@@ -4,8 +4,9 @@ limit, so that whatever the code does (print, exit, change directory or grad mod
 runs in a fork of the caller's.
 An adapter maps the callable's parameters and names what it claims to implement, e.g.
 ``algorithm=dapo,agg=token_mean,logp=log_prob,old_logp=old_log_prob,adv=advantages,mask=response_mask,returns=0``.
-Parameters named like verl's, TRL's or OpenRLHF's are recognised without an adapter. ``kind=advantage`` or
-``kind=kl`` in the adapter makes it an advantage estimator or a KL term instead (``harness.conform.kinds``)."""
+Parameters named like verl's, TRL's or OpenRLHF's are recognised without an adapter. ``kind=advantage``,
+``kind=kl`` or ``kind=rollout_correction`` in the adapter makes it an advantage estimator, a KL term or a rollout
+correction's weights instead (``harness.conform.kinds``)."""
 from __future__ import annotations
 
 import builtins
@@ -166,8 +167,9 @@ def bind(signature: dict, adapter: dict) -> dict:
 
 
 def evaluate(fn, how: dict, arrays: dict) -> dict:
-    """Call ``fn`` with float64 tensors of ``arrays`` (our names) bound as ``how["binding"]`` and
-    ``how["group_size"]``; advantages [B] if ``how["adv_shape"]`` is seq. Returns {"loss", "grad"} (d loss / d logp),
+    """Call ``fn`` with float64 tensors of ``arrays`` (our names) bound as ``how["binding"]``,
+    ``how["group_size"]`` and a training step's ``how["counts"]`` (``kinds_step``); advantages [B] if
+    ``how["adv_shape"]`` is seq. Returns {"loss", "grad"} (d loss / d logp),
     {"bad": what is wrong with the result}, or {"raised": [exception type, message, file:line]} when the callable
     raised, exited, or changed an input in place. Runs in the worker, with grad mode on whatever the caller's or
     an earlier call's was. A callable of another kind (advantage, kl) is called by ``kinds.evaluate``."""
@@ -182,9 +184,11 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     before = {k: t.clone() for k, t in tensors.items()}
     logp = tensors["logp"].requires_grad_(True)
     given = {**tensors, "group_size": how["group_size"]}
+    counts = {param: torch.tensor(value, dtype=torch.float64) if ours == "num_items_in_batch" else value
+              for ours, (param, value) in how.get("counts", {}).items()}  # a step's (harness.conform.kinds_step)
     try:
         with torch.enable_grad():
-            out = fn(**{param: given[ours] for ours, param in how["binding"].items()})
+            out = fn(**{param: given[ours] for ours, param in how["binding"].items()}, **counts)
         changed = [how["binding"][k] for k, t in tensors.items() if not kinds.unchanged(t.detach(), before[k])]
         if changed:
             raise RuntimeError(f"the callable changed its input {', '.join(changed)} in place")
@@ -347,17 +351,13 @@ class CallableTarget:
             pass
 
     def run_kind(self, b, dtype: str):
-        """Call a callable of kind advantage or kl on ``b`` with its inputs in ``dtype``: (values [B, T], gradient
-        in logp or None, the batch as the callable saw it)."""
+        """Call a callable of another kind than policy on ``b`` with its inputs in ``dtype``: (values [B, T],
+        gradient in its differentiated input (kinds.DIFFERENTIATED) or None, the batch as the callable saw it)."""
         used = kinds.rounded(b, self.kind, dtype)
-        if self.kind == "advantage":
-            arrays = {"rewards": kinds.rewards_of(used), "group": kinds.groups_of(used), "mask": used.mask}
-        else:
-            arrays = {"logp": used.logp, "ref_logp": used.ref_logp, "old_logp": used.old_logp, "mask": used.mask}
         how = {"kind": self.kind, "binding": self.binding, "group_size": used.group_size, "dtype": dtype,
                "returns": self.adapter.get("returns", 0), "reward_shape": self.adapter.get("reward_shape", "seq"),
-               "group_index_as": self.adapter.get("group_index_as", "tensor")}
-        out = self.runner.call(how, arrays)
+               "group_index_as": self.adapter.get("group_index_as", "tensor"), "kept": self.adapter.get("kept")}
+        out = self.runner.call(how, kinds.arrays_of(self.kind, used))
         if "bad" in out:
             raise BadReturn(f"{self.name} {out['bad']}; expected {kinds.EXPECTED[self.kind]}")
         if "raised" in out:
