@@ -224,3 +224,66 @@ def test_unbiased_gradient_weighs_k2s_gradient_by_the_capped_ratio(worker):
     # logp - ref = 0.5, logp - old = 3: k1's value 0.5; gradient w * (logp - ref) with w = min(e^3, 10) = 10
     value, grad = kl(worker, [[0.0]], [[-0.5]], [[-3.0]], kl_estimator="k1", unbiased_gradient=True)
     assert value[0, 0] == pytest.approx(0.5) and grad[0, 0] == pytest.approx(10 * 0.5)
+
+
+def advantages(worker, estimator, rewards, mask, group_size):
+    out = worker.call("advantage", {"estimator": estimator, "group_size": group_size, "dtype": "float64"},
+                      rewards=rewards, mask=mask)
+    return np.asarray(out["advantages"], dtype=float) * np.asarray(mask)
+
+
+def test_reinforce_whitens_by_the_biased_variance(worker):
+    # two one-token responses with rewards 1 and 0: returns (1, 0), mean 0.5; OpenRLHF divides by the square root of
+    # the biased variance 0.25, giving (1, -1); REINFORCE++'s whitening by the unbiased std (0.707) gives +-0.707
+    got = advantages(worker, "reinforce", [1.0, 0.0], [[1.0], [1.0]], 1)
+    want = gpu.reinforce_pp_advantages(torch.tensor([1.0, 0.0], dtype=torch.float64), torch.ones(2, 1,
+                                                                                                 dtype=torch.float64))
+    assert got[:, 0] == pytest.approx([1.0, -1.0])
+    assert want[:, 0].numpy() == pytest.approx([2 ** -0.5, -2 ** -0.5], rel=1e-6)
+
+
+def test_rloo_with_one_response_per_prompt_divides_by_zero(worker):
+    # n_samples_per_prompt = 1: the leave-one-out baseline (sum - R) / (n - 1) is 0 / 0; RLOO's baseline of a lone
+    # response is taken as 0 by the reference (advantage R)
+    got = advantages(worker, "rloo", [1.0, 0.5], [[1.0], [1.0]], 1)
+    assert np.isnan(got).all()
+
+
+# ---- the installed API ---------------------------------------------------------------------------------------------
+
+#: PolicyLoss's keyword parameters in openrlhf 0.11.0 (models/loss.py of its wheel).
+POLICY_LOSS_0_11_0 = ["clip_eps_low", "clip_eps_high", "dual_clip", "token_level_loss", "policy_loss_type",
+                      "enable_vllm_is_correction", "vllm_is_truncated_threshold", "vllm_is_correction_type"]
+
+
+class EarlierWorker:
+    """A worker whose openrlhf is 0.11.0, as far as the target's start-up asks."""
+
+    def versions(self):
+        return {"openrlhf": "0.11.0", "torch": torch.__version__}
+
+    def call(self, op, kw=None, **arrays):
+        assert op == "signature"
+        return {"PolicyLoss": POLICY_LOSS_0_11_0}
+
+    def close(self):
+        pass
+
+
+def test_an_openrlhf_with_the_earlier_importance_sampling_keywords_is_named_in_one_line():
+    from harness.conform.targets.openrlhf import Target
+    with pytest.raises(ValueError) as info:
+        Target(worker=EarlierWorker())
+    message = str(info.value)
+    assert "\n" not in message and "openrlhf 0.11.0" in message
+    assert "enable_vllm_is_correction -> is_correction_level" in message
+    assert "vllm_is_truncated_threshold -> is_correction_threshold" in message
+
+
+def test_every_policy_loss_keyword_the_target_passes_is_one_it_checks(worker):
+    import re
+
+    from harness.conform.targets.openrlhf import POLICY_KEYWORDS, Target
+    passed = {k for c in Target(worker=worker).checks() if c.call.startswith("PolicyLoss(")
+              for k in re.findall(r"(\w+)=", c.call)}
+    assert passed <= set(POLICY_KEYWORDS) <= set(worker.call("signature")["PolicyLoss"])

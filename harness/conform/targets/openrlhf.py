@@ -26,18 +26,60 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.conform import kinds
 from harness.conform.cases import Check, batch_of, rollout_batch
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import RemoteTarget, kl_checks, loss_and_grad
+from harness.conform.targets.remote import RemoteTarget, TargetError, kl_checks, loss_and_grad
 
+#: The trainer's outcome estimators (algo.advantage.estimator) -> the advantage kind's estimator and its settings
+#: (group_norm divides by std + 1e-9).
+ADVANTAGE_ESTIMATORS = {"group_norm": ("grpo", {"eps": 1e-9}), "dr_grpo": ("dr_grpo", {}), "rloo": ("rloo", {}),
+                        "reinforce": ("reinforce_pp", {})}
+ADVANTAGE_BINDING = {"rewards": "rewards", "group_size": "n_samples_per_prompt", "mask": "action_mask"}
+ADVANTAGE_NOTES = {
+    "rloo": "With one response per prompt, OpenRLHF's leave-one-out baseline divides by n_samples_per_prompt - 1 "
+            "= 0.",
+    "reinforce": "OpenRLHF whitens the returns by the biased variance over the batch's tokens (divided by their "
+                 "count) and a floor of 1e-8 on it; the reference divides by the unbiased std + 1e-8.",
+    "group_norm": "The trainer clips the shaped rewards to reward.clip_range, (-10, 10) by default."}
 AGG_AND_DUAL = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
 ROLLOUT_READ = "logp, old_logp, adv, mask and rollout_logp (the rollout engine's log-probs)"
 PAIRS_READ = ("logp and ref_logp summed over each row's unmasked tokens as sequence log-probs; rows 2k (chosen) and "
               "2k + 1 (rejected) form pair k")
 
 
+#: The PolicyLoss keywords this target passes, as openrlhf 0.11.2 names them.
+POLICY_KEYWORDS = ("clip_eps_low", "clip_eps_high", "dual_clip", "token_level_loss", "policy_loss_type",
+                   "is_correction_level", "is_correction_mode", "is_correction_threshold")
+#: PolicyLoss's rollout importance-sampling keywords of openrlhf 0.11.0 -> the ones that replaced them in 0.11.2
+#: (a flag and a type tis/icepop/seq-mask-tis became a level off/token/seq and a mode clip/mask).
+RENAMED = {"enable_vllm_is_correction": "is_correction_level", "vllm_is_correction_type": "is_correction_mode",
+           "vllm_is_truncated_threshold": "is_correction_threshold"}
+
+
+def api_change(params, version: str) -> str | None:
+    """None when the installed PolicyLoss (keyword parameters ``params``, openrlhf ``version``) takes every keyword
+    of POLICY_KEYWORDS; else one line naming what changed, the renames RENAMED knows first."""
+    missing = [k for k in POLICY_KEYWORDS if k not in params]
+    if not missing:
+        return None
+    renames = [f"{old} -> {new}" for old, new in RENAMED.items() if new in missing and old in params]
+    change = (f"its importance-sampling keywords have other names ({', '.join(renames)} from openrlhf 0.11.2 on)"
+              if renames else f"it takes no {', '.join(missing)} (it takes {', '.join(params)})")
+    return (f"target openrlhf: the installed openrlhf {version}'s PolicyLoss does not take the keywords this target "
+            f"passes: {change}; build the environment the target expects with `make target-openrlhf` "
+            "(harness/conform/targets/envs/openrlhf.lock)")
+
+
 class Target(RemoteTarget):
     name = "openrlhf"
+
+    def __init__(self, worker=None):
+        super().__init__(worker)
+        change = api_change(self.worker.call("signature")["PolicyLoss"], self.versions.get("openrlhf", "?"))
+        if change:
+            self.close()
+            raise ValueError(change)
 
     how = ("`PolicyLoss(...)(log_probs, old_log_probs, advantages, action_mask, rollout_log_probs, dp_size, "
            "batch_num_tokens, global_batch_size)` on the whole batch as one micro-batch of one rank: "
@@ -48,7 +90,9 @@ class Target(RemoteTarget):
            "a virtualenv of its own (openrlhf imported without its package `__init__`, which needs "
            "flash_attn). On a batch without tokens the loss is 0 / 0 = NaN (batch_num_tokens = 0), "
            "a finding of its own. Not checked: the binary_kl and tv gates of the rollout "
-           "correction (the reference has none). Its clamp, named in the findings: log r to [-20, 20] in "
+           "correction (the reference has none); the advantage estimators reinforce_baseline (REINFORCE++ after a "
+           "group centring: the advantage kind checks the two apart), flash_reinforce (a batch-mean baseline) and "
+           "gae (it needs a critic's values). Its clamp, named in the findings: log r to [-20, 20] in "
            "the ppo loss (`models/loss.py:187`).")
 
     # ---- callers ---------------------------------------------------------------------------------------------
@@ -66,7 +110,32 @@ class Target(RemoteTarget):
 
     # ---- checks ----------------------------------------------------------------------------------------------
     def checks(self) -> list[Check]:
-        return self.policy_checks() + self.rollout_checks() + self.dpo_checks() + self.kl_checks()
+        return (self.policy_checks() + self.rollout_checks() + self.dpo_checks() + self.kl_checks()
+                + self.advantage_checks())
+
+    def advantage_run(self, estimator):
+        def run(b, dtype):
+            used = kinds.rounded(b, "advantage", dtype)
+            out = self.worker.call("advantage", {"estimator": estimator, "group_size": used.group_size,
+                                                 "dtype": dtype}, rewards=kinds.rewards_of(used), mask=used.mask)
+            adv = np.asarray(out["advantages"] if isinstance(out, dict) and "advantages" in out else None, float)
+            if adv.shape != used.mask.shape:
+                raise TargetError(f"{self.name}: advantage returned shape {adv.shape}; expected {used.mask.shape}")
+            return adv * used.mask, None, used
+        return run
+
+    def advantage_checks(self) -> list[Check]:
+        """The trainer's outcome estimators against the advantage kind's reference (G contiguous responses per
+        prompt, so no ragged groups), in float64, float32 and bfloat16."""
+        out = []
+        for name, (estimator, adapter) in ADVANTAGE_ESTIMATORS.items():
+            adapter = {"kind": "advantage", "estimator": estimator, **adapter}
+            for check in kinds.checks("advantage", f"compute_advantages_and_returns (estimator {name!r})", adapter,
+                                      ADVANTAGE_BINDING, self.advantage_run(name)):
+                check.knob = f"algo.advantage.estimator={name}, {check.knob}"
+                check.note = " ".join(filter(None, (ADVANTAGE_NOTES.get(name, ""), check.note)))
+                out.append(check)
+        return out
 
     def kl_checks(self) -> list[Check]:
         """``compute_approx_kl`` for the actor's KL loss: k1, k2, k3, and k1 with unbiased_gradient."""

@@ -1,9 +1,11 @@
 """OpenRLHF's losses (``openrlhf.models.loss``: PolicyLoss, DPOLoss), its KL estimators
-(``openrlhf.models.utils.compute_approx_kl``) and its trainer's loss normalisers (``openrlhf.utils.loss_utils``), served to cliplab's conformance target; float64 on the CPU."""
+(``openrlhf.models.utils.compute_approx_kl``), its trainer's advantage estimators
+(``openrlhf.trainer.ppo_utils.experience_maker``) and loss normalisers (``openrlhf.utils.loss_utils``), served to cliplab's conformance target; float64 on the CPU."""
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import sys
 import types
 
@@ -34,6 +36,26 @@ def _import_openrlhf():
 
 
 LOSS, NORM, UTILS = _import_openrlhf()
+
+
+def _import_experience_maker():
+    """``openrlhf.trainer.ppo_utils.experience_maker`` (the trainer's advantage estimators) with stand-ins for what
+    its imports reach but the estimators never use: ``ray`` and ``openrlhf.trainer.ray.launcher`` (the actor
+    groups), and ``transformers`` (``utils/utils.py`` imports AutoTokenizer for a tokenizer helper); the trainer
+    packages are bare, as in ``_import_openrlhf``."""
+    root = str(importlib.metadata.distribution("openrlhf").locate_file("openrlhf"))
+    for name in ("openrlhf.trainer", "openrlhf.trainer.ppo_utils", "openrlhf.trainer.ray"):
+        module = types.ModuleType(name)
+        module.__path__ = ["/".join([root, *name.split(".")[1:]])]
+        sys.modules[name] = module
+    launcher = types.ModuleType("openrlhf.trainer.ray.launcher")
+    launcher.RayActorGroup = type("RayActorGroup", (), {})
+    transformers = types.ModuleType("transformers")
+    transformers.AutoTokenizer = type("AutoTokenizer", (), {})
+    for name, module in (("ray", types.ModuleType("ray")), ("openrlhf.trainer.ray.launcher", launcher),
+                         ("transformers", transformers)):
+        sys.modules.setdefault(name, module)
+    return importlib.import_module("openrlhf.trainer.ppo_utils.experience_maker")
 
 
 def _t(x):
@@ -119,9 +141,37 @@ def kl(kw, logp, ref_logp, mask, old_logp=None):
         unbiased_gradient=kw.get("unbiased_gradient", False)), kw, logp, ref_logp, mask, old_logp)
 
 
+def advantage(kw, rewards, mask):
+    """``RemoteExperienceMaker.compute_advantages_and_returns`` on one experience of the whole batch (rows in prompt
+    order, ``kw["group_size"]`` responses per prompt = args.rollout.n_samples_per_prompt), with the training CLI's
+    defaults (train_ppo_ray.py: reward.clip_range (-10, 10), gamma 1, lambd 1, std normalisation on, no length
+    penalties) and KL coefficient 0; rewards [B] in ``kw["dtype"]``. Reply {"advantages": [B, T]}."""
+    from types import SimpleNamespace as NS
+    maker_cls = _import_experience_maker().RemoteExperienceMaker
+    args = NS(rollout=NS(n_samples_per_prompt=kw["group_size"], max_new_tokens=None),
+              algo=NS(advantage=NS(estimator=kw["estimator"], gamma=kw.get("gamma", 1.0), lambd=1.0,
+                                   no_std_norm=False)),
+              reward=NS(clip_range=(-10.0, 10.0), overlong_buffer_len=None, stop_properly_penalty_coef=None))
+    maker = maker_cls.__new__(maker_cls)
+    maker.strategy, maker.args, maker.advantage_estimator = NS(args=args), args, kw["estimator"]
+    maker.kl_ctl = NS(value=0.0)
+    dtype = getattr(torch, kw["dtype"])
+    m = _t(mask) > 0
+    experience = NS(rewards=_t(rewards).to(dtype), index=list(range(len(m))), action_mask=m, info={},
+                    kl=torch.zeros(m.shape, dtype=dtype), values=None)
+    maker.compute_advantages_and_returns([experience])
+    return {"advantages": experience.advantages}
+
+
+def signature(kw):
+    """The keyword parameters of the installed ``PolicyLoss`` (the target checks them against the ones it passes)."""
+    return {"PolicyLoss": [n for n in inspect.signature(LOSS.PolicyLoss.__init__).parameters if n != "self"]}
+
+
 def versions():
     return {"openrlhf": importlib.metadata.version("openrlhf"), "torch": torch.__version__.split("+")[0]}
 
 
 if __name__ == "__main__":
-    serve({"policy": policy, "policy_step": policy_step, "dpo": dpo, "kl": kl}, versions)
+    serve({"policy": policy, "policy_step": policy_step, "dpo": dpo, "kl": kl, "advantage": advantage,
+           "signature": signature}, versions)
