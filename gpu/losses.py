@@ -6,11 +6,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from spec.contract import (check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q,
+from spec.contract import (check_dcpo_bounds_args, check_old_logp_probabilities, check_dpo_args, check_kl_kind, check_q,
                            check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams,
                            sapo_log_ratio_cap)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
-from spec.registry import PARTS, get_algorithm
+from spec.registry import DIVERGENCE_CLIPS, PARTS, get_algorithm
 
 from .aggregation import agg_weights
 from .checks import as_mask, as_tensor
@@ -161,6 +161,33 @@ def rollout_weights(hp, old_logp, rollout_logp, mask):
                                                                                      / n)}
 
 
+def _log1mexp(z):
+    """log(1 - e^z) for z < 0, accurate on both sides of -log 2 (Maechler 2012): NaN or -inf at z >= 0."""
+    return torch.where(z > -math.log(2.0), torch.log(-torch.expm1(z)), torch.log1p(-torch.exp(z)))
+
+
+def _binary_kl(x, y):
+    """KL(Bern(mu) || Bern(pi)) for mu = e^y, pi = e^x (spec.objectives.binary_kl), the second term 0 at mu = 1;
+    NaN where x >= 0 (unread there)."""
+    rest = torch.where(y == 0, torch.zeros_like(y), -torch.expm1(y) * (_log1mexp(y) - _log1mexp(x)))
+    return torch.exp(y) * (y - x) + rest
+
+
+def _dppo_inside(kind, hp, logp, old_logp, adv, on):
+    """DPPO's trust-region mask (spec.objectives.dppo_keep; Qi et al. 2602.04879): False where the token's update
+    left the region in the direction its A pushes, True elsewhere and on padding (no gradient flows through it)."""
+    zero = torch.zeros_like(logp)
+    x, y = torch.where(on, logp, zero), torch.where(on, old_logp, zero)
+    if kind == "binary_tv":
+        moved = torch.exp(x) - torch.exp(y)
+        up, down = ~(moved > hp["eps_high"]), ~(moved < -hp["eps_low"])
+    else:
+        kl = _binary_kl(x, y)
+        up = ~((x > y) & ((x >= 0) | (kl > hp["eps_high"])))
+        down = ~((x < y) & (kl > hp["eps_low"]))
+    return torch.where(adv > 0, up, torch.where(adv < 0, down, torch.ones_like(on)))
+
+
 def _sequence_terms(alg, hp, log_ratio, adv, mask, flows):
     """GSPO (Eq. 5-7) and GMPO (geometric mean of log-clipped token ratios): per-row loss, the zeroed-gradient
     indicator per token, and the ratio shown in stats. ``flows``: the rows whose loss reaches the total."""
@@ -224,6 +251,11 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
             lo, hi = (1 - hp["eps_low"], 1 + hp["eps_high"]) if hp["cap_mode"] == "relative" else (0.0, hp["eps_high"])
             coef = -torch.clamp(ratio, lo, hi) * adv
             stats["trunc_frac"] = float((((ratio < lo) | (ratio > hi)).to(mask.dtype) * mask).sum() / n)
+        elif alg.clip in DIVERGENCE_CLIPS:  # DPPO: -sg(M r) A logp, M the trust-region mask
+            check_old_logp_probabilities(alg.name, bool((old_logp[on] > 0).any()))
+            inside = _dppo_inside(alg.clip, hp, logp.detach(), old_logp, adv, on)
+            coef = torch.where(inside & (adv != 0), -ratio * adv, torch.zeros_like(adv))  # 0 whatever r is
+            clipped = ~inside & on
         elif alg.ratio == "none":  # GPG: -A * logp
             coef = -adv
         elif alg.clip == "off":  # KL-Cov: -r*A, plus kl_cov_coef * |log r| on the selected tokens
@@ -232,7 +264,7 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
                         + chosen.to(logp.dtype) * hp["kl_cov_coef"] * log_ratio.abs())
         else:
             if alg.clip == "dynamic":
-                check_dcpo_old_logp(bool((old_logp[on] > 0).any()))
+                check_old_logp_probabilities(alg.name, bool((old_logp[on] > 0).any()))
                 q = torch.exp(torch.where(on, old_logp, torch.zeros_like(old_logp)))
                 lo, hi = _bounds_unchecked(q, hp["eps_low"], hp["eps_high"], hp["r_max"])
             else:

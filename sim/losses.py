@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec.contract import (check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args, check_kl_kind, check_q,
+from spec.contract import (check_dcpo_bounds_args, check_old_logp_probabilities, check_dpo_args, check_kl_kind, check_q,
                            check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams,
                            sapo_log_ratio_cap)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
-from spec.registry import PARTS, get_algorithm
+from spec.registry import DIVERGENCE_CLIPS, PARTS, get_algorithm
 
 from .aggregation import agg_weights, block_count, block_sum
 from spec.arrays import as_float, as_mask
@@ -119,6 +119,36 @@ def _cispo_bounds(hp):
     return 1 - hp["eps_low"], 1 + hp["eps_high"]
 
 
+def _log1mexp(z):
+    """log(1 - e^z) for z < 0, accurate on both sides of -log 2 (Maechler 2012): NaN or -inf at z >= 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(z > -np.log(2.0), np.log(-np.expm1(z)), np.log1p(-np.exp(z)))
+
+
+def _binary_kl(x, y):
+    """KL(Bern(mu) || Bern(pi)) for mu = e^y, pi = e^x (spec.objectives.binary_kl): mu (y - x) + (1 - mu)
+    (log(1 - mu) - log(1 - pi)), the second term 0 at mu = 1; NaN where x >= 0 (unread there)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        rest = np.where(y == 0, 0.0, -np.expm1(y) * (_log1mexp(y) - _log1mexp(x)))
+    return np.exp(y) * (y - x) + rest
+
+
+def _dppo_inside(kind, hp, logp, old_logp, adv, on):
+    """DPPO's trust-region mask (spec.objectives.dppo_keep; Qi et al. 2602.04879): False where the token's update
+    left the region in the direction its A pushes (pi - mu past eps_high for A > 0, below -eps_low for A < 0, or
+    the binary KL past them on that side; pi >= 1 counts as infinitely far), True elsewhere and on padding."""
+    x, y = np.where(on, logp, 0.0), np.where(on, old_logp, 0.0)
+    if kind == "binary_tv":
+        with np.errstate(over="ignore"):
+            moved = np.exp(x) - np.exp(y)
+        up, down = ~(moved > hp["eps_high"]), ~(moved < -hp["eps_low"])
+    else:
+        kl = _binary_kl(x, y)
+        up = ~((x > y) & ((x >= 0) | (kl > hp["eps_high"])))
+        down = ~((x < y) & (kl > hp["eps_low"]))
+    return np.where(adv > 0, up, np.where(adv < 0, down, True))
+
+
 def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n, blocks=1):
     """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
     (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats), the
@@ -219,6 +249,12 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
             dtok = -np.clip(ratio, lo, hi) * adv
             loss_tok = None  # linear in logp: dtok * logp (below)
             stats["trunc_frac"] = block_count(((ratio < lo) | (ratio > hi)) & on, blocks) / n
+        elif alg.clip in DIVERGENCE_CLIPS:  # DPPO: -sg(M r) A logp, M the trust-region mask
+            check_old_logp_probabilities(alg.name, np.count_nonzero((old_logp > 0) & on) > 0)
+            inside = _dppo_inside(alg.clip, hp, logp, old_logp, adv, on)
+            dtok = -_weighted(np.where(inside, adv, 0.0), ratio)  # 0 outside and at A = 0, whatever r is
+            loss_tok = None  # linear in logp: dtok * logp (below)
+            clipped = ~inside & on
         elif alg.ratio == "none":  # GPG: -A * logp
             loss_tok, dtok = None, -adv
         elif alg.clip == "off":  # KL-Cov: -r*A, plus kl_cov_coef * |log r| on the selected tokens
@@ -228,7 +264,7 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
             dtok = surrogate + chosen * hp["kl_cov_coef"] * np.sign(log_ratio)
         else:
             if alg.clip == "dynamic":
-                check_dcpo_old_logp(np.count_nonzero((old_logp > 0) & on) > 0)
+                check_old_logp_probabilities(alg.name, np.count_nonzero((old_logp > 0) & on) > 0)
                 q = np.exp(np.where(on, old_logp, 0.0))
                 lo, hi = _bounds_unchecked(q, hp["eps_low"], hp["eps_high"], hp["r_max"])
                 if keep is not None:

@@ -34,14 +34,14 @@ RATIO_GUARDS: Mapping[str, str] = MappingProxyType({
     "k3_unbiased": "The unbiased KL estimator r * k3 and its derivatives -r * d and r * (e^d - 1) are 0 where k3, d or "
                    "e^d - 1 is, and formed as sign * exp(log r + log|.|) where r = e^(logp - old_logp) overflows: "
                    "finite wherever the product is.",
-    "linear_in_logp": "CISPO's and GPG's losses, linear in logp, sum their terms c * logp with c scaled by a power "
-                      "of 2 to at most 1, and scale the total back (no bit changes): c * logp alone may overflow "
+    "linear_in_logp": "CISPO's, GPG's and DPPO's losses, linear in logp, sum their terms c * logp with c scaled by a "
+                      "power of 2 to at most 1, and scale the total back (no bit changes): c * logp alone may overflow "
                       "where the weighted total does not.",
     "overflow": "Elsewhere a value past the float type's range is +-inf, the exact value rounded: -r * A of KL-Cov, or "
                 "of an unclipped A < 0 token without dual clip, at r = e^100 in float32, and its gradient likewise; "
-                "also where r alone passes the range but r times the aggregation weight would not. KL-Cov's loss, "
-                "unbounded on both sides, is NaN where such infinities of both signs meet in its sum: the exact total "
-                "is then past the range, of a sign the float type cannot tell.",
+                "also where r alone passes the range but r times the aggregation weight would not. KL-Cov's and DPPO's "
+                "losses, unbounded on both sides, are NaN where such infinities of both signs meet in their sum: the "
+                "exact total is then past the range, of a sign the float type cannot tell.",
 })
 
 
@@ -195,10 +195,10 @@ def check_reference(name: str, beta, ref_logp) -> None:
         raise ValueError(f"ref_logp: {name} with beta={beta} > 0 needs ref_logp (the reference log-probs)")
 
 
-def check_dcpo_old_logp(any_positive: bool) -> None:
-    """DCPO's q = exp(old_logp) must be a probability: no unmasked old_logp above 0."""
+def check_old_logp_probabilities(name: str, any_positive: bool) -> None:
+    """DCPO's q and DPPO's mu, exp(old_logp), must be probabilities: no unmasked old_logp above 0."""
     if any_positive:
-        raise ValueError("old_logp: dcpo needs log-probabilities <= 0 (q = exp(old_logp) in (0, 1])")
+        raise ValueError(f"old_logp: {name} needs log-probabilities <= 0 (exp(old_logp) in (0, 1])")
 
 
 def check_value_args(clip, agg: str, max_len) -> None:

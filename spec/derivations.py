@@ -274,6 +274,35 @@ def kl_cov_without_selection_is_plain_pg(length: int = 3) -> bool:
     return bool(none and sp.simplify(expr - plain) == 0)
 
 
+def dppo_binary_tv_is_a_ratio_clip_scaled_by_mu() -> bool:
+    """DPPO-Binary-TV (Qi et al. 2602.04879): with mu = pi_old the mask the layers use (objectives.dppo_keep) is
+    PPO's ratio clip with widths eps / mu: for A > 0 a token is masked just past r = 1 + eps_high / mu and kept just
+    inside, for A < 0 masked just below r = 1 - eps_low / mu and kept just above, never where that bound is <= 0 (a
+    rare token's range is wide, a likely one's narrow); checked at eps 3/20 for mu from 1/1000 to 9/10, 1e-6 off each
+    bound."""
+    eps, step = sp.Rational(3, 20), sp.Rational(1, 10**6)
+    hp = {"eps_high": eps, "eps_low": eps}
+    ok = True
+    for mu in (sp.Rational(1, 1000), sp.Rational(1, 10), ob.HALF, sp.Rational(9, 10)):
+        high, low = 1 + eps / mu, 1 - eps / mu
+        points = [(1, high * (1 + step), 0), (1, high * (1 - step), 1)]
+        points += [(-1, low * (1 - step), 0), (-1, low * (1 + step), 1)] if low > 0 else [(-1, step, 1)]
+        for adv, r, keep in points:
+            ok &= ob.dppo_keep(sp.log(r * mu), sp.log(mu), adv, hp, "binary_tv", ob.AtPoint({})) == keep
+    return bool(ok)
+
+
+def dppo_binary_kl_grows_away_from_mu() -> bool:
+    """DPPO-Binary-KL (Qi et al. 2602.04879): the binary KL the layers use (objectives.binary_kl, mu < 1) is 0 at pi =
+    mu and has derivative (pi - mu) / (pi (1 - pi)) in pi: it grows on each side of mu, so each one-sided mask (pi >
+    mu with KL > eps_high for A > 0, pi < mu with KL > eps_low for A < 0) is a ratio bound, one on each side of 1."""
+    p, m = sp.symbols("pi mu", positive=True)
+    general = lambda *pairs: pairs[-1][0]  # noqa: E731 - the branch for mu < 1 (the other is mu = 1)
+    kl = ob.binary_kl(sp.log(p), sp.log(m), general)
+    return bool(sp.simplify(kl.subs(p, m)) == 0
+                and sp.simplify(sp.diff(kl, p) - (p - m) / (p * (1 - p))) == 0)
+
+
 CHECKS.update({
     "cispo_gradient_is_truncated_reinforce": cispo_gradient_is_truncated_reinforce,
     "gmpo_bounded_by_arithmetic_mean": gmpo_bounded_by_arithmetic_mean,
@@ -281,4 +310,6 @@ CHECKS.update({
     "k3_unbiased_under_old_policy": k3_unbiased_under_old_policy,
     "tis_without_cap_is_plain_importance_weighting": tis_without_cap_is_plain_importance_weighting,
     "kl_cov_without_selection_is_plain_pg": kl_cov_without_selection_is_plain_pg,
+    "dppo_binary_tv_is_a_ratio_clip_scaled_by_mu": dppo_binary_tv_is_a_ratio_clip_scaled_by_mu,
+    "dppo_binary_kl_grows_away_from_mu": dppo_binary_kl_grows_away_from_mu,
 })

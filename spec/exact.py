@@ -5,12 +5,12 @@ import numpy as np
 import sympy as sp
 
 from .arrays import as_float, as_mask
-from .contract import (check_advantage_kind, check_dcpo_bounds_args, check_dcpo_old_logp, check_dpo_args,
+from .contract import (check_advantage_kind, check_dcpo_bounds_args, check_old_logp_probabilities, check_dpo_args,
                        check_group_size, check_kl_kind, check_overlong, check_prompt_ids, check_q,
                        check_reinforce_args, check_same_shape, check_token_shapes, check_unit_interval,
                        check_value_args, policy_options, resolve_hparams)
 from . import objectives as ob
-from .registry import PARTS, get_algorithm
+from .registry import PARTS, PROBABILITY_CLIPS, get_algorithm
 from .selection import clip_cov_select, kl_cov_select, token_cov
 
 
@@ -58,8 +58,8 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
         group_size, ref_logp, rollout_logp, cov_select, _exact, lambda arg, x: as_mask(x, arg))
     mask = m.astype(int).tolist()
     n_rows, n_cols = lp_num.shape
-    if alg.clip == "dynamic":
-        check_dcpo_old_logp((as_float("old_logp", old_logp)[m > 0] > 0).any())
+    if alg.clip in PROBABILITY_CLIPS:
+        check_old_logp_probabilities(name, (as_float("old_logp", old_logp)[m > 0] > 0).any())
 
     live, frozen = _symbols("lp", n_rows, n_cols), _symbols("sg", n_rows, n_cols)
     values = {}

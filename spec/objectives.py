@@ -4,6 +4,7 @@ from __future__ import annotations
 import sympy as sp
 
 from .contract import SAPO_SATURATION
+from .registry import DIVERGENCE_CLIPS
 
 HALF = sp.Rational(1, 2)
 
@@ -110,6 +111,29 @@ def cispo_bounds(hp):
     return 1 - hp["eps_low"], 1 + hp["eps_high"]
 
 
+def binary_kl(x, y, select=piecewise):
+    """KL(Bern(mu) || Bern(pi)) of the sampled token, mu = e^y, pi = e^x (DPPO-Binary-KL, Qi et al. 2602.04879):
+    mu (y - x) + (1 - mu) log((1 - mu) / (1 - pi)), the second term 0 at mu = 1; for x < 0 and y <= 0."""
+    mu = sp.exp(y)
+    rest = select((0, sp.Eq(y, 0)), ((1 - mu) * (sp.log(1 - mu) - sp.log(1 - sp.exp(x))), True))
+    return mu * (y - x) + rest
+
+
+def dppo_keep(x, y, adv, hp, kind, select=piecewise):
+    """DPPO's trust-region mask (Qi et al. 2602.04879, DPPO-Binary-TV / -KL) of a token with log-probs x (current)
+    and y (old): 0 where the update left the region in the direction A pushes it, 1 elsewhere. Binary TV: pi - mu
+    > eps_high for A > 0, pi - mu < -eps_low for A < 0. Binary KL: pi > mu with KL > eps_high (or pi >= 1, where
+    it is infinite) for A > 0, pi < mu with KL > eps_low for A < 0. A = 0 is never masked."""
+    if kind == "binary_tv":
+        moved = sp.exp(x) - sp.exp(y)
+        up = select((0, moved > hp["eps_high"]), (1, True))
+        down = select((0, moved < -hp["eps_low"]), (1, True))
+    else:  # each branch is reached only where its KL is defined
+        up = select((1, x <= y), (0, x >= 0), (0, binary_kl(x, y, select) > hp["eps_high"]), (1, True))
+        down = select((1, x >= y), (0, binary_kl(x, y, select) > hp["eps_low"]), (1, True))
+    return select((up, adv > 0), (down, adv < 0), (1, True))
+
+
 def gmpo_clipped_log_ratio(x, sign, eps_low, eps_high, select=piecewise):
     """GMPO's token term sgn(A) * min(sgn(A) x, sgn(A) clip(x, -eps_low, eps_high)) for x = log r; x itself wins
     the tie."""
@@ -197,6 +221,9 @@ def policy_objective(alg, hp, live, frozen, old, adv, mask, ref=None, group_size
         if alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * log pi
             lo, hi = cispo_bounds(hp)
             return -clip(sp.exp(frozen[i][t] - old[i][t]), lo, hi, select) * a * live[i][t]
+        if alg.clip in DIVERGENCE_CLIPS:  # DPPO: -sg(M r) A log pi, M the trust-region mask
+            keep = dppo_keep(frozen[i][t], old[i][t], a, hp, alg.clip, select)
+            return -keep * sp.exp(frozen[i][t] - old[i][t]) * a * live[i][t]
         if alg.clip == "off":  # KL-Cov: -r A, plus the |log r| penalty on the selected tokens
             return -r * a + (hp["kl_cov_coef"] * sp.Abs(live[i][t] - old[i][t]) if chosen and chosen[i][t] else 0)
         if chosen and chosen[i][t]:  # Clip-Cov: the value at the stop-gradient copy, so no gradient

@@ -23,12 +23,18 @@ ROLLOUT_CORRECTIONS = ("tis", "mis", "seq_mis")
 #: bound (TRL, Liger, Unsloth).
 CAP_MODES = ("relative", "absolute")
 
+#: The kinds of clip that read exp(old_logp) as a probability (DCPO's q, DPPO's mu): old_logp must be <= 0.
+PROBABILITY_CLIPS = frozenset({"dynamic", "binary_tv", "binary_kl"})
+#: DPPO's kinds of clip: a token's trust region measured by a divergence between the current and the old policy
+#: restricted to two outcomes, the sampled token or any other (the binary TV or KL).
+DIVERGENCE_CLIPS = frozenset({"binary_tv", "binary_kl"})
+
 #: The hyper-parameters each kind of clip reads (Algorithm.clip), each token selection (Algorithm.select), and each
 #: rollout correction beyond its name.
 CLIP_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "fixed": ("eps_low", "eps_high", "dual_clip", "delta"), "dynamic": ("eps_low", "eps_high", "r_max", "dual_clip"),
     "log": ("eps_low", "eps_high"), "soft": ("tau_pos", "tau_neg"), "truncated": ("eps_low", "eps_high", "cap_mode"),
-    "off": ()})
+    "binary_tv": ("eps_low", "eps_high"), "binary_kl": ("eps_low", "eps_high"), "off": ()})
 SELECT_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "cov_seed"), "kl_cov": ("kl_cov_ratio", "kl_cov_coef")})
 ROLLOUT_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
@@ -36,8 +42,10 @@ ROLLOUT_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 
 #: Every hyper-parameter a policy loss accepts, with the meaning users see in errors and --help.
 HPARAMS: Mapping[str, str] = MappingProxyType({
-    "eps_low": "lower clip width: r >= 1 - eps_low (DCPO: eps in its dynamic lower bound)",
-    "eps_high": "upper clip width: r <= 1 + eps_high (DCPO: eps in its dynamic upper bound)",
+    "eps_low": "lower clip width: r >= 1 - eps_low (DCPO: eps in its dynamic lower bound; DPPO: the divergence "
+               "threshold for A < 0)",
+    "eps_high": "upper clip width: r <= 1 + eps_high (DCPO: eps in its dynamic upper bound; DPPO: the divergence "
+                "threshold for A > 0)",
     "beta": "weight of the per-token KL penalty added to the loss (0 = none)",
     "kl": "KL estimator for the penalty: k1, k2, k3 or k3_unbiased (r * k3, DeepSeek-V3.2)",
     "agg": "aggregation mode, one of " + ", ".join(AGG_MODES),
@@ -69,7 +77,8 @@ class Algorithm:
     name: str
     ratio: str  # "token", "sequence" (GSPO), "sequence_token" (GSPO-token), "geometric" (GMPO) or "none" (GPG)
     # "fixed", "dynamic" (DCPO), "log" (GMPO: fixed, on log r), "soft" (SAPO), "truncated" (CISPO: the weight, not
-    # the gradient), "off" (GPG, KL-Cov), "none" (DPO: not a policy loss)
+    # the gradient), "binary_tv" / "binary_kl" (DPPO: a token masked where the divergence of its Bernoulli leaves the
+    # trust region), "off" (GPG, KL-Cov), "none" (DPO: not a policy loss)
     clip: str
     defaults: Mapping[str, object] = field(default_factory=dict)
     source: str = ""
@@ -139,6 +148,12 @@ ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (
     _alg("kl_cov", "token", "off",
          "Cui et al. 2505.22617, Sec. 5 (KL-Cov: |log r| penalty on the top-k Cov tokens)",
          select="kl_cov", agg="token_mean"),
+    _alg("dppo_tv", "token", "binary_tv",
+         "DPPO, Qi et al. 2602.04879, DPPO-Binary-TV (the binary approximation of the TV trust region; delta 0.15 "
+         "as the authors' verl recipe)", agg="token_mean", eps_low=0.15, eps_high=0.15),
+    _alg("dppo_kl", "token", "binary_kl",
+         "DPPO, Qi et al. 2602.04879, DPPO-Binary-KL (the binary approximation of the KL trust region; delta 0.05 "
+         "as the authors' verl recipe)", agg="token_mean", eps_low=0.05, eps_high=0.05),
     Algorithm("dpo", "sequence", "none", MappingProxyType({"beta": 0.1}),
               "DPO, Rafailov et al. 2305.18290, Eq. 7", advantage="none"),
 )})

@@ -28,7 +28,8 @@ import sim
 import spec
 from gpu import config as gpu_config
 from sim import config as sim_config
-from spec.registry import AGG_MODES, HPARAMS, KL_KINDS, POLICY_ALGORITHMS, ROLLOUT_CORRECTIONS, get_algorithm
+from spec.registry import (AGG_MODES, DIVERGENCE_CLIPS, HPARAMS, KL_KINDS, POLICY_ALGORITHMS, ROLLOUT_CORRECTIONS,
+                           get_algorithm)
 
 LAYERS = {"spec": spec, "sim": sim, "gpu": gpu}
 # Tiny, subnormal, huge, signed zeros and the non-finite values, mixed into every array.
@@ -390,8 +391,10 @@ def test_gradients_agree_at_far_ratios(name, data):
     rtol = GRAD_RTOL[dtype] * (1 + max(1.5, means[means < FAR_RATIO[dtype][0]].max(initial=0.0)))
     assert_matches(grad, want_grad, dtype, rtol, where)
     # the loss is a sum whose terms may cancel: its rounding is relative to the sum of |terms|, which is at most
-    # |grad * logp| (CISPO and GPG are linear in logp) plus 10 |A| a token (r capped at r_max = 10; SAPO's 4 / tau)
-    linear = get_algorithm(name).ratio == "none" or get_algorithm(name).clip == "truncated"
+    # |grad * logp| (CISPO, GPG and DPPO are linear in logp) plus 10 |A| a token (r capped at r_max = 10; SAPO's
+    # 4 / tau)
+    alg = get_algorithm(name)
+    linear = alg.ratio == "none" or alg.clip in ("truncated", *DIVERGENCE_CLIPS)
     terms = (np.abs(want_grad * arrays["logp"]).sum() if linear else 0.0) + 10 * t * p * g
     for value, gradient in ((loss, grad), (want_loss, want_grad)):
         if np.isnan(value):  # KL-Cov's -r * A past the range with A of both signs: inf - inf (RATIO_GUARDS)

@@ -21,6 +21,9 @@ PAPER = {
     "gpg": dict(agg="token_mean"),
     "clip_cov": dict(clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0, agg="token_mean"),
     "kl_cov": dict(kl_cov_ratio=2e-3, kl_cov_coef=1.0, agg="token_mean"),
+    # the 2026 modes: DPPO's thresholds as the authors' verl recipe sets them
+    "dppo_tv": dict(eps_low=0.15, eps_high=0.15, agg="token_mean"),
+    "dppo_kl": dict(eps_low=0.05, eps_high=0.05, agg="token_mean"),
 }
 ADVANTAGE = {"ppo": "gae", "dr_grpo": "dr_grpo", "dcpo": "sas", "gpg": "gpg"}
 ROLLOUT = {"tis_cap": 2.0, "mis_low": 0.5, "mis_high": 5.0, "rollout_correction": None, "delta": None}
@@ -56,8 +59,9 @@ def test_unknown_name_lists_the_known_ones():
         get_algorithm("grpoo")
 
 
-# Another valid value of each hyper-parameter (beside its default), for the reads() test.
-OTHER = {"eps_low": 0.1, "eps_high": 0.35, "kl": "k1", "max_len": 7, "tau_pos": 3.0, "tau_neg": 0.3, "r_max": 2.0,
+# Another valid value of each hyper-parameter (beside its default), for the reads() test (eps_low and eps_high small
+# enough that DPPO's divergence thresholds, not only the ratio clips, move on the batch there).
+OTHER = {"eps_low": 0.001, "eps_high": 0.01, "kl": "k1", "max_len": 7, "tau_pos": 3.0, "tau_neg": 0.3, "r_max": 2.0,
          "dual_clip": 1.5, "delta": 4.0, "cap_mode": "absolute", "clip_cov_ratio": 0.5, "clip_cov_lb": -5.0,
          "clip_cov_ub": 50.0, "cov_seed": 3, "kl_cov_ratio": 0.5, "kl_cov_coef": 3.0, "tis_cap": 1.1,
          "mis_low": 0.9, "mis_high": 1.2}

@@ -25,7 +25,7 @@ import os
 import torch
 
 from spec.records import read_json, write_json
-from spec.registry import AGG_MODES, GROUP_AGG_MODES, POLICY_ALGORITHMS, get_algorithm
+from spec.registry import AGG_MODES, DIVERGENCE_CLIPS, GROUP_AGG_MODES, POLICY_ALGORITHMS, get_algorithm
 
 from ..advantages import SmoothAdvantage
 from ..losses import policy_loss
@@ -61,7 +61,7 @@ def hyperparameters(name: str, agg: str | None, config, width: int) -> dict:
     """cliplab hyper-parameters of ``name`` from a verl ActorConfig."""
     alg = get_algorithm(name)
     hp = {"agg": agg or alg.defaults["agg"], "beta": 0.0}  # verl adds its KL loss itself (use_kl_loss)
-    if alg.clip in ("fixed", "dynamic", "log", "truncated"):
+    if alg.clip in ("fixed", "dynamic", "log", "truncated", *DIVERGENCE_CLIPS):  # DPPO's thresholds: verl's too
         hp["eps_low"] = float(config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio)
         hp["eps_high"] = float(config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio)
     if alg.select is not None:  # Clip-Cov and KL-Cov read verl's policy_loss section
