@@ -103,9 +103,12 @@ def test_the_core_install_runs_sim_to_its_ranking_and_names_the_extras_it_lacks(
     sweep = tmp_path / "sweep"
     done = run(cliplab, "sim", "--steps", "5", "--seeds", "4", "--algos", "grpo,dapo", "--workers", "1", "--out",
                sweep, cwd=tmp_path)
-    table, ranking = done.stdout.split("ranking at an equal generation budget")
-    assert [line.split()[0] for line in table.strip().splitlines()] == ["label", "grpo", "dapo"]
-    assert sorted(line.split()[1] for line in ranking.strip().splitlines()[2:]) == ["dapo", "grpo"]
+    ranking, table = done.stdout.split("summary at the end of each run")  # the ranking first
+    assert ranking.startswith("ranking at equal generation budget")
+    assert [line.split()[0] for line in table.strip().splitlines()[1:4]] == ["label", "grpo", "dapo"]
+    lines = ranking.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("rank "))
+    assert sorted(line.split()[2] for line in lines[head + 1:head + 3]) == ["dapo", "grpo"]
     assert done.stderr.splitlines()[-1] == (f"note: the plots and claims of `cliplab report {sweep}` need the "
                                             "reports extra: pip install 'cliplab[reports]'")
     for command, extra, lacking in (("verify", "torch", "torch"), ("report", "reports", "pandas, matplotlib")):

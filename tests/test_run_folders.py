@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.reports.rundirs import load_runs, output_file
+from harness.reports.ranking import rankings
 from harness.reports.sim import ranking_lines
 from harness.runs.sim import format_ranking
 from sim import sweep
@@ -106,7 +107,7 @@ def test_a_ranking_over_fewer_than_five_seeds_shows_no_interval_and_warns(tmp_pa
     with pytest.warns(UserWarning, match=r"^ranking: 1 seed\(s\) in a set, fewer than 5; its intervals read n/a"):
         text = format_ranking(str(tmp_path))
     with pytest.warns(UserWarning, match="^ranking: 1 seed"):
-        table = "\n".join(ranking_lines(load_runs([tmp_path])))
+        table = "\n".join(ranking_lines(rankings(load_runs([tmp_path]))))
     for shown in (text, table):
         assert "n/a (too few seeds)" in shown and "nan" not in shown and "± 0" not in shown
 

@@ -13,10 +13,10 @@ import numpy as np
 from spec.extras import require
 from spec.records import naming, read_json, safe_name, write_text
 
-from harness.reports.claims import bandit_entropy_check, claim_bandit, run_claims, seed_sets
+from harness.reports.claims import bandit_entropy_check, claim_bandit, run_claims
+from harness.reports.ranking import difference, pair_cell, rankings
 from harness.reports.rundirs import (Groups, check_dirs, fmt, fmt_interval, load_runs, md, mean_se, output_file,
                                      shell_line)
-from harness.reports.stats import MIN_SEEDS, t_interval
 
 PANELS = ("accuracy_exact", "pass@64", "entropy", "entropy_relevant", "entropy_offtrack", "malformed", "clip_frac",
           "clip_up_frac", "rur", "kl_ref", "resp_len", "gen_per_trained")
@@ -26,42 +26,106 @@ TABLE = ("accuracy", "accuracy_exact", "pass@64_final", "entropy_final", "clip_f
 
 
 # ---- plots ---------------------------------------------------------------------------------------------------
-def plot_curves(groups: Groups, labels: list[str], path: Path, panels=PANELS, smooth: int = 10) -> list[Path]:
-    """The mean over seeds (moving average of ``smooth`` steps) and a min-max seed band of each metric that has
-    data, at most MAX_PANELS panels a figure (``path``, then ``path``_2 ...), 100 dpi; returns the files."""
+#: A panel's title and its y-axis label with the unit (the metric definitions: sim/metrics.py DEFINITIONS, and
+#: gpu/step_metrics.py's for real-model runs); a metric not listed is titled by its name.
+LABELS = {
+    "accuracy_exact": ("exact accuracy", "P(correct response)"),
+    "accuracy": ("accuracy of the generated responses", "share correct"),
+    **{f"pass@{k}": (f"pass@{k} (exact)", f"P(one of {k} correct)") for k in (1, 8, 64)},
+    "reward": ("training reward", "reward (its scheme)"),
+    "entropy": ("entropy", "nats per token"),
+    "entropy_relevant": ("entropy of the answer positions", "nats per token"),
+    "entropy_offtrack": ("entropy off track", "nats per token"),
+    "malformed": ("malformed responses", "share of responses"),
+    "clip_frac": ("clipped tokens (TCR)", "share of tokens"),
+    "clip_up_frac": ("tokens clipped at the upper bound", "share of tokens"),
+    "rur": ("response utilisation (RUR)", "share of trained responses"),
+    "zero_grad_frac": ("groups with equal rewards", "share of groups"),
+    "kl_ref": ("KL to the reference", "nats per token"),
+    "resp_len": ("response length", "tokens"),
+    "len_wrong": ("length of incorrect responses", "tokens"),
+    "gen_per_trained": ("generated per trained response", "responses"),
+    "ratio_dev_median": ("median |ratio - 1| of trained tokens", "|pi / pi_old - 1|"),
+    "cov_logp_adv": ("Cov(log pi, A)", "nats x advantage"),
+    "gap_mean_abs": ("rollout/trainer log-prob gap", "mean |log-prob gap|, nats"),
+}
+#: The x axes: steps, or responses generated before the step (mean over seeds), for comparisons at equal budget.
+X_AXES = {"step": "step", "generated": "responses generated (seed mean)"}
+
+
+def panel_title(key: str) -> str:
+    return LABELS.get(key, (key, ""))[0]
+
+
+def panel_chunks(groups: Groups, labels: list[str], panels=PANELS) -> list[list[str]]:
+    """The metrics of ``panels`` that have data, MAX_PANELS a figure."""
     panels = [k for k in panels if any(np.isfinite(groups.curve(lbl, k)).any() for lbl in labels)]
+    return [panels[start:start + MAX_PANELS] for start in range(0, len(panels), MAX_PANELS)]
+
+
+def plot_curves(groups: Groups, labels: list[str], path: Path, panels=PANELS, smooth: int = 10, x: str = "step",
+                budget: float | None = None) -> list[Path]:
+    """The mean over seeds (moving average of ``smooth`` steps) and a min-max seed band of each metric that has
+    data, titled and its y axis labelled with its unit (``LABELS``), against steps or (``x="generated"``)
+    responses generated, with ``budget`` marked; at most MAX_PANELS panels a figure (``path``, then ``path``_2
+    ...), 100 dpi; returns the files."""
     paths = []
-    for n, start in enumerate(range(0, len(panels), MAX_PANELS)):
-        chunk = panels[start:start + MAX_PANELS]
+    for n, chunk in enumerate(panel_chunks(groups, labels, panels)):
         out = path if n == 0 else path.with_name(f"{path.stem}_{n + 1}{path.suffix}")
-        _figure(groups, labels, chunk, out, smooth)
+        _figure(groups, labels, chunk, out, smooth, x, budget)
         paths.append(out)
     return paths
 
 
-def _figure(groups: Groups, labels: list[str], panels: list[str], path: Path, smooth: int) -> None:
+def plot_lines(groups: Groups, labels: list[str], path: Path, title: str, panels=PANELS, smooth: int = 10,
+               x: str = "step", budget: float | None = None) -> list[str]:
+    """``plot_curves``' figures as markdown images, each with its own alt text: the title and its panels."""
+    chunks = panel_chunks(groups, labels, panels)
+    paths = plot_curves(groups, labels, path, panels, smooth, x, budget)
+    return [f"![{md(title)}: {md(', '.join(panel_title(k) for k in chunk))} by {X_AXES[x]}]({p.name})"
+            for p, chunk in zip(paths, chunks)]
+
+
+def _x(groups: Groups, label: str, x: str, steps: int) -> np.ndarray:
+    if x == "step":
+        return np.arange(steps, dtype=float)
+    gen = groups.curve(label, "generated")
+    used = np.concatenate([np.zeros((len(gen), 1)), np.nancumsum(gen, axis=1)[:, :-1]], axis=1)
+    return used.mean(0)
+
+
+def _figure(groups: Groups, labels: list[str], panels: list[str], path: Path, smooth: int, x: str = "step",
+            budget: float | None = None) -> None:
     require("reports", "plotting")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     cols = min(3, len(panels))
     rows = int(np.ceil(len(panels) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 0.9), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(4.6 * cols, 10.0), 3.4 * rows + 0.9), squeeze=False)
     colors = plt.get_cmap("tab10")
     for ax, key in zip(axes.flat, panels):
         for i, label in enumerate(labels):
             c = groups.curve(label, key)
             if not np.isfinite(c).any():
                 continue
-            c = _moving(c, smooth)
-            x = np.arange(c.shape[1])
+            evaluated = np.isfinite(c).any(0)
+            if evaluated.mean() > 0.5:  # logged every step: smoothed; evaluated every few steps: as evaluated
+                c = _moving(c, smooth)
+            xs = _x(groups, label, x, c.shape[1])
+            keep = np.isfinite(c).any(0)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                ax.plot(x, np.nanmean(c, 0), color=colors(i % 10), lw=1.4, label=label.replace("$", r"\$"))
-                ax.fill_between(x, np.nanmin(c, 0), np.nanmax(c, 0), color=colors(i % 10), alpha=0.15, lw=0)
-        ax.set_title(key, fontsize=11)
+                ax.plot(xs[keep], np.nanmean(c, 0)[keep], color=colors(i % 10), lw=1.4,
+                        label=label.replace("$", r"\$"))
+                ax.fill_between(xs[keep], np.nanmin(c, 0)[keep], np.nanmax(c, 0)[keep], color=colors(i % 10),
+                                alpha=0.15, lw=0)
+        if budget is not None:
+            ax.axvline(budget, color="0.4", ls="--", lw=0.9, label="the ranking's budget")
+        ax.set_title(panel_title(key), fontsize=11)
         ax.tick_params(labelsize=9)
-        ax.set_xlabel("step", fontsize=9)
+        ax.set_xlabel(X_AXES[x], fontsize=9)
+        ax.set_ylabel(LABELS.get(key, (key, key))[1], fontsize=9)
         if key == "clip_frac":
             ax.set_yscale("symlog", linthresh=1e-4)
     for ax in list(axes.flat)[len(panels):]:
@@ -205,89 +269,77 @@ def claim_lines(runs: list[dict]) -> list[str]:
     return lines
 
 
-RANK_KEYS = ("accuracy_exact", "pass@8", "pass@64")
+def ranking_lines(found: list) -> list[str]:
+    """The rankings ``found`` (``harness.reports.ranking.rankings``) as markdown: per environment and sweep folder,
+    at an equal generation budget and at equal optimiser updates, the answer first, then the labels, the pairs,
+    where accuracy and pass@k disagree, and each label's gap to the leader."""
+    lines = []
+    for rk in found:
+        lines += [f"### {md(rk.env) + ': ' if rk.env else ''}ranking at equal {rk.axis} ({md(Path(rk.folder).name)})",
+                  "", f"**{md(rk.verdict)}** {md(rk.replication)}", ""]
+        if rk.warning:
+            lines += [f"Warning: {md(rk.warning[len('ranking: '):])}.", ""]
+        lines += [md(" ".join(ranking_text(rk))), ""]
+        metric, pk = METRIC_NAMES.get(rk.metric, rk.metric), rk.pass_k
+        head = ["rank", "tie group", "label", "reward (correct/wrong/malformed)", metric, pk, f"replication {metric}",
+                pk and f"replication {pk}", "replication rank"]
+        head = [c for c in head if c]
+        lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        for s in rk.standings:
+            cells = [s.rank, s.group, s.label, s.reward, fmt_interval(s.metric), s.pass_k and fmt_interval(s.pass_k),
+                     fmt_interval(s.replication_metric) if s.replication_metric else "-",
+                     pk and (fmt_interval(s.replication_pass_k) if s.replication_pass_k else "-"),
+                     s.replication_rank or "-"]
+            lines.append("| " + " | ".join(md(c) for c in cells if c is not None) + " |")
+        lines += ["", f"| ahead | behind | {metric} difference | " + (f"{pk} difference | " if pk else "")
+                  + "replication |", "|---" * (5 if pk else 4) + "|"]
+        for p in rk.pairs:
+            cells = [p.ahead, p.behind, pair_cell(p.metric, p.separable), p.pass_k and difference(p.pass_k),
+                     replication_cell(p)]
+            lines.append("| " + " | ".join(md(c) for c in cells if c is not None) + " |")
+        lines += [""] + [f"- {md(s.label)}: {md(s.gap)}" for s in rk.standings[1:]] + [""]
+    return lines
 
 
-def at_budget(groups: Groups, label: str, key: str, budget: float) -> np.ndarray:
-    """Per seed, ``key`` at the last evaluated step whose policy had consumed at most ``budget`` generated
-    responses (the responses generated before that step)."""
-    gen = groups.curve(label, "generated")
-    used = np.concatenate([np.zeros((len(gen), 1)), np.nancumsum(gen, axis=1)[:, :-1]], axis=1)
-    vals = groups.curve(label, key)
-    out = np.full(len(vals), np.nan)
-    for i, (u, v) in enumerate(zip(used, vals)):
-        ok = np.flatnonzero((u <= budget) & np.isfinite(v))
-        if ok.size:
-            out[i] = v[ok[-1]]
+#: How a ranking names its primary metric.
+METRIC_NAMES = {"accuracy_exact": "exact accuracy", "accuracy": "accuracy"}
+
+
+def ranking_text(rk) -> list[str]:
+    """What a ranking reads, how it tests, where its metrics disagree and how it squares with the summary table's
+    equal steps: sentences for the markdown and the console."""
+    metric = METRIC_NAMES.get(rk.metric, rk.metric)
+    out = [f"Each label's {metric}" + (f" ({rk.pass_k} beside)" if rk.pass_k else "")
+           + f" at {rk.budget:,.0f} {rk.unit} (the fewest any label reached; linear between the two evaluations "
+           f"around it), mean ± 95% t half-width over the discovery seeds {rk.seeds}"
+           + (f", the replication seeds {rk.replication_seeds} beside." if rk.replication_seeds else ".")]
+    out.append(f"Pairs: {rk.test} tests" + (" (the same seeds and environment draws)" if rk.test == "paired t" else
+                                            " (the labels' seeds or environment draws differ)")
+               + (f", Holm-adjusted over the {len(rk.pairs)} pairs (each metric its own family)" if len(rk.pairs) > 1
+                  else "") + "; labels sharing a "
+               "tie-group letter are not separable at 5%.")
+    for p in rk.pairs:
+        if p.disagree in ("both", "pass@k"):
+            out.append(f"Metrics disagree: {rk.pass_k} puts {p.behind} ahead of {p.ahead} ({difference(p.pass_k)}"
+                       + (f", while {metric} separates them the other way)." if p.disagree == "both" else
+                          f"; {metric} does not separate them)."))
+    if rk.unit == "responses generated":
+        fewest = min(rk.spent.values())
+        more = [f"{lbl} {v / fewest:.3g}x" for lbl, v in rk.spent.items() if v > 1.1 * fewest]
+        if more:
+            out.append("At equal steps (the summary table, the runs' ends) the labels generated unequal numbers of "
+                       f"responses ({', '.join(more)} the fewest); here each is read within the same number (the "
+                       "ranking at equal optimiser updates compares them per update instead).")
+    if rk.left_out:
+        out.append(f"Not ranked: {', '.join(rk.left_out)}.")
     return out
 
 
-def ranking(runs: list[dict]) -> tuple[float, list[dict]]:
-    """The algorithms of the plain comparison (labels without grid settings) ranked by exact accuracy at an equal
-    generation budget, the fewest responses any of them generated (so DAPO's extra rounds buy it nothing), on the
-    discovery seeds, with pass@k, t intervals and the rank on the replication seeds."""
-    disc, rep = seed_sets(runs)
-    gd, gr = Groups(disc), Groups(rep) if rep else None
-    labels = [lbl for lbl in gd.labels() if not gd.runs[lbl][0]["params"]
-              and np.isfinite(gd.curve(lbl, "accuracy_exact")).any()
-              and np.isfinite(gd.curve(lbl, "generated")).any()]
-    if len(labels) < 2:
-        return float("nan"), []
-    sets = [g for g in (gd, gr) if g is not None]
-    budget = min(np.nansum(g.curve(lbl, "generated")[:, :-1], axis=1).min() for g in sets for lbl in labels
-                 if lbl in g.runs)
-    rows = []
-    for lbl in labels:
-        row = {"label": lbl, "reward": (gd.runs[lbl][0].get("settings") or {}).get("reward")}
-        for name, g in (("discovery", gd), ("replication", gr)):
-            for key in RANK_KEYS:
-                row[(name, key)] = t_interval(at_budget(g, lbl, key, budget)) if g is not None and lbl in g.runs \
-                    else None
-        rows.append(row)
-    fewest = min(iv.n for row in rows for k, iv in row.items() if isinstance(k, tuple) and iv is not None)
-    if fewest < MIN_SEEDS:
-        warnings.warn(f"ranking: {fewest} seed(s) in a set, fewer than {MIN_SEEDS}; its intervals read n/a (too few "
-                      "seeds)", stacklevel=2)
-    rows.sort(key=lambda r: -r[("discovery", "accuracy_exact")].mean)
-    order = sorted(rows, key=lambda r: -(r[("replication", "accuracy_exact")].mean
-                                         if r[("replication", "accuracy_exact")] else np.nan))
-    for i, row in enumerate(rows):
-        row["rank"] = i + 1
-        row["rank_replication"] = order.index(row) + 1 if row[("replication", "accuracy_exact")] else None
-    return budget, rows
-
-
-def ranking_lines(runs: list[dict]) -> list[str]:
-    """The ranking as a markdown table per environment."""
-    from sim.config import REWARD_SCHEMES
-    lines = []
-    by_env: dict = {}
-    for r in runs:
-        by_env.setdefault(r.get("env"), []).append(r)
-    for env, env_runs in by_env.items():
-        budget, rows = ranking(env_runs)
-        if not rows:
-            continue
-        lines += [f"### {env}: ranking at equal generation budget", "",
-                  f"Exact accuracy and pass@k of each algorithm's policy once it had generated {budget:.0f} "
-                  "responses (the fewest any algorithm generated in its run: equal generation, not equal steps), "
-                  "mean ± 95% t half-width over seeds. Ranked on the discovery seeds; the replication seeds' rank "
-                  "beside. Rewards differ by paper (named beside each algorithm); accuracy is the one scale.", "",
-                  "| rank | algorithm (its reward: correct/wrong/malformed) | accuracy | pass@8 | pass@64 | "
-                  "replication accuracy | replication pass@64 | replication rank |", "|---|---|---|---|---|---|---|---|"]
-        for row in rows:
-            scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(row["reward"], ())) or "coin flips"
-            cells = [str(row["rank"]), f"{row['label']} ({row['reward']}: {scheme})"]
-            for name, key in (("discovery", "accuracy_exact"), ("discovery", "pass@8"), ("discovery", "pass@64"),
-                              ("replication", "accuracy_exact"), ("replication", "pass@64")):
-                iv = row[(name, key)]
-                cells.append(fmt_interval(iv) if iv is not None else "-")
-            same = row["rank_replication"] == row["rank"]
-            cells.append("-" if row["rank_replication"] is None else
-                         f"{row['rank_replication']} ({'same' if same else 'differs'})")
-            lines.append("| " + " | ".join(md(c) for c in cells) + " |")
-        lines.append("")
-    return lines
+def replication_cell(p) -> str:
+    if p.replication is None:
+        return "-"
+    state = {True: "holds", False: "does not hold", None: ""}[p.replicated]
+    return difference(p.replication) + (f", {state}" if state else "")
 
 
 def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
@@ -307,6 +359,8 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
     cmds = [c for d in dirs for c in commands_of(d)]
     if cmds:
         lines += ["Produced by:", "", "```", *cmds, shell_line("cliplab", "report", *dirs, "--out", out_md), "```", ""]
+    found = rankings(runs)
+    lines += ["## Ranking", ""] + (ranking_lines(found) or ["No comparison of several labels here.", ""])
     lines += setup_lines(groups)
     lines += claim_lines(runs)
     if bandit:
@@ -335,8 +389,11 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
             continue
         png = out_md.with_name(safe_name(f"{out_md.stem}_{i}_{d.name}") + ".png")
         env = groups.runs[labels[0]][0].get("env")
-        title = md(f"{env}: {d.name}" if env else d.name)
-        lines += [f"### {title}", ""] + [f"![{title}]({p.name})" for p in plot_curves(groups, labels, png)] + [""]
-    lines += ["## Ranking", ""] + (ranking_lines(runs) or ["No plain comparison of several algorithms here.", ""])
+        title = f"{env}: {d.name}" if env else d.name
+        lines += [f"### {md(title)}", ""] + plot_lines(groups, labels, png, title)
+        for rk in (rk for rk in found if rk.folder == str(d) and rk.unit == "responses generated"):
+            lines += plot_lines(groups, labels, png.with_name(f"{png.stem}_budget.png"), title,
+                                [k for k in (rk.metric, rk.pass_k) if k], x="generated", budget=rk.budget)
+        lines += [""]
     write_text(out_md, "\n".join(lines) + "\n")
     return out_md

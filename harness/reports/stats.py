@@ -1,7 +1,8 @@
 """The statistics every report uses, on scipy.stats: t intervals at the true degrees of freedom, paired and Welch
-tests, Holm's correction across a report's claims, and the smallest effect the seeds could detect."""
+tests, Holm's correction across a report's claims (and a ranking's pairs), and the smallest effect the seeds could
+detect."""
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import optimize, stats
@@ -133,6 +134,25 @@ def holm(pvalues) -> np.ndarray:
     adjusted = np.maximum.accumulate((m - np.arange(m)) * p[order])
     out[order] = np.minimum(adjusted, 1.0)
     return out
+
+
+def pairwise(samples: dict, paired: bool, min_n: int = MIN_SEEDS) -> dict[tuple[str, str], Comparison]:
+    """Every pair (a, b) of ``samples`` ({name: values over seeds}, a before b in its order): b - a by
+    ``paired_test`` where ``paired`` (the arrays aligned, one entry a seed), else ``welch_test``; the p-values
+    Holm-adjusted over the pairs tested, and each detectable effect stated at Holm's strictest level (5% / the pairs
+    tested), so that an effect that size is found with ``POWER`` wherever its p falls in Holm's order. A pair with
+    under ``min_n`` values a side is "too few": not tested, no interval."""
+    names = list(samples)
+    found = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            x, y = np.asarray(samples[a], float), np.asarray(samples[b], float)
+            c = paired_test(x, y) if paired and x.shape == y.shape else welch_test(x, y)
+            found[a, b] = _too_few(c.diff, c.n_a, c.n_b) if min(c.n_a, c.n_b) < min_n else c
+    adjusted = holm([c.p if c.kind in ("paired", "welch") else np.nan for c in found.values()])
+    tested = int(np.isfinite(adjusted).sum())
+    return {key: replace(c, p=float(p), detectable=detectable_effect(c.se, c.df, (1 - LEVEL) / tested))
+            if np.isfinite(p) else c for (key, c), p in zip(found.items(), adjusted)}
 
 
 def fit(model, x, y, p0) -> list[Interval]:

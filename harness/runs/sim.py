@@ -84,10 +84,13 @@ def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[
     summary = run_sweep_on(backend, env, names, seeds, steps, parse_sets(sets), out, workers=workers,
                            progress=progress, address=address, on_run=on_run)
     if json_out:
-        print(json.dumps(summary["algorithms"], indent=1, sort_keys=True))
+        from harness.reports.ranking import as_json, rankings
+        from harness.reports.rundirs import load_runs
+        print(json.dumps({"algorithms": summary["algorithms"], "ranking": as_json(rankings(load_runs([out])))},
+                         indent=1, sort_keys=True))
     else:
-        print(format_table(summary))
         print(format_ranking(out))
+        print("summary at the end of each run (equal steps; means over seeds):\n" + format_table(summary))
     return summary
 
 
@@ -111,20 +114,30 @@ def match_command(paths, label: str | None, budget: int, env: str, algos: str, s
 
 
 def format_ranking(out: str) -> str:
-    """The report's ranking at equal generation budget (``harness.reports.sim.ranking``) as plain text."""
-    from harness.reports.sim import RANK_KEYS, ranking
+    """The rankings of the sweep in ``out`` (``harness.reports.ranking``) as plain text, the answer first: per
+    equal budget, the verdict, a table of the labels, the pairs, each label's gap to the leader and the notes."""
+    from harness.reports.ranking import difference, pair_cell, rankings
     from harness.reports.rundirs import fmt_interval, load_runs
-    from sim.config import REWARD_SCHEMES
-    budget, rows = ranking(load_runs([out]))
-    if not rows:
-        return ""
-    table = [["rank", "algorithm (reward)", *RANK_KEYS, "replication accuracy", "replication rank"]]
-    for row in rows:
-        scheme = "/".join(f"{v:g}" for v in REWARD_SCHEMES.get(row["reward"], ())) or "coin flips"
-        ivs = [row[("discovery", k)] for k in RANK_KEYS] + [row[("replication", "accuracy_exact")]]
-        table.append([str(row["rank"]), f"{row['label']} ({row['reward']} {scheme})",
-                      *(fmt_interval(iv) if iv else "-" for iv in ivs), str(row["rank_replication"] or "-")])
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    return (f"\nranking at an equal generation budget of {budget:.0f} responses (exact, mean ± 95% t half-width over "
-            "the discovery seeds; accuracy is the one scale, rewards differ by paper):\n"
-            + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in table))
+    from harness.reports.sim import METRIC_NAMES, ranking_text, replication_cell
+    parts = []
+    for rk in rankings(load_runs([out])):
+        metric, pk = METRIC_NAMES.get(rk.metric, rk.metric), rk.pass_k
+        table = [[c for c in ("rank", "group", "label", "reward", metric, pk, f"replication {metric}",
+                              "replication rank") if c]]
+        for s in rk.standings:
+            table.append([str(s.rank), s.group, s.label, s.reward, fmt_interval(s.metric),
+                          *([fmt_interval(s.pass_k)] if pk else []),
+                          fmt_interval(s.replication_metric) if s.replication_metric else "-",
+                          str(s.replication_rank or "-")])
+        widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+        pairs = [f"  {p.ahead} - {p.behind}: {pair_cell(p.metric, p.separable)}"
+                 + (f"; {pk} {difference(p.pass_k)}" if pk else "") + f"; replication {replication_cell(p)}"
+                 for p in rk.pairs]
+        parts.append("\n".join([
+            f"ranking at equal {rk.axis} ({rk.budget:,.0f} {rk.unit}; {rk.env}, {Path(rk.folder).name}):",
+            f"{rk.verdict} {rk.replication}",
+            *("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table),
+            f"pairs (ahead - behind, {metric}):", *pairs,
+            "gaps to the leader:", *(f"  {s.label}: {s.gap}" for s in rk.standings[1:]),
+            *ranking_text(rk), ""]))
+    return "\n".join(parts)
