@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.conform import kinds
 from harness.conform.cases import Check, batch_of, rollout_batch
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import RemoteTarget, TargetError, kl_checks, loss_and_grad
+from harness.conform.targets.remote import RemoteTarget, advantage_checks, kl_checks, loss_and_grad
 
 #: The trainer's outcome estimators (algo.advantage.estimator) -> the advantage kind's estimator and its settings
 #: (group_norm divides by std + 1e-9).
@@ -113,29 +112,12 @@ class Target(RemoteTarget):
         return (self.policy_checks() + self.rollout_checks() + self.dpo_checks() + self.kl_checks()
                 + self.advantage_checks())
 
-    def advantage_run(self, estimator):
-        def run(b, dtype):
-            used = kinds.rounded(b, "advantage", dtype)
-            out = self.worker.call("advantage", {"estimator": estimator, "group_size": used.group_size,
-                                                 "dtype": dtype}, rewards=kinds.rewards_of(used), mask=used.mask)
-            adv = np.asarray(out["advantages"] if isinstance(out, dict) and "advantages" in out else None, float)
-            if adv.shape != used.mask.shape:
-                raise TargetError(f"{self.name}: advantage returned shape {adv.shape}; expected {used.mask.shape}")
-            return adv * used.mask, None, used
-        return run
-
     def advantage_checks(self) -> list[Check]:
         """The trainer's outcome estimators against the advantage kind's reference (G contiguous responses per
         prompt, so no ragged groups), in float64, float32 and bfloat16."""
-        out = []
-        for name, (estimator, adapter) in ADVANTAGE_ESTIMATORS.items():
-            adapter = {"kind": "advantage", "estimator": estimator, **adapter}
-            for check in kinds.checks("advantage", f"compute_advantages_and_returns (estimator {name!r})", adapter,
-                                      ADVANTAGE_BINDING, self.advantage_run(name)):
-                check.knob = f"algo.advantage.estimator={name}, {check.knob}"
-                check.note = " ".join(filter(None, (ADVANTAGE_NOTES.get(name, ""), check.note)))
-                out.append(check)
-        return out
+        return advantage_checks(self, "compute_advantages_and_returns (estimator {!r})",
+                                "algo.advantage.estimator={}", ADVANTAGE_ESTIMATORS, ADVANTAGE_BINDING,
+                                ADVANTAGE_NOTES)
 
     def kl_checks(self) -> list[Check]:
         """``compute_approx_kl`` for the actor's KL loss: k1, k2, k3, and k1 with unbiased_gradient."""

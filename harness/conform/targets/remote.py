@@ -221,6 +221,34 @@ def kl_checks(target: RemoteTarget, call: str, estimators: dict, note: str = "",
     return out
 
 
+def advantage_checks(target: RemoteTarget, call: str, knob: str, estimators: dict, binding: dict,
+                     notes: dict | None = None) -> list:
+    """The worker's ``advantage`` op (kw: estimator, group_size, dtype; arrays: rewards [B], mask; reply
+    {"advantages": [B, T]}) for each of ``estimators`` (the framework's name -> the ``advantage`` kind's estimator
+    and its adapter settings), checked as a user callable of that kind with parameters ``binding`` is
+    (``kinds.checks``: float64, float32 and bfloat16); ``call`` and ``knob`` are formats of the framework's name,
+    ``notes`` a note per name."""
+    from harness.conform import kinds
+    out = []
+    for name, (estimator, settings) in estimators.items():
+        def run(b, dtype, name=name):
+            used = kinds.rounded(b, "advantage", dtype)
+            reply = target.worker.call("advantage", {"estimator": name, "group_size": used.group_size,
+                                                     "dtype": dtype}, rewards=kinds.rewards_of(used), mask=used.mask)
+            adv = np.asarray(reply["advantages"] if isinstance(reply, dict) and "advantages" in reply else None,
+                             dtype=float)
+            if adv.shape != used.mask.shape:
+                raise TargetError(f"{target.name}: advantage returned shape {adv.shape}; expected "
+                                  f"{used.mask.shape}")
+            return adv * used.mask, None, used
+        adapter = {"kind": "advantage", "estimator": estimator, **settings}
+        for check in kinds.checks("advantage", call.format(name), adapter, binding, run):
+            check.knob = f"{knob.format(name)}, {check.knob}"
+            check.note = " ".join(filter(None, ((notes or {}).get(name, ""), check.note)))
+            out.append(check)
+    return out
+
+
 def loss_and_grad(name: str, out, shape) -> tuple[float, np.ndarray | None]:
     """A worker's ``{"loss", "grad"}`` as (float, array of ``shape``), or a TargetError saying what was wrong. A NaN
     is a value the framework returned: it passes (the engine names it)."""
