@@ -8,7 +8,7 @@ import numpy as np
 
 from spec.records import read_json, read_text, safe_name, write_text
 
-from harness.reports.sim import plot_curves
+from harness.reports.sim import plot_lines
 from harness.reports.rundirs import Groups, check_dirs, fmt, load_runs, md, output_file
 
 PANELS = ("accuracy", "reward", "entropy", "clip_frac", "rur", "kl_ref", "resp_len", "gap_mean_abs")
@@ -77,7 +77,7 @@ def run_lines(dirs, png: Path, notes: str = "", level: str = "##") -> list[str]:
     if not runs:
         raise ValueError(f"dirs: no runs with config.json and metrics.jsonl under {', '.join(map(str, dirs))}")
     groups = Groups(runs)
-    plot_curves(groups, groups.labels(), png, panels=PANELS, smooth=3)
+    figures = plot_lines(groups, groups.labels(), png, "real-model runs", panels=PANELS, smooth=3)
     lines = ([notes, ""] if notes else []) + [f"{level} Runs", ""]
     for label in groups.labels():
         run = groups.runs[label][0]
@@ -88,7 +88,7 @@ def run_lines(dirs, png: Path, notes: str = "", level: str = "##") -> list[str]:
               "tcr is the clipped-token fraction; rur the share of responses with a non-zero advantage; "
               "gap_mean_abs the mean |log pi_engine - log pi_trainer| on sampled tokens.", ""]
     lines += summary_rows(groups)
-    lines += ["", f"{level} Curves (3-step moving average)", "", f"![curves]({png.name})", ""]
+    lines += ["", f"{level} Curves (3-step moving average)", "", *figures, ""]
     return lines
 
 
@@ -118,7 +118,7 @@ def write_readme(readme="reports/real/README.md", evidence="reports/real/evidenc
     ev_runs = [r for r in load_runs([evidence])]
     groups = Groups([{**r, "label": r["algo"]} for r in ev_runs])
     png = readme.with_name("evidence_curves.png")
-    plot_curves(groups, groups.labels(), png, panels=EVIDENCE_PANELS, smooth=1)
+    figures = plot_lines(groups, groups.labels(), png, "evidence runs", panels=EVIDENCE_PANELS, smooth=1)
     notes_path = Path(runs) / "NOTES.md"
     notes = read_text(notes_path).strip() if notes_path.exists() else ""
     lines = ["# Real-model evidence: SmolLM2-135M-Instruct on synthetic addition", "",
@@ -126,7 +126,7 @@ def write_readme(readme="reports/real/README.md", evidence="reports/real/evidenc
              "simulator's summaries (reports/sim): `python -m harness.reports.real`. The evidence runs themselves: "
              "`reports/real/run_evidence.sh` (resumable; configs/evidence).", "",
              "## Evidence runs: several updates per rollout batch, every algorithm over seeds", "",
-             *section(evidence, sim), "", f"Curves (mean over seeds, min-max band): ![evidence]({png.name})", "",
+             *section(evidence, sim), "", "Curves (mean over seeds, min-max band):", "", *figures, "",
              "## Earlier runs: one update per batch, one seed (reports/real/runs)", "",
              *run_lines([runs], readme.with_name(safe_name(readme.stem) + "_curves.png"), notes, level="###"), KEEP]
     write_text(readme, "\n".join(lines) + tail)

@@ -21,7 +21,7 @@ from spec.registry import ALGORITHMS
 from harness.reports.claims import RUN_HINT, category, run_claims
 from harness.reports.evidence import _sim_rows
 from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file
-from harness.reports.sim import plot_curves
+from harness.reports.sim import plot_lines
 from harness.reports.stats import paired_test, proportion_interval, share_interval, t_interval
 
 DISCOVERY = frozenset(range(5))  # seeds 0-4 decide; every other seed (5-9) replicates
@@ -339,8 +339,8 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs", 
     main = [lbl for lbl in groups.labels() if lbl in MAIN]
     variants = [lbl for lbl in groups.labels() if lbl not in MAIN or lbl in ("grpo", "dcpo", "sapo")]
     png_main, png_var = readme.with_name("tiny_curves.png"), readme.with_name("tiny_variants.png")
-    figures = plot_curves(groups, main, png_main, panels=PANELS) if main else []
-    figures += plot_curves(groups, variants, png_var, panels=VARIANT_PANELS) if variants else []
+    figures = plot_lines(groups, main, png_main, "tiny tier", panels=PANELS) if main else []
+    figures += plot_lines(groups, variants, png_var, "tiny tier, variants", panels=VARIANT_PANELS) if variants else []
     lines = [
         "# Tiny tier: a character-level Llama trained by RL on 3-digit addition", "",
         "Regenerate this file from the run folders (reports/tiny/runs/<config>/seed<k>/) and the simulator's report "
@@ -367,7 +367,7 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs", 
         "## DCPO's RUR gain: its reward scheme against SAS", "",
         *attribution_lines(runs), "",
         "## Curves (mean over seeds, min-max band; 10-step moving average)", "",
-        *[f"![{p.stem}]({p.name})" for p in figures], ""]
+        *figures, ""]
     write_text(readme, "\n".join(lines))
     return readme
 
