@@ -118,6 +118,19 @@ def test_a_sparse_evaluation_is_interpolated_at_the_budget():
     np.testing.assert_allclose(at_budget(used[:2], values[:2], 200.0), [0.7, 0.3])  # past the last evaluation
 
 
+def test_a_label_without_what_a_budget_counts_is_named_not_ranked_on_it():
+    runs = _runs({"grpo": NOISE + 0.8, "dr_grpo": NOISE + 0.5, "gspo": NOISE + 0.6})
+    for r in runs:
+        if r["label"] == "gspo":
+            for rec in r["records"]:
+                del rec["trained"]
+    gen, upd = rankings(runs)
+    assert len(gen.standings) == 3 and not gen.left_out
+    assert [s.label for s in upd.standings] == ["grpo", "dr_grpo"]
+    assert upd.left_out == ["gspo (no optimiser updates logged)"]
+    assert "Not ranked: gspo (no optimiser updates logged)." in ranking_text(upd)
+
+
 def test_a_label_like_the_leader_in_every_measurement_says_so():
     rk = rankings(_runs({"grpo": NOISE + 0.8, "dr_grpo": NOISE + 0.5}))[0]
     assert rk.standings[1].gap.endswith("are the leader's (within 1.25x): the gap is in the update itself.")

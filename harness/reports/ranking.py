@@ -193,7 +193,8 @@ def _per_step(g: Groups, label: str, axis: str) -> np.ndarray:
     if not st:
         return np.ones_like(trained)
     units = trained / 2 if run["algo"] == "dpo" else trained / st["group_size"]
-    return np.where(trained > 0, st["epochs"] * np.minimum(st["minibatches"], units), 0.0)
+    updates = np.where(trained > 0, st["epochs"] * np.minimum(st["minibatches"], units), 0.0)
+    return np.where(np.isnan(trained), np.nan, updates)  # a step that logs no trained count: unknown
 
 
 def _consumed(g: Groups, label: str, axis: str) -> np.ndarray:
