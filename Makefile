@@ -86,7 +86,8 @@ lock:
 # harness/conform/targets/envs/link_torch.py makes) through a .pth file, so torch is installed once.
 # Each is made without pip of its own (cliplab's pip installs into it: --python), which saves 8 s a target.
 # `make target-NAME` builds one; `make targets` builds all (make test does). A lock's pins are taken as they are
-# (--ignore-requires-python: skyrl 0.4.0's wheel asks for 3.12, the functions driven run on 3.11).
+# (--ignore-requires-python: skyrl 0.4.0's and openpipe-art 0.5.23's wheels ask for 3.12, the functions driven run
+# on 3.11).
 TARGETS := $(basename $(notdir $(wildcard harness/conform/targets/envs/*.lock)))
 TENVS := .venv-targets
 PURELIB := -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
