@@ -273,10 +273,11 @@ def ranking_lines(found: list) -> list[str]:
     """The rankings ``found`` (``harness.reports.ranking.rankings``) as markdown: per environment and sweep folder,
     at an equal generation budget and at equal optimiser updates, the answer first, then the labels, the pairs,
     where accuracy and pass@k disagree, and each label's gap to the leader."""
-    lines = []
+    def title(rk) -> str:
+        return f"{md(rk.env) + ': ' if rk.env else ''}ranking at equal {rk.axis} ({md(Path(rk.folder).name)})"
+    lines = [f"- {title(rk)}: **{md(rk.verdict)}**" for rk in found] + [""] if len(found) > 2 else []
     for rk in found:
-        lines += [f"### {md(rk.env) + ': ' if rk.env else ''}ranking at equal {rk.axis} ({md(Path(rk.folder).name)})",
-                  "", f"**{md(rk.verdict)}** {md(rk.replication)}", ""]
+        lines += [f"### {title(rk)}", "", f"**{md(rk.verdict)}** {md(rk.replication)}", ""]
         if rk.warning:
             lines += [f"Warning: {md(rk.warning[len('ranking: '):])}.", ""]
         lines += [md(" ".join(ranking_text(rk))), ""]
