@@ -2,7 +2,9 @@
 hand-worked values): the clip-higher verdict reads the reward-relevant entropy where the runs log it, and the
 mechanism row says whether the tokens the upper clip holds are exploration tokens (DAPO Fig. 3a)."""
 import numpy as np
+import pytest
 
+from harness.reports.claim_record import Kind
 from harness.reports.claims import (CLIP_ACTIVE, claim_clip_higher, claim_dcpo_tcr, claim_gspo_clips, claim_sapo,
                                     run_claims)
 from harness.reports.rundirs import Groups
@@ -44,38 +46,54 @@ def test_clip_higher_reads_the_relevant_entropy_and_states_each_regimes_mechanis
     while the total moves by +-0.2 (noise): reproduced, on the relevant entropy. Default regime: no relevant gain."""
     runs = _clip_runs({"forks": 1}, 0.05, 0.2, EXPLORING) + _clip_runs({}, 0.0, 0.2, SHARPENING)
     found = claim_clip_higher(Groups(runs))
-    assert [row[0] for row in found] == ["grpo, beta=0", "grpo, beta=0: mechanism", "grpo, beta=0, forks=1",
+    assert [r.regime for r in found] == ["grpo, beta=0", "grpo, beta=0: mechanism", "grpo, beta=0, forks=1",
                                          "grpo, beta=0, forks=1: mechanism"]  # the default regime first
-    rows = {row[0]: row for row in found}
-    _, meas, verdict, _ = rows["grpo, beta=0, forks=1"]
-    assert verdict == "reproduced"
+    assert [r.mechanism for r in found] == [False, True, False, True]
+    rows = {r.regime: r for r in found}
+    rec = rows["grpo, beta=0, forks=1"]
+    meas = rec.discovery.measured
+    assert rec.kind is Kind.REPRODUCED
     assert "final reward-relevant entropy eps_high 0.2 0.318 ± " in meas  # 0.3 + 0.02 (4 x 0 + 3 x 1 + 3 x 2) / 10
     assert "no upper clip 0.368 ± " in meas
-    assert rows["grpo, beta=0"][2].startswith("not detectable with 10 seeds (smallest detectable effect ")
-    _, meas, verdict, why = rows["grpo, beta=0, forks=1: mechanism"]
-    assert verdict == "reproduced"
+    est = rec.discovery.estimate  # the verdict's difference: 0.05 in every seed but for WIGGLE
+    assert est.value == pytest.approx(0.05)
+    assert est.what == "final reward-relevant entropy, no upper clip - eps_high 0.2"
+    assert rows["grpo, beta=0"].verdict_text().startswith("not detectable with 10 seeds (smallest detectable effect ")
+    rec = rows["grpo, beta=0, forks=1: mechanism"]
+    meas = rec.discovery.measured
+    assert rec.kind is Kind.REPRODUCED
     assert ("up-clipped 1% of tokens, their median pi_old 0.1, share with pi_old < 0.2 80%, 90% of them at forking "
             "positions") in meas
     assert "no upper clip: trained past 1.2 (A > 0) 2% of tokens, their median pi_old 0.12" in meas
-    assert why.startswith("most tokens the upper clip holds are exploration tokens; the principle: ")
-    assert rows["grpo, beta=0: mechanism"][2] == "not reproduced"
-    assert "pi_old >= 0.2" in rows["grpo, beta=0: mechanism"][3]
+    assert rec.reason == "most tokens the upper clip holds are exploration tokens"
+    assert rec.attribution.startswith("the principle: ")
+    assert rows["grpo, beta=0: mechanism"].kind is Kind.NOT_REPRODUCED
+    assert "pi_old >= 0.2" in rows["grpo, beta=0: mechanism"].reason
+    # the regime card's condition on the up-clipped tokens: 0.8 of them below pi_old 0.2 here, 0.2 in the default
+    card = {c.condition.entry: c for c in rows["grpo, beta=0, forks=1: mechanism"].conditions}
+    assert card["upclip_pold_lt02"].value == pytest.approx(0.8) and card["upclip_pold_lt02"].holds
+    assert not next(c for c in rows["grpo, beta=0: mechanism"].conditions if c.condition.entry == "upclip_pold_lt02"
+                    ).holds
 
 
 def test_clip_higher_on_paired_seeds_gives_the_hand_worked_interval():
     """Within run_claims every label has the same seeds, so the difference is a paired t test."""
     runs = _clip_runs({"forks": 1}, 0.05, 0.2, EXPLORING)
-    rows, _ = run_claims(runs)
-    row = next(r for r in rows if r[0].startswith("Clip-higher") and r[1] == "grpo, beta=0, forks=1")
-    assert "no upper clip 0.368 ± " in row[2] and "(diff 0.05 ± 0.00754 (paired" in row[2]
-    assert row[3] == "discovery only: reproduced (no replication seeds)"
+    rec = next(r for r in run_claims(runs).records
+               if r.claim.id == "clip_higher" and r.regime == "grpo, beta=0, forks=1")
+    measured = rec.discovery.measured
+    assert "no upper clip 0.368 ± " in measured and "(diff 0.05 ± 0.00754 (paired" in measured
+    est = rec.discovery.estimate
+    assert (est.test, est.half) == ("paired", pytest.approx(0.00754, abs=5e-6)) and est.p < 0.05
+    assert rec.status == "discovery only" and rec.replication is None
+    assert rec.verdict_text() == "discovery only: reproduced (no replication seeds)"
 
 
 def test_a_bound_that_never_binds_leaves_the_mechanism_untestable():
     runs = _clip_runs({}, 0.0, 0.0, {"clip_up_frac": 0.0})
-    rows = {row[0]: row for row in claim_clip_higher(Groups(runs))}
-    assert rows["grpo, beta=0"][2] == "not testable here"
-    assert rows["grpo, beta=0: mechanism"][2] == "not testable here"
+    rows = {r.regime: r for r in claim_clip_higher(Groups(runs))}
+    assert rows["grpo, beta=0"].kind is Kind.NOT_TESTABLE
+    assert rows["grpo, beta=0: mechanism"].kind is Kind.NOT_TESTABLE
 
 
 def _sapo_runs(regime: dict) -> list[dict]:
@@ -95,11 +113,13 @@ def _sapo_runs(regime: dict) -> list[dict]:
 def test_sapo_states_each_regimes_mechanism_beside_its_verdict():
     """Gate weights at |r - 1| = 0.2: sech^2(0.1) = 0.990 (tau 1) and sech^2(0.4) = 1 / 1.0811^2 = 0.856 (tau 4)."""
     rows = claim_sapo(Groups(_sapo_runs({"staleness": 6}) + _sapo_runs({})))
-    assert [row[0] for row in rows] == ["defaults", "defaults: mechanism", "staleness=6", "staleness=6: mechanism"]
-    by = {row[0]: row for row in rows}
-    assert by["staleness=6"][2] == "reproduced"  # the paper's ordering falls 0.1 less from its peak
-    _, meas, verdict, why = by["staleness=6: mechanism"]
-    assert verdict == "measured" and why.startswith("the principle: with tau_neg > tau_pos")
+    assert [r.regime for r in rows] == ["defaults", "defaults: mechanism", "staleness=6", "staleness=6: mechanism"]
+    by = {r.regime: r for r in rows}
+    assert by["staleness=6"].kind is Kind.REPRODUCED  # the paper's ordering falls 0.1 less from its peak
+    rec = by["staleness=6: mechanism"]
+    meas = rec.discovery.measured
+    assert rec.kind is Kind.NA and rec.verdict_text() == "measured"
+    assert rec.attribution.startswith("the principle: with tau_neg > tau_pos")
     assert "median |r - 1| (A != 0) 0.1 vs 0.1" in meas and "[0.8, 1.2] in their advantage's direction 3% vs 3%" in meas
     assert "gate weights at |r - 1| = 0.2: tau 1.0 0.99, tau 4.0 0.856" in meas
 
@@ -107,15 +127,10 @@ def test_sapo_states_each_regimes_mechanism_beside_its_verdict():
 def test_logs_without_the_up_clip_split_leave_the_mechanism_unmeasured():
     """verl's and TRL's logs have the clipped share but not its upper part or pi_old: no mechanism to state."""
     runs = _clip_runs({}, 0.0, 0.0, {"clip_frac": 0.05})
-    rows = {row[0]: row for row in claim_clip_higher(Groups(runs))}
-    assert rows["grpo, beta=0"][2] != "not testable here"  # the clipped share stands in for the upper one
-    assert rows["grpo, beta=0: mechanism"][2] == "not measured"
-
-
-def test_a_mechanism_rows_measurements_are_no_verdict_for_the_tiny_tier_to_match():
-    from harness.reports.tiny import predicted
-    assert predicted("measured", "measured") is None
-    assert predicted("reproduced", "reproduced") == "yes"
+    rows = {r.regime: r for r in claim_clip_higher(Groups(runs))}
+    assert rows["grpo, beta=0"].kind is not Kind.NOT_TESTABLE  # the clipped share stands in for the upper one
+    assert rows["grpo, beta=0: mechanism"].kind is Kind.NOT_MEASURED
+    assert rows["grpo, beta=0: mechanism"].command.startswith("cliplab sim ")
 
 
 def _cov_runs(relevant_gain: float, total_gain: float) -> list[dict]:
@@ -139,12 +154,13 @@ def test_the_cov_claim_reads_the_relevant_entropy_with_the_total_beside_it():
     entropy only by 0 +- WIGGLE (mean 0, half-width 0.00754): the verdict follows the relevant entropy, not the total;
     with +0.05 there it is reproduced."""
     from harness.reports.claims import claim_cov_entropy
-    (row,) = claim_cov_entropy(Groups(_cov_runs(0.0, 0.3)))
-    _, meas, verdict, _ = row
-    assert verdict.startswith("not detectable with 10 seeds") and "final reward-relevant entropy clip_cov 0.318" in meas
+    (rec,) = claim_cov_entropy(Groups(_cov_runs(0.0, 0.3)))
+    meas = rec.discovery.measured
+    assert rec.kind is Kind.NOT_DETECTABLE and rec.discovery.verdict.seeds == 10
+    assert "final reward-relevant entropy clip_cov 0.318" in meas
     assert "final entropy clip_cov 1.3 ± " in meas and "(diff 0.3 (structural))" in meas  # the total, beside it
-    (row,) = claim_cov_entropy(Groups(_cov_runs(0.05, 0.0)))
-    assert row[2] == "reproduced"
+    (rec,) = claim_cov_entropy(Groups(_cov_runs(0.05, 0.0)))
+    assert rec.kind is Kind.REPRODUCED
 
 
 def _clip_share_runs(shares: dict) -> Groups:
@@ -158,10 +174,13 @@ def test_clip_share_claims_on_ratios_that_never_reach_the_clip_are_not_testable(
     above it, ratios of noise; from a baseline share of CLIP_ACTIVE (1e-4) up the ratios decide."""
     g = _clip_share_runs({"grpo": 1e-5, "dapo": 2e-5, "dcpo": 1e-6, "gspo": 0.06})
     for claim in (claim_dcpo_tcr, claim_gspo_clips):
-        _, verdict, why = claim(g)
-        assert verdict == "not testable here", claim.__name__
-        assert why.startswith("PPO-clip's ratios stay inside [1 - eps, 1 + eps]: GRPO clips 0.001% of its tokens")
-    assert "DAPO clips 0.002% of its tokens (under 0.01%)" in claim_dcpo_tcr(g)[2]
+        (rec,) = claim(g)
+        assert rec.kind is Kind.NOT_TESTABLE, claim.__name__
+        assert rec.reason.startswith("PPO-clip's ratios stay inside [1 - eps, 1 + eps]: GRPO clips 0.001% of its "
+                                     "tokens")
+        assert not rec.conditions[0].holds  # the card's clip_frac >= 0.003: GRPO's 1e-5 fails it
+    assert "DAPO clips 0.002% of its tokens (under 0.01%)" in claim_dcpo_tcr(g)[0].reason
     g = _clip_share_runs({"grpo": CLIP_ACTIVE, "dapo": 2e-3, "dcpo": 5e-6, "gspo": 0.06})
-    assert claim_dcpo_tcr(g)[1] == "reproduced"  # min(1e-4, 2e-3) / 5e-6 = 20
-    assert claim_gspo_clips(g)[1] == "reproduced"  # 0.06 / 1e-4 = 600
+    (tcr,), (gspo,) = claim_dcpo_tcr(g), claim_gspo_clips(g)
+    assert tcr.kind is Kind.REPRODUCED and tcr.discovery.estimate.value == pytest.approx(20)  # min(1e-4, 2e-3) / 5e-6
+    assert gspo.kind is Kind.REPRODUCED and gspo.discovery.estimate.value == pytest.approx(600)  # 0.06 / 1e-4

@@ -1,6 +1,7 @@
 """Claims decided on the discovery seeds and re-checked on the replication seeds, with Holm's correction."""
 import numpy as np
 
+from harness.reports.claim_record import Kind
 from harness.reports.claims import Family, compare, run_claims
 from harness.reports.stats import holm, paired_test
 
@@ -21,24 +22,28 @@ def _runs(shift_discovery: float, shift_replication: float, n: int = 10) -> list
     return runs
 
 
-def _dcpo_reward_row(runs):
-    rows, info = run_claims(runs)
-    return next(r for r in rows if r[0].startswith("DCPO's lower accuracy")), info
+def _dcpo_reward_record(runs):
+    rs = run_claims(runs)
+    return next(r for r in rs.records if r.claim.id == "dcpo_reward"), rs
 
 
 def test_a_verdict_stands_only_where_both_sets_agree():
-    row, info = _dcpo_reward_row(_runs(0.1, 0.1))
-    assert row[3] == "reproduced" and "REPLICATION" in row[2]
-    assert info["seeds"] == ("0-9", "10-19")
-    row, _ = _dcpo_reward_row(_runs(0.1, 0.0))
-    assert row[3].startswith("not replicated (discovery: reproduced; replication: not detectable with 10 seeds "
-                             "(smallest detectable effect")
+    rec, rs = _dcpo_reward_record(_runs(0.1, 0.1))
+    assert rec.kind is Kind.REPRODUCED and rec.verdict_text() == "reproduced"
+    assert rec.discovery.estimate.value > 0 and rec.replication.estimate.value > 0  # each set's own estimate
+    assert rs.seeds == ("0-9", "10-19") and (rec.discovery.seeds, rec.replication.seeds) == rs.seeds
+    rec, _ = _dcpo_reward_record(_runs(0.1, 0.0))
+    assert rec.kind is Kind.NOT_REPLICATED
+    assert (rec.discovery.verdict.kind, rec.replication.verdict.kind) == (Kind.REPRODUCED, Kind.NOT_DETECTABLE)
+    assert rec.verdict_text().startswith("not replicated (discovery: reproduced; replication: not detectable with 10 "
+                                         "seeds (smallest detectable effect")
 
 
 def test_without_replication_seeds_no_claim_is_reproduced():
     runs = [r for r in _runs(0.1, 0.1) if r["set"] == "discovery"]
-    row, _ = _dcpo_reward_row(runs)
-    assert row[3].startswith("discovery only: reproduced")
+    rec, _ = _dcpo_reward_record(runs)
+    assert rec.status == "discovery only" and not rec.comparable
+    assert rec.verdict_text().startswith("discovery only: reproduced")
 
 
 def test_the_family_holm_adjusts_in_the_order_of_its_tests():
@@ -79,4 +84,4 @@ def test_the_rollout_correction_claim_runs_on_runs_with_and_without_a_correction
                          for t in range(4)]}
             for rc in (None, "tis") for s in range(3)]
     rows = claim_rollout_correction(Groups(runs))
-    assert rows and rows[0][0] == "tis, defaults"
+    assert rows and rows[0].regime == "tis, defaults"

@@ -6,6 +6,8 @@ import pytest
 
 from gpu.config import from_dict
 from harness.runs.evidence import finished, jobs
+from harness.reports.claim_record import Claim, ClaimRecord, Kind, RunSet, SetResult, Source, Verdict
+from harness.reports.claim_render import json_text, read_claims
 from harness.reports.evidence import Evidence, paired, t_interval
 from harness.reports.real import KEEP, write_readme
 
@@ -75,35 +77,37 @@ def test_readme_regenerates_with_claims(evidence, tmp_path):
         (sim / "summaries").mkdir(exist_ok=True)
         (sim / "summaries" / f"{env}_main.json").write_text(json.dumps({"env": env, "steps": 300, "algorithms": {
             "dcpo": {"rur": rur, "rur_std": 0.01, "seeds": 5}, "grpo": {"rur": 0.3, "rur_std": 0.02, "seeds": 5}}}))
-    (sim / "report.md").write_text("### toy_lm\n\n| claim | regime | measured | verdict | why |\n"
-                                   "|---|---|---|---|---|\n"
-                                   "| DCPO's RUR is well above GRPO's: 71.8% vs 43.8% |  | median \\|r - 1\\| 0 "
-                                   "| **reproduced** | y |\n"
-                                   "### feature_lm\n")
+    sim_rur = ClaimRecord(Claim("dcpo_rur", "x", Source("DCPO", None, "")), "", Kind.REPRODUCED, "y",
+                          SetResult(Verdict(Kind.REPRODUCED), measured="median |r - 1| 0"))
+    (sim / "claims.json").write_text(json_text([RunSet("toy_lm", (sim_rur,)), RunSet("feature_lm", ())]))
     readme = tmp_path / "out" / "README.md"
     readme.parent.mkdir()
     readme.write_text(f"old text\n{KEEP}\n\n## Speed\nkept\n")
     text = write_readme(readme, evidence, runs, sim).read_text()
     assert text.endswith(f"{KEEP}\n\n## Speed\nkept\n") and "old text" not in text
-    row = next(line for line in text.splitlines() if line.startswith("| DCPO's RUR"))
+    row = next(line for line in text.splitlines() if line.startswith("| [DCPO's RUR"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2].startswith("**reproduced**: dcpo rur 98% ± 1% sd; grpo rur 30% ± 2% sd (5 seeds, 300 steps)")
-    assert cells[3].startswith("no claim row in reports/sim/report.md: dcpo rur 60% ± 1% sd")
+    assert cells[2] == "**reproduced**" and cells[3] == "no record"  # the simulator's records, per environment
+    assert ("- DCPO's RUR is well above GRPO's: simulator toy LM dcpo rur 98% ± 1% sd; grpo rur 30% ± 2% sd (5 "
+            "seeds, 300 steps); simulator feature LM dcpo rur 60% ± 1% sd") in text
     # real, paired t tests over 3 seeds, Holm across the 4 claims tested: RUR differences 0.4, 0.5, 0.3 and DAPO's
     # generations per trained response minus 1, 0.5, 0.667, 0.833, both t = 4 sqrt(3), p 0.0202; GSPO's TCR
     # differences 49%, 48%, 47% (t = 83.1, p 0.00015); DCPO's TCR against GRPO's seeds (1%, 2%, 3%): -0.9%, -1.9%,
     # -2.9% (t = -3.29, p 0.081; against DAPO the same -4.9% on every seed: structural). Holm: 4 x 0.00015;
     # 3 x 0.0202 = 0.061; 0.061; 0.081: only GSPO's stays under 5%
-    assert cells[4].startswith("**not detectable with 3 seeds (smallest detectable effect ")
-    assert "RUR dcpo 90% ± 24.8% vs grpo 50%" in cells[4]
-    tcr = next(line for line in text.splitlines() if line.startswith("| DCPO's TCR"))
-    assert "**not detectable with 3 seeds" in tcr and "TCR dcpo 0.1%" in tcr
-    gspo = next(line for line in text.splitlines() if line.startswith("| GSPO clips"))
-    assert "**reproduced**" in gspo and "(25x;" in gspo
-    ds = next(line for line in text.splitlines() if line.startswith("| Dynamic sampling"))
-    assert "**not detectable with 3 seeds" in ds and "dapo generates 1.67 ± 0.414" in ds
-    clip = next(line for line in text.splitlines() if line.startswith("| Clip-higher"))
-    assert "**not testable here**" in clip  # 3 steps: entropy has not fallen
+    assert cells[5].startswith("**not detectable with 3 seeds (smallest detectable effect ")
+    assert cells[4] == "RUR, dcpo - grpo: 40% ± 24.8% (paired, Holm p 0.061)"  # 3 x 0.0202
+    (real,) = read_claims(readme.parent / "claims.json")  # the records, with every number measured
+    by = {r.claim.id: r for r in real.records}
+    assert "RUR dcpo 90% ± 24.8% vs grpo 50%" in by["dcpo_rur"].discovery.measured
+    assert by["dcpo_tcr"].kind is Kind.NOT_DETECTABLE and "TCR dcpo 0.1%" in by["dcpo_tcr"].discovery.measured
+    assert by["gspo_clips"].kind is Kind.REPRODUCED and "(25x;" in by["gspo_clips"].discovery.measured
+    assert by["dynamic_sampling"].kind is Kind.NOT_DETECTABLE
+    assert "dapo generates 1.67 ± 0.414" in by["dynamic_sampling"].discovery.measured
+    assert by["clip_higher"].kind is Kind.NOT_TESTABLE  # 3 steps: entropy has not fallen
+    assert by["sapo_temperatures"].claim.source.arxiv == "2511.20347"
+    details = (readme.parent / "claims.md").read_text()
+    assert "### dcpo_rur-1" in details and "RUR dcpo 90% ± 24.8% vs grpo 50%" in details
     assert "Holm-corrected across the 4 claims tested here" in text
     assert "- seed 0: entropy differs from step 2 on (largest gap 0.05)" in text
     # paired section: Holm over every (algorithm, metric) test against GRPO; rur's p 0.0202 is not significant
@@ -127,14 +131,19 @@ def test_verdict_rules():
     from harness.reports.stats import paired_test
     up = paired_test([0, 0, 0], [0.3, 0.5, 0.4])  # differences 0.3, 0.5, 0.4
     down = paired_test([0.3, 0.5, 0.4], [0, 0, 0])
-    assert verdict(Measured("", up, +1), 0.01) == "reproduced"
-    assert verdict(Measured("", up, +1, magnitude=False), 0.01) == "partly"
-    assert verdict(Measured("", down, +1), 0.01) == "reversed" and verdict(Measured("", down, -1), 0.01) == "reproduced"
-    assert verdict(Measured("", up, +1), 0.2).startswith("not detectable with 3 seeds (smallest detectable effect ")
-    assert verdict(Measured("", paired_test([1.0], [2.0]), +1), float("nan")) == "not testable here"
-    assert verdict(Measured("", up, +1, fixed="not run"), 0.01) == "not run"
-    assert verdict(Measured("", paired_test([1, 2], [1.5, 2.5]), +1), float("nan")) == "reproduced"  # structural
-    assert verdict(Measured("", paired_test([1, 2], [1, 2]), +1), float("nan")) == "identical on every seed"
+    def kind(m, p):
+        return verdict(m, p).kind
+    assert kind(Measured("", up, +1), 0.01) is Kind.REPRODUCED
+    assert kind(Measured("", up, +1, magnitude=False), 0.01) is Kind.PARTLY
+    assert kind(Measured("", down, +1), 0.01) is Kind.REVERSED and kind(Measured("", down, -1), 0.01) is Kind.REPRODUCED
+    assert verdict(Measured("", up, +1), 0.2).text().startswith("not detectable with 3 seeds (smallest detectable "
+                                                                "effect ")
+    assert kind(Measured("", paired_test([1.0], [2.0]), +1), float("nan")) is Kind.NOT_TESTABLE
+    assert kind(Measured("", up, +1, fixed=Kind.NOT_MEASURED), 0.01) is Kind.NOT_MEASURED
+    assert kind(Measured("", paired_test([1, 2], [1.5, 2.5]), +1), float("nan")) is Kind.REPRODUCED  # structural
+    same = verdict(Measured("", paired_test([1, 2], [1, 2]), +1), float("nan"))
+    assert same.kind is Kind.NOT_REPRODUCED and same.text() == "not reproduced (identical on every seed)"
+    assert verdict(Measured("", up, +1, note="confounded"), 0.01).text() == "reproduced (confounded)"
 
 
 def test_clip_higher_reads_the_clean_pair_when_it_ran(evidence):
@@ -147,4 +156,4 @@ def test_clip_higher_reads_the_clean_pair_when_it_ran(evidence):
     m = real_clip_higher(ev)  # differences 0.1, 0.15, 0.2: mean 0.15, half-width 4.303 * 0.05 / sqrt 3
     assert m.text.startswith("GRPO without KL, final entropy eps_high 0.28 0.95 ± 0.124 vs 0.2 0.8")
     assert m.test.diff == pytest.approx(0.15) and m.test.half == pytest.approx(4.303 * 0.05 / 3 ** 0.5, rel=1e-4)
-    assert m.fixed == "not testable here"  # 3 steps: entropy has not fallen yet
+    assert m.fixed is Kind.NOT_TESTABLE  # 3 steps: entropy has not fallen yet

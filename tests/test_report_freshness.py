@@ -18,7 +18,7 @@ def test_the_real_model_readme_and_its_plots_are_fresh(tmp_path):
     from harness.reports.real import write_readme
     shutil.copy(REAL / "README.md", tmp_path / "README.md")  # its text after the KEEP marker is kept as written
     write_readme(tmp_path / "README.md", REAL / "evidence", REAL / "runs", ROOT / "reports" / "sim")
-    for name in ("README.md", "README_curves.png", "evidence_curves.png"):
+    for name in ("README.md", "README_curves.png", "evidence_curves.png", "claims.json", "claims.md"):
         _same(tmp_path / name, REAL / name, "python -m harness.reports.real")
 
 

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from harness.reports import tiny
+from harness.reports.claim_record import Claim, ClaimRecord, Kind, RunSet, SetResult, Source, Verdict
+from harness.reports.claim_render import json_text, read_claims
 from harness.reports.claims import run_claims
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,36 +99,56 @@ def test_missing_ablations_are_named():
         "Not measured: no runs of dcpo, dcpo_binary_reward, dcpo_no_sas yet."]
 
 
+def _rec(claim: str, kind: Kind, regime: str = "", status: str = "both", seeds: int | None = None,
+         replication: Kind | None = None) -> ClaimRecord:
+    """A claim record of ``kind`` (not replicated: discovery ``kind``'s other side ``replication``)."""
+    v = Verdict(kind, seeds, 0.1 if seeds else None, note="measured" if kind is Kind.NA else "")
+    rep = SetResult(Verdict(replication or kind, seeds))
+    final = kind if replication in (None, kind) else Kind.NOT_REPLICATED
+    return ClaimRecord(Claim(claim, claim, Source("p", None, "")), regime, final, "r", SetResult(v),
+                       rep if status == "both" else None, status, mechanism=regime.endswith(": mechanism"))
+
+
 @pytest.mark.parametrize("here, sim, said", [
-    ("not detectable with 5 seeds (smallest detectable effect 0.1)",
-     "not detectable with 10 seeds (smallest detectable effect 0.05)", "yes"),
-    ("reproduced", "partly", "no"),
-    ("not replicated (discovery: reversed; replication: reproduced)",
-     "not replicated (discovery: partly; replication: reproduced)", "yes"),
-    ("not measured", "reproduced", None), ("reproduced", None, None), ("not testable here", "not testable here", "yes"),
-    ("discovery only: reproduced (no replication seeds)", "reproduced", None),
-    ("not replicated (discovery: not testable here; replication: not run)", "not testable here", None),
+    (_rec("c", Kind.NOT_DETECTABLE, seeds=5), _rec("c", Kind.NOT_DETECTABLE, seeds=10), "yes"),
+    (_rec("c", Kind.REPRODUCED), _rec("c", Kind.PARTLY), "no"),
+    (_rec("c", Kind.REVERSED, replication=Kind.REPRODUCED), _rec("c", Kind.PARTLY, replication=Kind.REPRODUCED),
+     "yes"),
+    (_rec("c", Kind.NOT_MEASURED), _rec("c", Kind.REPRODUCED), None), (_rec("c", Kind.REPRODUCED), None, None),
+    (_rec("c", Kind.NOT_TESTABLE), _rec("c", Kind.NOT_TESTABLE), "yes"),
+    (_rec("c", Kind.REPRODUCED, status="discovery only"), _rec("c", Kind.REPRODUCED), None),
+    (_rec("c", Kind.NA, "x: mechanism"), _rec("c", Kind.NA, "x: mechanism"), None),  # a mechanism row's numbers
 ])
 def test_a_prediction_is_the_same_kind_of_verdict(here, sim, said):
     assert tiny.predicted(here, sim) == said
 
 
-RUR = "DCPO's RUR is well above GRPO's: 71.8% vs 43.8% (DCPO Table 2)"
-GSPO = "GSPO clips far more tokens than GRPO, about two orders of magnitude (GSPO 2507.18071, Fig. 2)"
+RUR, GSPO = "DCPO's RUR is well above GRPO's: 71.8% vs 43.8%", "GSPO clips far more tokens than GRPO, about two " \
+    "orders of magnitude"
 
 
 def _sim_dir(root: Path) -> Path:
-    """A simulator report whose feature_lm rows give DCPO's RUR "reproduced" and GSPO's clipping "not
+    """A simulator report whose feature_lm records give DCPO's RUR "reproduced" and GSPO's clipping "not
     reproduced"; its summary: GSPO clips 18%, GRPO 5%."""
     sim = root / "sim"
     (sim / "summaries").mkdir(parents=True)
-    (sim / "report.md").write_text(
-        "### feature_lm\n\n| claim | regime | measured | verdict | why |\n|---|---|---|---|---|\n"
-        f"| {RUR} |  | x | **reproduced** | y |\n| {GSPO} |  | x | **not reproduced** | y |\n\n### toy_lm\n\n"
-        f"| {GSPO} |  | x | **reproduced** | y |\n")
+    (sim / "claims.json").write_text(json_text([
+        RunSet("feature_lm", (_rec("dcpo_rur", Kind.REPRODUCED), _rec("gspo_clips", Kind.NOT_REPRODUCED))),
+        RunSet("toy_lm", (_rec("gspo_clips", Kind.REPRODUCED),))]))
     (sim / "summaries" / "feature_lm_main.json").write_text(json.dumps(
         {"algorithms": {"gspo": {"clip_frac": 0.18}, "grpo": {"clip_frac": 0.05}}}))
     return sim
+
+
+def _lines(runs_dir: Path, sim: Path) -> tuple[list[str], RunSet]:
+    runs = tiny.load_tiny(runs_dir)
+    rs = tiny.tier_records(runs)
+    return tiny.claims_lines(rs, runs, sim), rs
+
+
+def _row(lines: list[str], text: str) -> str:
+    """The summary line of the claim stated as ``text`` (its link's text)."""
+    return next(line for line in lines if line.startswith(f"| [{text}]("))
 
 
 def test_the_claims_table_compares_with_the_simulator_and_names_what_moved(tmp_path):
@@ -134,18 +156,18 @@ def test_the_claims_table_compares_with_the_simulator_and_names_what_moved(tmp_p
     _attribution_runs(runs_dir)  # DCPO's RUR 0.7 against GRPO's 0.3: reproduced here, as in the simulator
     # GSPO clips 1000x GRPO here (50% vs 0.05%): reproduced here, "not reproduced" in the simulator
     _write(runs_dir, "gspo", {"name": "gspo"}, lambda seed, s: {"tcr": 0.5 + _wiggle(seed)})
-    lines = tiny.claims_lines(tiny.load_tiny(runs_dir), _sim_dir(tmp_path))
-    row = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
-    assert row[RUR].endswith("| **reproduced** | yes |")
-    # the why is measured: the ablations' RURs (discovery seeds, step 1 included), not a credit to SAS
-    assert "DCPO with the binary reward, SAS kept: RUR 49% ± " in row[RUR]  # (0.3 + 19 x 0.5) / 20
-    assert "DCPO with the +1/0/-1 reward, no SAS: RUR 59.5% ± " in row[RUR]  # (0.5 + 19 x 0.6) / 20
-    assert row[GSPO].endswith("| **not reproduced** | no |") and "| **reproduced** |" in row[GSPO]
+    lines, rs = _lines(runs_dir, _sim_dir(tmp_path))
+    assert _row(lines, RUR).endswith("| **reproduced** | yes |")
+    # the attribution is measured: the ablations' RURs (discovery seeds, step 1 included), not a credit to SAS
+    rur = next(r for r in rs.records if r.claim.id == "dcpo_rur")
+    assert "DCPO with the binary reward, SAS kept: RUR 49% ± " in rur.attribution  # (0.3 + 19 x 0.5) / 20
+    assert "DCPO with the +1/0/-1 reward, no SAS: RUR 59.5% ± " in rur.attribution  # (0.5 + 19 x 0.6) / 20
+    assert _row(lines, GSPO).endswith("| **not reproduced** | no |") and "| **reproduced** |" in _row(lines, GSPO)
     text = "\n".join(lines)
     assert "The simulator predicted 1 of the 2 verdicts both tiers measured (50%" in text
     # a claim without runs here names what it needs, not the simulator's command
-    assert "cliplab sim" not in text and "| needs clip_cov / kl_cov runs beside grpo with the same settings; not " \
-        "in this tier's sweep (configs/tiny) |" in text
+    assert "cliplab sim" not in text and "not measured; needs clip_cov / kl_cov runs beside grpo with the same " \
+        "settings; not in this tier's sweep (configs/tiny)" in text
     # the disagreement: GRPO's clipping fell 100x from the simulator's (0.05% vs 5%), GSPO's rose under 3x
     moved = next(line for line in lines if line.startswith(f"- {GSPO}"))
     assert "what moved most (this tier vs the simulator): grpo clip_frac 0.0005 vs 0.05; gspo clip_frac 0.5 vs 0.18" \
@@ -156,10 +178,9 @@ def test_a_collapse_without_the_entropy_split_says_so(tmp_path):
     """This tier logs the total entropy only: the collapse row's why says that, not an empty list of contexts."""
     runs_dir = tmp_path / "runs"
     _write(runs_dir, "grpo", {"name": "grpo"}, lambda seed, s: {"entropy": 1.0 / (1 + s) + 0.001 * seed})
-    lines = tiny.claims_lines(tiny.load_tiny(runs_dir), _sim_dir(tmp_path))
-    row = next(line for line in lines if line.startswith("| Entropy collapses early"))
-    assert "| these runs log the total entropy only, not its split by context |" in row
-    assert "which entropy fell" not in row
+    _, rs = _lines(runs_dir, _sim_dir(tmp_path))
+    rec = next(r for r in rs.records if r.claim.id == "entropy_collapse")
+    assert rec.attribution == "these runs log the total entropy only, not its split by context"
 
 
 def test_the_readme_regenerates_from_fabricated_runs_and_says_what_is_wrong(tmp_path):
@@ -178,13 +199,13 @@ def test_the_readme_regenerates_from_fabricated_runs_and_says_what_is_wrong(tmp_
 def test_the_smollm2_verdicts_credit_the_reward_and_call_clip_higher_untestable():
     """reports/real/README.md: DCPO's RUR gain there is largest at step 1, before SAS has history; clip-higher
     cannot act in 3 steps."""
-    rows = {line.split(" | ")[0][2:]: line for line in (ROOT / "reports" / "real" / "README.md").read_text()
-            .splitlines() if line.startswith("| ")}
-    rur = rows["DCPO's RUR is well above GRPO's"]
-    assert "the gain is largest at step 1, where SAS has no history yet" in rur and "not from SAS" in rur
-    assert rur.split(" | ")[-1].startswith("**not detectable with 5 seeds")
-    clip = next(v for k, v in rows.items() if k.startswith("Clip-higher"))
-    assert clip.split(" | ")[-1].startswith("**not testable here**") and "no effect" not in clip
+    (real,) = read_claims(ROOT / "reports" / "real" / "claims.json")
+    by = {r.claim.id: r for r in real.records}
+    rur = by["dcpo_rur"]
+    measured = rur.discovery.measured
+    assert "the gain is largest at step 1, where SAS has no history yet" in measured and "not from SAS" in measured
+    assert rur.kind is Kind.NOT_DETECTABLE and rur.verdict_text().startswith("not detectable with 5 seeds")
+    assert by["clip_higher"].kind is Kind.NOT_TESTABLE and "no effect" not in by["clip_higher"].reason
 
 
 def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path):
@@ -197,39 +218,39 @@ def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path):
     assert runs.is_dir(), "reports/tiny/README.md is committed without its runs (reports/tiny/runs)"
     out = tiny.write_readme(tmp_path / "README.md", runs, ROOT / "reports" / "sim")
     assert out.read_text() == readme.read_text(), "reports/tiny/README.md is stale: python -m harness.reports.tiny"
+    for name in ("claims.json", "claims.md"):
+        assert (tmp_path / name).read_text() == (TINY / name).read_text(), f"reports/tiny/{name} is stale"
     for png in sorted(tmp_path.glob("*.png")):
         assert png.read_bytes() == (TINY / png.name).read_bytes(), f"reports/tiny/{png.name} is stale"
     shutil.rmtree(tmp_path)
 
 
-CLIP_HIGHER = ("Clip-higher slows entropy collapse (DAPO 2503.14476, Sec. 3.1, Fig. 2); KL penalty off; it acts "
-               "where exploration tokens (pi_old < 0.2) with positive advantage sit at forks and ratios reach the "
-               "upper bound")
-#: The simulator's rows of one claim in several regimes, its default regime first (as reports/sim/report.md).
-SIM_ROWS = [(CLIP_HIGHER, "grpo, beta=0", "x", "not detectable"),
-            (CLIP_HIGHER, "grpo, beta=0: mechanism", "x", "not reproduced"),
-            (CLIP_HIGHER, "grpo, beta=0, forks=1", "x", "reproduced"),
-            (CLIP_HIGHER, "grpo, beta=0, forks=1: mechanism", "x", "reproduced"),
-            ("SAPO", "defaults", "x", "not testable here"), ("SAPO", "defaults: mechanism", "x", "measured"),
-            ("SAPO", "lr=0.06, staleness=6", "x", "reproduced"),
-            ("Cov", "clip_cov, beta=0, clip_cov_ratio=0.02", "x", "a"),
-            ("Cov", "kl_cov, beta=0, kl_cov_ratio=0.02", "x", "b")]
+#: The simulator's records of claims in several regimes, the default regime first (as reports/sim/claims.json).
+SIM_RECORDS = [_rec("clip_higher", Kind.NOT_DETECTABLE, "grpo, beta=0", seeds=10),
+               _rec("clip_higher", Kind.NOT_REPRODUCED, "grpo, beta=0: mechanism"),
+               _rec("clip_higher", Kind.REPRODUCED, "grpo, beta=0, forks=1"),
+               _rec("clip_higher", Kind.REPRODUCED, "grpo, beta=0, forks=1: mechanism"),
+               _rec("sapo_temperatures", Kind.NOT_TESTABLE, "defaults"),
+               _rec("sapo_temperatures", Kind.NA, "defaults: mechanism"),
+               _rec("sapo_temperatures", Kind.REPRODUCED, "lr=0.06, staleness=6"),
+               _rec("cov_entropy", Kind.PARTLY, "clip_cov, beta=0, clip_cov_ratio=0.02"),
+               _rec("cov_entropy", Kind.REPRODUCED, "kl_cov, beta=0, kl_cov_ratio=0.02")]
 
 
 @pytest.mark.parametrize("claim, regime, found", [
-    (CLIP_HIGHER, "grpo, beta=0, forks=1", "grpo, beta=0, forks=1"),  # the same regime
-    (CLIP_HIGHER, "", "grpo, beta=0"),  # not measured here: the simulator's default regime
-    (CLIP_HIGHER, "grpo, beta=0.0", "grpo, beta=0"),  # the same algorithm, the default regime
-    (CLIP_HIGHER, "grpo, beta=0.0: mechanism", "grpo, beta=0: mechanism"),  # a mechanism row with a mechanism row
-    (CLIP_HIGHER, "dapo, beta=0.0", None),  # another algorithm's verdict predicts nothing
-    ("SAPO", "beta=0.0", "defaults"), ("SAPO", "beta=0.0: mechanism", "defaults: mechanism"),
-    ("Cov", "", "clip_cov, beta=0, clip_cov_ratio=0.02"),
-    ("Cov", "kl_cov, beta=0.0", "kl_cov, beta=0, kl_cov_ratio=0.02"),
-    ("no such claim", "", None),
+    ("clip_higher", "grpo, beta=0, forks=1", "grpo, beta=0, forks=1"),  # the same regime
+    ("clip_higher", "", "grpo, beta=0"),  # not measured here: the simulator's default regime
+    ("clip_higher", "grpo, beta=0.0", "grpo, beta=0"),  # the same algorithm, the default regime
+    ("clip_higher", "grpo, beta=0.0: mechanism", "grpo, beta=0: mechanism"),  # a mechanism row with a mechanism row
+    ("clip_higher", "dapo, beta=0.0", None),  # another algorithm's verdict predicts nothing
+    ("sapo_temperatures", "beta=0.0", "defaults"), ("sapo_temperatures", "beta=0.0: mechanism", "defaults: mechanism"),
+    ("cov_entropy", "", "clip_cov, beta=0, clip_cov_ratio=0.02"),
+    ("cov_entropy", "kl_cov, beta=0.0", "kl_cov, beta=0, kl_cov_ratio=0.02"),
+    ("no_such_claim", "", None),
 ])
-def test_the_simulator_row_is_the_same_claim_kind_and_algorithm_in_its_default_regime(claim, regime, found):
-    row = tiny.sim_row(SIM_ROWS, claim, regime)
-    assert (row[1] if row else None) == found
+def test_the_simulator_record_is_the_same_claim_kind_and_algorithm_in_its_default_regime(claim, regime, found):
+    rec = tiny.sim_record(SIM_RECORDS, _rec(claim, Kind.REPRODUCED, regime))
+    assert (rec.regime if rec else None) == found
 
 
 def _pair_runs(root: Path) -> None:
@@ -254,11 +275,12 @@ def test_cispo_and_clip_higher_pair_the_tiny_configs_that_differ_only_by_the_com
     runs = tiny.load_tiny(tmp_path)
     params = {r["label"]: r["params"] for r in runs}
     assert params["cispo"] == params["grpo_beta0"] == {"beta": 0.0} and params["grpo"] == {}
-    rows = {(text[:11], regime): (verdict, why) for text, regime, _, verdict, why in run_claims(runs)[0]}
+    rows = {(r.claim.id, r.regime): r for r in run_claims(runs).records}
     # CISPO beside GRPO at beta 0, not beside GRPO's beta 0.04: on both seed sets equal accuracy, 1% of tokens kept
-    verdict, why = rows["CISPO keeps", "beta=0.0"]
-    assert verdict == "reproduced" and why.startswith("CISPO's gradient on those 1% of tokens is -sg(w) A")
+    rec = rows["cispo", "beta=0.0"]
+    assert rec.kind is Kind.REPRODUCED and rec.reason.startswith("CISPO's gradient on those 1% of tokens is -sg(w) A")
+    assert rec.compared == ("cispo", "grpo_beta0")
     # clip-higher: the unclipped runs end higher by 0.05 (paired differences over seeds 0-4: t = 0.05 / (SD 0.0089 /
     # sqrt 5) = 12.5, p < 0.001, significant after Holm's correction)
-    assert rows["Clip-higher", "grpo, beta=0.0"][0] == "reproduced"
-    assert ("Clip-higher", "grpo, beta=0.0: mechanism") in rows
+    assert rows["clip_higher", "grpo, beta=0.0"].kind is Kind.REPRODUCED
+    assert ("clip_higher", "grpo, beta=0.0: mechanism") in rows

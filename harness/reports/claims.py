@@ -9,12 +9,17 @@ detectable with N seeds (smallest detectable effect X)", the effect the test fin
 from __future__ import annotations
 
 import contextvars
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from spec.regime import (CLIP_BINDS, ENTRIES, ENTROPY_FALLS, EXPLORATION, HEADROOM, OFF_POLICY, RATIOS_MOVE,
+                         UPPER_CLIP_BINDS, WELL_FORMED, reduce_values)
 from spec.registry import ALGORITHMS, HPARAMS
 
+from harness.reports.claim_record import (CardCheck, Claim, ClaimRecord, Estimate, Kind, RunSet, Source, Verdict,
+                                          combine, finding, not_measured)
 from harness.reports.rundirs import Groups, fmt, same
 from harness.reports.stats import Comparison, fit, holm, paired_test, t_interval, welch_test
 
@@ -24,12 +29,32 @@ def mean_se(x) -> tuple[float, float | None]:
     iv = t_interval(x)
     return iv.mean, (iv.half if iv.n > 1 else None)
 
-#: What follows a missing claim's needs: the simulator's command that measures it (another tier drops it).
-RUN_HINT = "; run `"
+def _missing(what: str, command: str) -> list[ClaimRecord]:
+    """A claim the runs cannot measure: what it needs and the simulator's command that measures it."""
+    return [not_measured(what, command)]
 
 
-def _missing(what: str, command: str) -> tuple:
-    return ("not measured", f"needs {what}{RUN_HINT}{command}`")
+def card_value(g: Groups, label: str, entry: str) -> float | None:
+    """The regime card's ``entry`` (``spec.regime.CARD``) of ``label``: its reduction over each run's logged steps,
+    averaged over the seeds (None where no run logs its metric)."""
+    e = ENTRIES[entry]
+    values = [reduce_values(e, {rec.get("step", i): rec.get(e.metric) for i, rec in enumerate(run["records"])})
+              for run in g.runs[label]]
+    values = [v for v in values if v is not None]
+    return math.fsum(values) / len(values) if values else None
+
+
+def card(g: Groups, label: str, *conditions) -> tuple[CardCheck, ...]:
+    """The ``conditions`` of the regime card on ``label``, each with its measured value."""
+    return tuple(CardCheck(c, card_value(g, label, c.entry), label) for c in conditions)
+
+
+def estimate(what: str, d: float, half: float, ok: "Tested", pct: bool = False) -> Estimate:
+    """A tested difference as a record's estimate: value, 95% half-width, the test and its Holm-adjusted p."""
+    c = ok.cmp
+    tested = c.kind in ("paired", "welch")
+    return Estimate(what, float(d), float(half) if tested else None, c.kind, float(c.p) if tested else None,
+                    min(c.n_a, c.n_b), pct)
 
 
 #: Below this share of tokens a bound is not active: a claim about the tokens a clip (or CISPO's truncation) acts
@@ -47,22 +72,24 @@ def _clip_inactive(shares: dict) -> str:
 def claim_dcpo_tcr(g: Groups):
     d, gr, da = g.find("dcpo"), g.find("grpo"), g.find("dapo")
     if not (d and gr and da):
-        return "n/a", *_missing("dcpo, grpo and dapo runs", "cliplab sim --algos grpo,dapo,dcpo ...")
+        return _missing("dcpo, grpo and dapo runs", "cliplab sim --algos grpo,dapo,dcpo ...")
     vals = {k: mean_se(g.per_seed(lbl, "clip_frac")) for k, lbl in (("dcpo", d), ("grpo", gr), ("dapo", da))}
     meas = ", ".join(f"{k} {fmt(*v, pct=True)}" for k, v in vals.items())
     lo = min(vals["grpo"][0], vals["dapo"][0])
     ratio = lo / vals["dcpo"][0] if vals["dcpo"][0] > 0 else float("inf")
     meas += f"; min(GRPO, DAPO) / DCPO = {ratio:.3g}x" if np.isfinite(ratio) else "; DCPO clipped no token"
+    row = dict(measured=meas, estimate=Estimate("TCR, min(GRPO, DAPO) / DCPO (x)", ratio), compared=(d, gr, da),
+               conditions=card(g, gr, CLIP_BINDS))
     if not lo >= CLIP_ACTIVE:
-        return meas, "not testable here", _clip_inactive({"GRPO": vals["grpo"][0], "DAPO": vals["dapo"][0]})
+        return [finding("", Kind.NOT_TESTABLE, _clip_inactive({"GRPO": vals["grpo"][0], "DAPO": vals["dapo"][0]}),
+                        **row)]
     if ratio >= 10:
-        why = "consistent with DCPO's bound widening as the sampling probability q falls (q = 0.1: [0.5, 2.0])"
-        if vals["dcpo"][0] == 0:
-            why += "; no token ever left its DCPO bound in these runs"
-        return meas, "reproduced", why
+        return [finding("", Kind.REPRODUCED, "consistent with DCPO's bound widening as the sampling probability q "
+                        "falls (q = 0.1: [0.5, 2.0])", **row,
+                        attribution="no token ever left its DCPO bound in these runs" if vals["dcpo"][0] == 0 else "")]
     if ratio > 1:
-        return meas, "partly", "DCPO clips less, but by less than an order of magnitude"
-    return meas, "not reproduced", "DCPO does not clip fewer tokens here"
+        return [finding("", Kind.PARTLY, "DCPO clips less, but by less than an order of magnitude", **row)]
+    return [finding("", Kind.NOT_REPRODUCED, "DCPO does not clip fewer tokens here", **row)]
 
 
 #: "Well above": DCPO's RUR above GRPO's by more than a third of the paper's 28-point gap (71.8% vs 43.8%).
@@ -72,17 +99,19 @@ RUR_MARGIN = 0.28 / 3
 def claim_dcpo_rur(g: Groups):
     d, gr = g.find("dcpo"), g.find("grpo")
     if not (d and gr):
-        return "n/a", *_missing("dcpo and grpo runs", "cliplab sim --algos grpo,dcpo ...")
+        return _missing("dcpo and grpo runs", "cliplab sim --algos grpo,dcpo ...")
     (md, sd), (mg, sg) = mean_se(g.per_seed(d, "rur")), mean_se(g.per_seed(gr, "rur"))
     diff, half, ok = compare(g.per_seed(gr, "rur"), g.per_seed(d, "rur"))
     meas = (f"DCPO {fmt(md, sd, True)} vs GRPO {fmt(mg, sg, True)} (paper 71.8% vs 43.8%; diff "
             f"{sig(diff, half, ok)})")
+    row = dict(measured=meas, estimate=estimate("RUR, DCPO - GRPO", diff, half, ok, pct=True), compared=(d, gr),
+               attribution=rur_sources(g, d, gr))
     if ok and diff - half > RUR_MARGIN:  # the whole 95% interval above the margin, not a point estimate
-        return meas, "reproduced", "DCPO trains more responses; " + rur_sources(g, d, gr)
+        return [finding("", Kind.REPRODUCED, "DCPO trains more responses", **row)]
     if md > mg:
-        return meas, "partly", (f"higher, but the 95% interval of the difference is not all above "
-                                f"{fmt(RUR_MARGIN, pct=True)} (a third of the paper's gap); " + rur_sources(g, d, gr))
-    return meas, "not reproduced", "DCPO does not use more responses here; " + rur_sources(g, d, gr)
+        return [finding("", Kind.PARTLY, f"higher, but the 95% interval of the difference is not all above "
+                        f"{fmt(RUR_MARGIN, pct=True)} (a third of the paper's gap)", **row)]
+    return [finding("", Kind.NOT_REPRODUCED, "DCPO does not use more responses here", **row)]
 
 
 def rur_sources(g: Groups, dcpo: str, grpo: str) -> str:
@@ -184,12 +213,12 @@ def sig(d: float, half: float, ok: Tested) -> str:
     return f"{fmt(d)} ± {fmt(half)} ({c.kind}, Holm p {c.p:.2g})"
 
 
-def undetected(ok: Tested) -> str:
+def undetected(ok: Tested) -> Verdict:
     """The verdict of a difference the test did not find."""
     c = ok.cmp
     if c.kind == "too few":
-        return "not testable here (under two seeds a side)"
-    return f"not detectable with {min(c.n_a, c.n_b)} seeds (smallest detectable effect {fmt(c.detectable)})"
+        return Verdict(Kind.NOT_TESTABLE, note="under two seeds a side")
+    return Verdict(Kind.NOT_DETECTABLE, seeds=min(c.n_a, c.n_b), detectable=float(c.detectable))
 
 
 def acc_key(g: Groups, label: str) -> str:
@@ -298,8 +327,8 @@ def claim_clip_higher(g: Groups):
     verdict's, where logged) and in total; then the regime's mechanism (``clip_mechanism``)."""
     regimes = _clip_regimes(g)
     if not regimes:
-        return "n/a", *_missing("an eps_high ablation with the KL penalty off (beta 0)",
-                                "cliplab sim --algos dapo --set eps_high=0.2,0.28,100 ...")
+        return _missing("an eps_high ablation with the KL penalty off (beta 0)",
+                        "cliplab sim --algos dapo --set eps_high=0.2,0.28,100 ...")
     rows = []
     for (algo, setting), r in regimes.items():
         base = r["base"]
@@ -318,28 +347,30 @@ def claim_clip_higher(g: Groups):
         up = mean_se(g.per_seed(base, "clip_up_frac"))[0]
         if not np.isfinite(up):  # a log without the upper/lower split (verl, TRL): the whole clipped share bounds it
             up = mean_se(g.per_seed(base, "clip_frac"))[0]
-        why = attribution(g, base, top, tested=keys)
         if not up >= CLIP_ACTIVE:
-            verdict, why = "not testable here", (f"the upper bound is almost never active (up-clipped share "
-                                                 f"{fmt(up, pct=True)}): ratios stay near 1, so eps_high cannot act; "
-                                                 + why)
+            verdict, why = Kind.NOT_TESTABLE, (f"the upper bound is almost never active (up-clipped share "
+                                               f"{fmt(up, pct=True)}): ratios stay near 1, so eps_high cannot act")
         elif not np.isfinite(se):
             direction = "higher" if np.nanmean(_final(g, top, keys[0])) > np.nanmean(_final(g, base, keys[0])) \
                 else "lower"
-            verdict, why = "not testable here", (f"one run per setting, so the difference has no standard error; "
-                                                 f"entropy ends {direction} with the looser bound; " + why)
+            verdict, why = Kind.NOT_TESTABLE, (f"one run per setting, so the difference has no standard error; "
+                                               f"entropy ends {direction} with the looser bound")
         elif ok and d > 0:
-            verdict, why = "reproduced", "a looser upper bound keeps entropy higher; " + why
+            verdict, why = Kind.REPRODUCED, "a looser upper bound keeps entropy higher"
         elif ok:
-            verdict, why = "reversed", "entropy ends lower without the upper bound; " + why
+            verdict, why = Kind.REVERSED, "entropy ends lower without the upper bound"
         else:
-            verdict, why = undetected(ok), "the differences are within noise; " + why
-        rows.append((f"{algo}, {setting}", f"{algo} ({setting}): " + "; ".join(cells), verdict, why.rstrip("; ")))
-        rows.append(clip_mechanism(g, f"{algo}, {setting}", base, looser[-1]))
+            verdict, why = undetected(ok), "the differences are within noise"
+        regime = f"{algo}, {setting}"
+        rows.append(finding(regime, verdict, why, f"{algo} ({setting}): " + "; ".join(cells),
+                            estimate(f"final {_entropy_name(keys[0])}, {top_name} - eps_high 0.2", d, se, ok),
+                            (base, *(lbl for _, lbl in looser)), attribution(g, base, top, tested=keys),
+                            conditions=card(g, base, CLIP_BINDS, UPPER_CLIP_BINDS, RATIOS_MOVE, ENTROPY_FALLS)))
+        rows.append(clip_mechanism(g, regime, base, looser[-1]))
     return rows
 
 
-def clip_mechanism(g: Groups, regime: str, base: str, looser: tuple[str, str]) -> tuple:
+def clip_mechanism(g: Groups, regime: str, base: str, looser: tuple[str, str]) -> ClaimRecord:
     """A regime's mechanism row (DAPO Fig. 3a): the tokens the upper clip holds in the eps_high 0.2 run (A > 0,
     r > 1.2; the ones a looser bound frees): their share of trained tokens, median pi_old, share below
     EXPLORATION_P and share at forks; and those the looser run trains past 1.2. "reproduced" where most of the
@@ -349,18 +380,20 @@ def clip_mechanism(g: Groups, regime: str, base: str, looser: tuple[str, str]) -
     freed, freed_p = (mean_se(g.per_seed(free, k))[0] for k in ("freed_frac", "freed_pold_median"))
     meas = (f"eps_high 0.2: {_clip_profile(g, base)}; {name}: trained past 1.2 (A > 0) {fmt(freed, pct=True)} of "
             f"tokens, their median pi_old {fmt(freed_p)}")
-    why = f"the principle: {CLIP_HIGHER_PRINCIPLE}"
+    mech = f"{regime}: mechanism"
     if not np.isfinite(up):  # a log without the simulator's clip metrics (verl, TRL)
         needs = "the up-clipped tokens' share and pi_old (clip_up_frac, upclip_pold_lt02)"
-        return f"{regime}: mechanism", "n/a", *_missing(needs, "cliplab sim --set eps_high=0.2,100 ...")
+        return replace(not_measured(needs, "cliplab sim --set eps_high=0.2,100 ...", mech), mechanism=True)
+    row = dict(measured=meas, estimate=Estimate(f"share of up-clipped tokens with pi_old < {EXPLORATION_P}", low,
+                                                pct=True),
+               compared=(base, free), attribution=f"the principle: {CLIP_HIGHER_PRINCIPLE}", mechanism=True,
+               conditions=card(g, base, UPPER_CLIP_BINDS, EXPLORATION))
     if up < CLIP_ACTIVE or not np.isfinite(low):
-        return f"{regime}: mechanism", meas, "not testable here", "the upper bound almost never binds; " + why
+        return finding(mech, Kind.NOT_TESTABLE, "the upper bound almost never binds", **row)
     if low > 0.5:
-        return f"{regime}: mechanism", meas, "reproduced", "most tokens the upper clip holds are exploration tokens; " \
-            + why
-    return (f"{regime}: mechanism", meas, "not reproduced",
-            f"most tokens the upper clip holds have pi_old >= {EXPLORATION_P}: a looser bound speeds tokens that are "
-            f"already likely, not the exploration tokens; " + why)
+        return finding(mech, Kind.REPRODUCED, "most tokens the upper clip holds are exploration tokens", **row)
+    return finding(mech, Kind.NOT_REPRODUCED, f"most tokens the upper clip holds have pi_old >= {EXPLORATION_P}: a "
+                   "looser bound speeds tokens that are already likely, not the exploration tokens", **row)
 
 
 def claim_random_reward(g: Groups):
@@ -368,8 +401,8 @@ def claim_random_reward(g: Groups):
     found = [(algo, *p) for algo in ("grpo", "dapo") for p in pairs(g, algo, {"eps_high": (0.2, 100)})
              if p[2].get("reward") == "random"]
     if not found:
-        return "n/a", *_missing("a random-reward eps_high ablation",
-                                "cliplab sim --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100 ...")
+        return _missing("a random-reward eps_high ablation",
+                        "cliplab sim --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100 ...")
     rows = []
     for algo, base, free, rest in found:
         e0, e1 = _final(g, base, "entropy"), _final(g, free, "entropy")
@@ -377,9 +410,13 @@ def claim_random_reward(g: Groups):
         meas = (f"final entropy eps_high 0.2 {fmt(*mean_se(e0))} vs no upper clip {fmt(*mean_se(e1))} "
                 f"(diff {sig(d, se, ok)}); initial {fmt(mean_se(g.per_seed(base, 'entropy', 'first'))[0])}; "
                 + _clip_profile(g, base))
-        verdict = "reproduced" if ok and d > 0 else ("reversed" if ok else undetected(ok))
-        why = attribution(g, base, free)
-        rows.append((f"{algo}, {_setting(algo, rest)}", meas, verdict, why))
+        verdict = Kind.REPRODUCED if ok and d > 0 else (Kind.REVERSED if ok else undetected(ok))
+        why = {Kind.REPRODUCED: "entropy ends higher without the upper clip, though the reward is independent of the "
+                                "answer", Kind.REVERSED: "entropy ends lower without the upper clip"}.get(
+            verdict, "the difference is within noise")
+        rows.append(finding(f"{algo}, {_setting(algo, rest)}", verdict, why, meas,
+                            estimate("final entropy, no upper clip - eps_high 0.2", d, se, ok), (base, free),
+                            attribution(g, base, free), conditions=card(g, base, UPPER_CLIP_BINDS, RATIOS_MOVE)))
     return rows
 
 
@@ -419,8 +456,9 @@ def claim_entropy_collapse(g: Groups):
         if not lbl:
             continue
         if g.runs[lbl][0].get("env") == "toy_lm":
-            rows.append((algo, "n/a", "not testable here", "the toy LM's contexts each have their own logits and "
-                         "most of its entropy is the reward-irrelevant filler choice: nothing to collapse together"))
+            rows.append(finding(algo, Kind.NOT_TESTABLE, "the toy LM's contexts each have their own logits and most "
+                                "of its entropy is the reward-irrelevant filler choice: nothing to collapse together",
+                                compared=(lbl,)))
             continue
         c = g.curve(lbl, "entropy")
         e0, e1 = c[:, 0], _final(g, lbl, "entropy")
@@ -446,11 +484,12 @@ def claim_entropy_collapse(g: Groups):
         if "entropy_relevant" in keys:
             meas += (f"; reward-relevant entropy (ordinary + fork) {fmt(*mean_se(g.curve(lbl, 'entropy_relevant')[:, 0]))}"
                      f" -> {fmt(*mean_se(_final(g, lbl, 'entropy_relevant')))}")
-        controls = []
+        controls, compared = [], [lbl]
         for name, ctl_keys, values in CONTROLS:
             ctl = _control(g, algo, ctl_keys, values)
             if ctl is None:
                 continue
+            compared.append(ctl)
             cells = []
             for key in keys:
                 d, half_w, ok = compare(_fall(g, ctl, key), _fall(g, lbl, key))
@@ -462,15 +501,18 @@ def claim_entropy_collapse(g: Groups):
         parts = ", ".join(f"{k[8:]} {fmt(mean_se(g.curve(lbl, k)[:, 0])[0])} -> {fmt(mean_se(_final(g, lbl, k))[0])}"
                           for k in ENTROPY_PARTS + ENTROPY_SHARES if np.isfinite(g.curve(lbl, k)).any())
         if n_half == len(c) and np.nanmean(half_steps) < steps / 2:
-            verdict = "reproduced"
+            verdict, why = Kind.REPRODUCED, "entropy halves within the first half of the steps in every seed"
         elif n_half:
-            verdict = "partly"
+            verdict, why = Kind.PARTLY, f"entropy halves in {n_half} of {len(c)} seeds"
         else:
-            verdict = "not reproduced"
-        rows.append((algo, meas, verdict, "which entropy fell (first -> last): " + parts if parts else
-                     "these runs log the total entropy only, not its split by context"))
+            verdict, why = Kind.NOT_REPRODUCED, "entropy never halves"
+        rows.append(finding(algo, verdict, why, meas,
+                            Estimate("half-entropy step", *mean_se(half_steps), n=n_half), tuple(compared),
+                            "which entropy fell (first -> last): " + parts if parts else
+                            "these runs log the total entropy only, not its split by context",
+                            conditions=card(g, lbl, WELL_FORMED)))
     if not rows:
-        return "n/a", *_missing("grpo or dapo runs", "cliplab sim --algos grpo,dapo ...")
+        return _missing("grpo or dapo runs", "cliplab sim --algos grpo,dapo ...")
     return rows
 
 
@@ -487,39 +529,44 @@ def claim_entropy_law(g: Groups):
         cov, dh = g.curve(lbl, "cov_interval"), g.curve(lbl, "entropy_change")
         ok2 = np.isfinite(cov) & np.isfinite(dh)
         c2 = float(np.corrcoef(cov[ok2], dh[ok2])[0, 1]) if ok2.sum() > 2 else float("nan")
-        rows.append((lbl, f"first-order prediction vs measured change: correlation {fmt(corr)}, relative error "
-                          f"{fmt(rel, pct=True)}; batch Cov(log pi, A) vs entropy change: correlation {fmt(c2)}",
-                     "reproduced" if corr > 0.8 and c2 < 0 else ("partly" if corr > 0.5 or c2 < 0 else
-                                                                  "not reproduced"),
-                     "Lemma 1 is exact to first order per context; the batch covariance is one noisy sample of it "
-                     "and misses Adam's rescaling and the shared features' spill-over"))
+        verdict = Kind.REPRODUCED if corr > 0.8 and c2 < 0 else (Kind.PARTLY if corr > 0.5 or c2 < 0 else
+                                                                  Kind.NOT_REPRODUCED)
+        meas = (f"first-order prediction vs measured change: correlation {fmt(corr)}, relative error "
+                f"{fmt(rel, pct=True)}; batch Cov(log pi, A) vs entropy change: correlation {fmt(c2)}")
+        rows.append(finding(lbl, verdict, "Lemma 1 is exact to first order per context; the batch covariance is one "
+                            "noisy sample of it", meas,
+                            Estimate("correlation of predicted and measured entropy change", corr), (lbl,),
+                            "the batch covariance misses Adam's rescaling and the shared features' spill-over"))
     if not rows:
-        return "n/a", *_missing("runs with the entropy law metrics", "cliplab sim --algos grpo ...")
+        return _missing("runs with the entropy law metrics", "cliplab sim --algos grpo ...")
     return rows
 
 
 def claim_gspo_clips(g: Groups):
     gs, gr = g.find("gspo"), g.find("grpo")
     if not (gs and gr):
-        return "n/a", *_missing("gspo and grpo runs", "cliplab sim --algos grpo,gspo ...")
+        return _missing("gspo and grpo runs", "cliplab sim --algos grpo,gspo ...")
     (ms_, ss), (mg, sg) = mean_se(g.per_seed(gs, "clip_frac")), mean_se(g.per_seed(gr, "clip_frac"))
     ratio = ms_ / mg if mg > 0 else float("inf")
     meas = f"GSPO {fmt(ms_, ss, True)} vs GRPO {fmt(mg, sg, True)}: {ratio:.3g}x (paper: about 100x)"
+    row = dict(measured=meas, estimate=Estimate("TCR, GSPO / GRPO (x)", ratio), compared=(gs, gr),
+               conditions=card(g, gr, CLIP_BINDS))
     if not mg >= CLIP_ACTIVE:
-        return meas, "not testable here", _clip_inactive({"GRPO": mg})
+        return [finding("", Kind.NOT_TESTABLE, _clip_inactive({"GRPO": mg}), **row)]
     if not ms_ > 0:
-        return meas, "not reproduced", "GSPO clipped no token"
+        return [finding("", Kind.NOT_REPRODUCED, "GSPO clipped no token", **row)]
     if ratio >= 100:
-        return meas, "reproduced", "GSPO's sequence-level bound of 3e-4/4e-4 is tiny, and clips whole sequences"
+        return [finding("", Kind.REPRODUCED, "GSPO's sequence-level bound of 3e-4/4e-4 is tiny, and clips whole "
+                        "sequences", **row)]
     if ratio >= 10:
-        return meas, "partly", "far more, but under two orders of magnitude"
-    return meas, "not reproduced", "GSPO does not clip far more tokens here"
+        return [finding("", Kind.PARTLY, "far more, but under two orders of magnitude", **row)]
+    return [finding("", Kind.NOT_REPRODUCED, "GSPO does not clip far more tokens here", **row)]
 
 
 def claim_drgrpo_length(g: Groups):
     gr, dr = g.find("grpo"), g.find("dr_grpo")
     if not (gr and dr):
-        return "n/a", *_missing("grpo and dr_grpo runs", "cliplab sim --algos grpo,dr_grpo ...")
+        return _missing("grpo and dr_grpo runs", "cliplab sim --algos grpo,dr_grpo ...")
 
     key = "len_wrong_exact" if np.isfinite(g.curve(gr, "len_wrong_exact")).any() else "len_wrong"
 
@@ -530,18 +577,20 @@ def claim_drgrpo_length(g: Groups):
     what = "exact expected" if key == "len_wrong_exact" else "mean sampled"
     meas = (f"growth of the {what} incorrect-response length, first to last 10% of steps: GRPO {fmt(mg, sg)}, "
             f"Dr.GRPO {fmt(md, sd)} tokens (GRPO - Dr.GRPO {sig(diff, half, ok)})")
+    row = dict(measured=meas, estimate=estimate(f"growth of the incorrect-response length, GRPO - Dr.GRPO",
+                                                diff, half, ok), compared=(gr, dr), conditions=card(g, gr, HEADROOM))
     if ok and diff > 0 and abs(md) < abs(mg) / 2:
-        return meas, "reproduced", ("GRPO's 1/|o_i| lets long wrong answers pay less per token; Dr.GRPO's "
-                                    "constant does not")
+        return [finding("", Kind.REPRODUCED, "GRPO's 1/|o_i| lets long wrong answers pay less per token; Dr.GRPO's "
+                        "constant does not", **row)]
     if mg > md:
         reasons = ["GRPO's incorrect responses grow more"]
         if not ok:
             reasons.append("but the difference is not significant")
         if abs(md) >= abs(mg) / 2:
             reasons.append("and Dr.GRPO's grow too")
-        reasons.append("(part of any growth is the mix shifting to hard prompts as easy ones stop being wrong)")
-        return meas, "partly", " ".join(reasons)
-    return meas, "not reproduced", "GRPO's wrong answers do not grow more than Dr.GRPO's here"
+        return [finding("", Kind.PARTLY, " ".join(reasons), **row, attribution="part of any growth is the mix "
+                        "shifting to hard prompts as easy ones stop being wrong")]
+    return [finding("", Kind.NOT_REPRODUCED, "GRPO's wrong answers do not grow more than Dr.GRPO's here", **row)]
 
 
 def _instability(g: Groups, label: str):
@@ -564,8 +613,8 @@ def claim_sapo(g: Groups):
     for tp, tn in sorted(t for t in taus if t[1] > t[0] and t[::-1] in taus):  # each ordering with its mirror
         found += [(tp, tn, *p) for p in pairs(g, "sapo", {"tau_pos": (tp, tn), "tau_neg": (tn, tp)})]
     if not found:
-        return "n/a", *_missing("SAPO with tau_neg > tau_pos and its mirror",
-                                "cliplab sim --algos sapo --set tau_pos=1.0,1.05 --set tau_neg=1.0,1.05 ...")
+        return _missing("SAPO with tau_neg > tau_pos and its mirror",
+                        "cliplab sim --algos sapo --set tau_pos=1.0,1.05 --set tau_neg=1.0,1.05 ...")
     rows = []
     for tp, tn, good, rev, rest in sorted(found, key=lambda f: len(f[4])):  # the default regime first
         ig, ir = _instability(g, good), _instability(g, rev)
@@ -589,23 +638,24 @@ def claim_sapo(g: Groups):
                                           ("final accuracy", oka, da)) if s and x > 0]
         against = [name for name, s, x in (("worst drop", ok, d), ("fall from the peak", okf, df),
                                            ("final accuracy", oka, da)) if s and x < 0]
+        est = estimate(f"worst drop of {key}, {tn}/{tp} - {tp}/{tn}", d, se, ok)
         if favour and not against:
-            verdict, why = "reproduced", f"the paper's ordering is better on {', '.join(favour)}; " + scale
+            verdict, why = Kind.REPRODUCED, f"the paper's ordering is better on {', '.join(favour)}"
         elif against and not favour:
-            verdict, why = "reversed", f"the mirrored ordering is better on {', '.join(against)}; " + scale
+            verdict, why = Kind.REVERSED, f"the mirrored ordering is better on {', '.join(against)}"
         elif abs(slope[0] - slope[1]) < 0.01:
-            verdict, why = "not testable here", ("at the median ratio the two gates' slopes differ by under 1%, so "
-                                                 "the orderings train alike; " + scale)
+            verdict, why = Kind.NOT_TESTABLE, ("at the median ratio the two gates' slopes differ by under 1%, so the "
+                                               "orderings train alike")
         elif worst < 0.02:
-            verdict, why = "not testable here", (f"no instability to damp (worst drop of {key} in any run "
-                                                 f"{fmt(worst)}); " + scale)
+            verdict, why = Kind.NOT_TESTABLE, f"no instability to damp (worst drop of {key} in any run {fmt(worst)})"
         elif favour:
             verdict, why = undetected(ok), (f"the measures disagree: better on {', '.join(favour)}, worse on "
-                                         f"{', '.join(against)}; " + scale)
+                                            f"{', '.join(against)}")
         else:
-            verdict, why = undetected(okf), ("instability appears but the orderings do not differ beyond noise; "
-                                             + scale)
-        rows.append((_setting("sapo", rest), meas, verdict, why))
+            verdict, why = undetected(okf), "instability appears but the orderings do not differ beyond noise"
+            est = estimate(f"fall from the peak of {key}, {tn}/{tp} - {tp}/{tn}", df, sf, okf)
+        rows.append(finding(_setting("sapo", rest), verdict, why, meas, est, (good, rev), scale,
+                            conditions=card(g, good, RATIOS_MOVE, OFF_POLICY)))
         rows.append(sapo_mechanism(g, _setting("sapo", rest), (tp, tn), good, rev))
     return rows
 
@@ -618,7 +668,7 @@ SAPO_PRINCIPLE = ("with tau_neg > tau_pos the soft gate of a negative-advantage 
 SAPO_GATE_AT = 0.2
 
 
-def sapo_mechanism(g: Groups, regime: str, taus: tuple[float, float], good: str, rev: str) -> tuple:
+def sapo_mechanism(g: Groups, regime: str, taus: tuple[float, float], good: str, rev: str) -> ClaimRecord:
     """A regime's mechanism row for SAPO: how far ratios leave 1 (median |r - 1| of tokens with A != 0, and the
     share of tokens whose ratio left [0.8, 1.2] in their advantage's direction: where the gates damp) in both
     orderings, and the gates' weights sech^2(tau (r - 1) / 2) there (SAPO Eq. 6's gradient weight)."""
@@ -630,15 +680,17 @@ def sapo_mechanism(g: Groups, regime: str, taus: tuple[float, float], good: str,
             f"whose ratio left [0.8, 1.2] in their advantage's direction {fmt(far[0], pct=True)} vs "
             f"{fmt(far[1], pct=True)}; gate weights at |r - 1| = {SAPO_GATE_AT}: tau {tp} {fmt(weight[0])}, tau {tn} "
             f"{fmt(weight[1])}")
-    verdict = "measured" if np.isfinite(dev[0]) else "not measured"
-    return f"{regime}: mechanism", meas, verdict, f"the principle: {SAPO_PRINCIPLE}"
+    verdict = Verdict(Kind.NA, note="measured") if np.isfinite(dev[0]) else Verdict(Kind.NOT_MEASURED)
+    return finding(f"{regime}: mechanism", verdict, "the gates' weights where ratios leave 1, in both orderings",
+                   meas, Estimate("median |r - 1| (A != 0)", dev[0]), (good, rev), f"the principle: {SAPO_PRINCIPLE}",
+                   mechanism=True)
 
 
 def claim_dcpo_reward(g: Groups):
     """DCPO's accuracy under its ternary reward and under the binary one: separates the reward from the clip."""
     tern, binary = g.find("dcpo"), g.find("dcpo", reward="binary")
     if not (tern and binary):
-        return "n/a", *_missing("dcpo with the binary reward", "cliplab sim --algos dcpo --set reward=binary ...")
+        return _missing("dcpo with the binary reward", "cliplab sim --algos dcpo --set reward=binary ...")
     key = acc_key(g, tern)
     at, ab = g.per_seed(tern, key, "last"), g.per_seed(binary, key, "last")
     d, se, ok = compare(at, ab)
@@ -649,19 +701,19 @@ def claim_dcpo_reward(g: Groups):
                                  for a, lbl in others.items())
     mt, mb = g.per_seed(tern, "malformed", "last"), g.per_seed(binary, "malformed", "last")
     fmt_share = f"ternary {fmt(mean_se(mt)[0], pct=True)}, binary {fmt(mean_se(mb)[0], pct=True)}"
-    verdict = ("reproduced" if d > 0 else "reversed") if ok else undetected(ok)
-    why = (f"with the same clip and SAS, only the reward differs; share of malformed (truncated) responses over the "
-           f"last 10% of steps: {fmt_share}: ")
-    why += ("the ternary reward spends its signal on the format (-1 for malformed against 0 for wrong) rather than "
-            "on the answer" if verdict == "reproduced" else "the reward moves the format, not the accuracy")
-    return meas, verdict, why
+    verdict = (Kind.REPRODUCED if d > 0 else Kind.REVERSED) if ok else undetected(ok)
+    why = ("the ternary reward spends its signal on the format (-1 for malformed against 0 for wrong), not the "
+           "answer" if verdict is Kind.REPRODUCED else "the reward moves the format, not the accuracy")
+    return [finding("", verdict, why, meas, estimate(f"{key}, binary - ternary", d, se, ok), (tern, binary),
+                    f"with the same clip and SAS, only the reward differs; share of malformed (truncated) responses "
+                    f"over the last 10% of steps: {fmt_share}", conditions=card(g, tern, HEADROOM))]
 
 
 def claim_dcpo_accuracy(g: Groups):
     names = ("dcpo", "gspo", "grpo", "dapo")  # the paper's order on AIME24: 38.8 > 34.9 > 32.1 > 31.6
     labels = {n: g.find(n) for n in names}
     if not all(labels.values()):
-        return "n/a", *_missing("dcpo, gspo, grpo and dapo runs", "cliplab sim --algos grpo,dapo,gspo,dcpo ...")
+        return _missing("dcpo, gspo, grpo and dapo runs", "cliplab sim --algos grpo,dapo,gspo,dcpo ...")
     key = acc_key(g, labels["dcpo"])
     vals = {n: mean_se(g.per_seed(lbl, key, "last")) for n, lbl in labels.items()}
     meas = ", ".join(f"{n} {fmt(*vals[n])}" for n in sorted(names, key=lambda n: -vals[n][0]))
@@ -670,23 +722,29 @@ def claim_dcpo_accuracy(g: Groups):
              for n in names[1:]}
     meas += "; DCPO minus " + ", ".join(f"{n} {sig(*tests[n])}" for n in names[1:])
     above = [n for n in names[1:] if tests[n][2] and tests[n][0] > 0]
+    weakest = min(names[1:], key=lambda n: tests[n][0])  # the comparison least in DCPO's favour
+    row = dict(measured=meas, estimate=estimate(f"{key}, DCPO - {weakest}", *tests[weakest]),
+               compared=tuple(labels.values()), conditions=card(g, labels["dcpo"], HEADROOM, WELL_FORMED))
     if len(above) == 3:
-        return meas, "reproduced", "DCPO ends above the other three"
+        return [finding("", Kind.REPRODUCED, "DCPO ends above the other three", **row)]
     if above:
-        return meas, "partly", f"DCPO ends above {', '.join(above)} only"
-    return meas, "not reproduced", ("DCPO does not end above any of them here; the runs compare equal training "
-                                    "steps, not equal generations (see the dynamic-sampling row)")
+        return [finding("", Kind.PARTLY, f"DCPO ends above {', '.join(above)} only", **row)]
+    return [finding("", Kind.NOT_REPRODUCED, "DCPO does not end above any of them here", **row,
+                    attribution="the runs compare equal training steps, not equal generations (see the "
+                                "dynamic-sampling row)")]
 
 
 def claim_dynamic_sampling(g: Groups):
     da = g.find("dapo")
     if not da:
-        return "n/a", *_missing("dapo runs", "cliplab sim --algos dapo ...")
+        return _missing("dapo runs", "cliplab sim --algos dapo ...")
     (m, s), (z, _) = mean_se(g.per_seed(da, "gen_per_trained")), mean_se(g.per_seed(da, "zero_grad_frac"))
     meas = f"{fmt(m, s)} responses generated per response trained (share of all-equal groups {fmt(z, pct=True)})"
+    row = dict(measured=meas, estimate=Estimate("responses generated per response trained", m, s), compared=(da,))
     if m > 1.05:
-        return meas, "reproduced", "all-equal groups are discarded and refilled, so generation grows as accuracy rises"
-    return meas, "not reproduced", "almost no group was discarded"
+        return [finding("", Kind.REPRODUCED, "all-equal groups are discarded and refilled, so generation grows as "
+                        "accuracy rises", **row)]
+    return [finding("", Kind.NOT_REPRODUCED, "almost no group was discarded", **row)]
 
 
 def bandit_entropy_check(etas=(0.01, 0.03, 0.1, 0.3)):
@@ -710,9 +768,12 @@ def claim_bandit(rows):
     rel_big = abs(rows[-1][1] - rows[-1][2]) / abs(rows[-1][2])
     meas = (f"eta={small[0]}: exact dH {small[1]:.4g} vs predicted {small[2]:.4g} (rel. error {rel:.2%}, per-prompt "
             f"correlation {small[3]:.4f}); eta={rows[-1][0]}: rel. error {rel_big:.1%}")
+    est = Estimate(f"relative error of the prediction at eta={small[0]}", rel, pct=True)
     if rel < 0.05 and rel_big > rel:
-        return meas, "reproduced", "first-order agreement, the error growing with eta as a first-order law should"
-    return meas, "not reproduced", "the first-order prediction misses the exact change"
+        return [finding("exact, default bandit", Kind.REPRODUCED, "first-order agreement, the error growing with eta "
+                        "as a first-order law should", meas, est)]
+    return [finding("exact, default bandit", Kind.NOT_REPRODUCED, "the first-order prediction misses the exact change",
+                    meas, est)]
 
 
 def same_setting(g: Groups, algo: str, other: str, key: str | None = None) -> list[tuple[str, str, dict]]:
@@ -752,20 +813,22 @@ def claim_cov_entropy(g: Groups):
             meas = (f"{'; '.join(cells)}; accuracy {fmt(*mean_se(a1))} vs {fmt(*mean_se(a0))} (diff "
                     f"{sig(da, sea, oka)}); tokens selected per update {_mean_of(g, lbl, 'cov_frac')}")
             if oke and de > 0:
-                verdict = "partly" if oka and da < 0 else "reproduced"
-                why = ("entropy ends higher" + (", but accuracy is lower" if verdict == "partly" else
+                verdict = Kind.PARTLY if oka and da < 0 else Kind.REPRODUCED
+                why = ("entropy ends higher" + (", but accuracy is lower" if verdict is Kind.PARTLY else
                                                 " at equal or better accuracy"))
             elif oke:
-                verdict, why = "reversed", "entropy ends lower than with PPO-clip"
+                verdict, why = Kind.REVERSED, "entropy ends lower than with PPO-clip"
             else:
                 verdict, why = undetected(oke), "the entropy difference is within noise"
-            why += ("; the selected tokens are those of largest Cov(log pi, A), the ones whose updates lower entropy "
-                    "most (Lemma 1); " + attribution(g, base, lbl, tested=keys))
-            rows.append((f"{algo}, {_setting(algo, params)}", meas, verdict, why))
+            rows.append(finding(
+                f"{algo}, {_setting(algo, params)}", verdict, why, meas,
+                estimate(f"final {_entropy_name(keys[0])}, {algo} - PPO-clip", de, see, oke), (lbl, base),
+                "the selected tokens are those of largest Cov(log pi, A), the ones whose updates lower entropy most "
+                "(Lemma 1); " + attribution(g, base, lbl, tested=keys), conditions=card(g, base, ENTROPY_FALLS)))
     if not rows:
-        return "n/a", *_missing("clip_cov / kl_cov runs beside grpo with the same settings",
-                                "cliplab sim --algos grpo,clip_cov,kl_cov --set beta=0 --set agg=token_mean "
-                                "--set clip_cov_ratio=0.02 --set kl_cov_ratio=0.02 ...")
+        return _missing("clip_cov / kl_cov runs beside grpo with the same settings",
+                        "cliplab sim --algos grpo,clip_cov,kl_cov --set beta=0 --set agg=token_mean "
+                        "--set clip_cov_ratio=0.02 --set kl_cov_ratio=0.02 ...")
     return rows
 
 
@@ -783,18 +846,21 @@ def claim_cispo(g: Groups):
         meas = (f"tokens PPO-clip (eps 0.2) would zero, in CISPO's updates: {fmt(zeroed, pct=True)} (GRPO's own "
                 f"run clips {_mean_of(g, base, 'clip_frac')}); CISPO's truncated weights {fmt(trunc, pct=True)}; "
                 f"accuracy {fmt(*mean_se(a1))} vs GRPO {fmt(*mean_se(a0))} (diff {sig(d, se, ok)})")
+        attributed = ""
         if not zeroed >= CLIP_ACTIVE:
-            verdict, why = "not testable here", "no token leaves PPO's clip range: ratios stay near 1"
+            verdict, why = Kind.NOT_TESTABLE, "no token leaves PPO's clip range: ratios stay near 1"
         else:
-            verdict = "reproduced" if not (ok and d < 0) else "partly"
-            why = (f"CISPO's gradient on those {fmt(zeroed, pct=True)} of tokens is -sg(w) A (never 0; spec's "
-                   "derivation cispo_gradient_is_truncated_reinforce); " +
-                   ("accuracy is not lower than GRPO's" if verdict == "reproduced" else
+            verdict = Kind.REPRODUCED if not (ok and d < 0) else Kind.PARTLY
+            why = (f"CISPO's gradient on those {fmt(zeroed, pct=True)} of tokens is -sg(w) A, never 0; " +
+                   ("accuracy is not lower than GRPO's" if verdict is Kind.REPRODUCED else
                     "yet accuracy ends lower than GRPO's"))
-        rows.append((_setting("cispo", params), meas, verdict, why))
+            attributed = "spec's derivation cispo_gradient_is_truncated_reinforce"
+        rows.append(finding(_setting("cispo", params), verdict, why, meas,
+                            estimate(f"{key}, CISPO - GRPO", d, se, ok), (lbl, base), attributed,
+                            conditions=card(g, base, CLIP_BINDS, OFF_POLICY)))
     if not rows:
-        return "n/a", *_missing("cispo and grpo (beta=0) runs with the same settings",
-                                "cliplab sim --algos grpo,cispo --set beta=0 ...")
+        return _missing("cispo and grpo (beta=0) runs with the same settings",
+                        "cliplab sim --algos grpo,cispo --set beta=0 ...")
     return rows
 
 
@@ -820,70 +886,83 @@ def claim_rollout_correction(g: Groups):
                     f"while the uncorrected run's fall from its peak is "
                     f"{fmt(mean_se(p0)[0])}: this mismatch (zero-mean noise on the sampler's parameters) leaves no "
                     "instability to remove, only fewer effective updates")
+            attributed = ""
             if not noise:
-                verdict, why = "not testable here", "no mismatch (rollout_noise 0): every weight is 1"
+                verdict, why = Kind.NOT_TESTABLE, "no mismatch (rollout_noise 0): every weight is 1"
             elif (ok and d > 0) or (okd and dd > 0):
-                verdict, why = "reproduced", "the correction keeps accuracy higher or its fall from the peak smaller"
+                verdict, why = Kind.REPRODUCED, "the correction keeps accuracy higher or its fall from the peak smaller"
             elif ok and d < 0:
-                verdict, why = "reversed", "accuracy ends lower with the correction; " + cost
+                verdict, why, attributed = Kind.REVERSED, "accuracy ends lower with the correction", cost
             else:
-                verdict, why = undetected(ok), "the differences are within noise; " + cost
-            rows.append((f"{kind}, {_setting('grpo', rest, rollout_correction=kind)}", meas, verdict, why))
+                verdict, why, attributed = undetected(ok), "the differences are within noise", cost
+            rows.append(finding(f"{kind}, {_setting('grpo', rest, rollout_correction=kind)}", verdict, why, meas,
+                                estimate(f"final {key}, {kind} - none", d, se, ok), (on, off), attributed,
+                                conditions=card(g, off, HEADROOM)))
     if not rows:
-        return "n/a", *_missing("grpo runs with and without a rollout correction under rollout_noise",
-                                "cliplab sim --algos grpo --set beta=0 --set rollout_noise=0,1 "
-                                "--set rollout_correction=None,tis,mis ...")
+        return _missing("grpo runs with and without a rollout correction under rollout_noise",
+                        "cliplab sim --algos grpo --set beta=0 --set rollout_noise=0,1 "
+                        "--set rollout_correction=None,tis,mis ...")
     return rows
 
 
+def _claim(cid: str, text: str, paper: str, arxiv: str | None, where: str) -> Claim:
+    return Claim(cid, text, Source(paper, arxiv, where))
+
+
+#: The papers' claims (id, statement, source) and the functions that decide them on grouped runs.
 CLAIMS = (
-    ("Entropy collapses early while performance saturates (Cui et al. 2505.22617, Sec. 2)", claim_entropy_collapse),
-    ("Per step, -Cov(log pi, dz) predicts the entropy change, and Cov(log pi, A) drives it (Cui et al., Lemma 1, "
-     "Eq. 4)", claim_entropy_law),
-    ("DCPO's TCR is an order of magnitude below GRPO's and DAPO's (DCPO 2509.02333, Table 2)", claim_dcpo_tcr),
-    ("DCPO's RUR is well above GRPO's: 71.8% vs 43.8% (DCPO Table 2)", claim_dcpo_rur),
-    ("Clip-higher slows entropy collapse (DAPO 2503.14476, Sec. 3.1, Fig. 2); KL penalty off; it acts where "
-     "exploration tokens (pi_old < 0.2) with positive advantage sit at forks and ratios reach the upper bound",
-     claim_clip_higher),
-    ("Under random rewards the upper clip still lowers entropy (Park et al. 2509.26114)", claim_random_reward),
-    ("GSPO clips far more tokens than GRPO, about two orders of magnitude (GSPO 2507.18071, Fig. 2)",
-     claim_gspo_clips),
-    ("Dr.GRPO removes GRPO's length bias on wrong answers (Dr.GRPO 2503.20783, Sec. 3.1)", claim_drgrpo_length),
-    ("SAPO with tau_neg > tau_pos is more stable than the reverse (SAPO 2511.20347); it acts where stale, "
-     "off-policy updates move ratios away from 1", claim_sapo),
-    ("DAPO's dynamic sampling costs extra generations (DAPO Sec. 3.2)", claim_dynamic_sampling),
-    ("DCPO reaches the best accuracy, then GSPO, GRPO, DAPO (DCPO Table 1, AIME24 Avg@32 38.8 / 34.9 / 32.1 / "
-     "31.6)", claim_dcpo_accuracy),
-    ("DCPO's lower accuracy here comes from its ternary reward, not its clip or SAS (binary vs ternary; issue 8)",
-     claim_dcpo_reward),
-    ("Clip-Cov and KL-Cov keep entropy higher than PPO-clip at equal or better accuracy (Cui et al. 2505.22617, "
-     "Sec. 5)", claim_cov_entropy),
-    ("CISPO keeps learning from the tokens PPO-clip zeroes (MiniMax-M1 2506.13585, Sec. 3.1)", claim_cispo),
-    ("TIS and MIS (IcePop) stabilise training under a rollout/trainer mismatch (Yao et al. 2025; IcePop)",
-     claim_rollout_correction),
+    (_claim("entropy_collapse", "Entropy collapses early while performance saturates", "Cui et al.", "2505.22617",
+            "Sec. 2"), claim_entropy_collapse),
+    (_claim("entropy_law", "Per step, -Cov(log pi, dz) predicts the entropy change, and Cov(log pi, A) drives it",
+            "Cui et al.", "2505.22617", "Lemma 1, Eq. 4"), claim_entropy_law),
+    (_claim("dcpo_tcr", "DCPO's TCR is an order of magnitude below GRPO's and DAPO's", "DCPO", "2509.02333",
+            "Table 2"), claim_dcpo_tcr),
+    (_claim("dcpo_rur", "DCPO's RUR is well above GRPO's: 71.8% vs 43.8%", "DCPO", "2509.02333", "Table 2"),
+     claim_dcpo_rur),
+    (_claim("clip_higher", "Clip-higher slows entropy collapse (KL penalty off)", "DAPO", "2503.14476",
+            "Sec. 3.1, Fig. 2-3"), claim_clip_higher),
+    (_claim("random_reward", "Under random rewards the upper clip still lowers entropy", "Park et al.", "2509.26114",
+            ""), claim_random_reward),
+    (_claim("gspo_clips", "GSPO clips far more tokens than GRPO, about two orders of magnitude", "GSPO", "2507.18071",
+            "Fig. 2"), claim_gspo_clips),
+    (_claim("drgrpo_length", "Dr.GRPO removes GRPO's length bias on wrong answers", "Dr.GRPO", "2503.20783",
+            "Sec. 3.1"), claim_drgrpo_length),
+    (_claim("sapo_temperatures", "SAPO with tau_neg > tau_pos is more stable than the reverse", "SAPO", "2511.20347",
+            "Eq. 5-6"), claim_sapo),
+    (_claim("dynamic_sampling", "DAPO's dynamic sampling costs extra generations", "DAPO", "2503.14476", "Sec. 3.2"),
+     claim_dynamic_sampling),
+    (_claim("dcpo_accuracy", "DCPO reaches the best accuracy, then GSPO, GRPO, DAPO", "DCPO", "2509.02333",
+            "Table 1, AIME24 Avg@32 38.8 / 34.9 / 32.1 / 31.6"), claim_dcpo_accuracy),
+    (_claim("dcpo_reward", "DCPO's lower accuracy here comes from its ternary reward, not its clip or SAS", "DCPO",
+            "2509.02333", "its reward scheme, ablated here: binary vs ternary"), claim_dcpo_reward),
+    (_claim("cov_entropy", "Clip-Cov and KL-Cov keep entropy higher than PPO-clip at equal or better accuracy",
+            "Cui et al.", "2505.22617", "Sec. 5"), claim_cov_entropy),
+    (_claim("cispo", "CISPO keeps learning from the tokens PPO-clip zeroes", "MiniMax-M1", "2506.13585", "Sec. 3.1"),
+     claim_cispo),
+    (_claim("rollout_correction", "TIS and MIS (IcePop) stabilise training under a rollout/trainer mismatch",
+            "Yao et al. 2025 (TIS); IcePop", None, ""), claim_rollout_correction),
 )
+#: The bandit's exact check of the entropy law (``bandit_entropy_check``), not decided on runs.
+BANDIT_CLAIM = _claim("bandit_entropy_law", "Entropy change under natural PG is -eta Cov(log pi, A)", "Cui et al.",
+                      "2505.22617", "Lemma 1")
 
 
-def _rows(out) -> list[tuple]:
-    return out if isinstance(out, list) else [("", *out)]
+def bandit_records() -> tuple[list[ClaimRecord], list[tuple]]:
+    """The bandit's record of the entropy law and the rows of its exact check."""
+    rows = bandit_entropy_check()
+    return [replace(r, claim=BANDIT_CLAIM) for r in claim_bandit(rows)], rows
 
 
-def category(verdict: str) -> str:
-    """A verdict without its numbers: "not detectable with 10 seeds (smallest detectable effect 0.05)" reads
-    "not detectable with 10 seeds"."""
-    return verdict.split(" (")[0]
-
-
-def decide(groups: Groups, paired: bool) -> tuple[list[list[tuple]], int]:
-    """Every claim's rows (regime, measured, verdict, why) on one seed set, each test Holm-adjusted across all the
-    set's tests; and how many tests that family had."""
+def decide(groups: Groups, paired: bool) -> tuple[list[list[ClaimRecord]], int]:
+    """Every claim's records (one per regime) on one seed set, each test Holm-adjusted across all the set's tests;
+    and how many tests that family had."""
     family = Family(paired)
     token = FAMILY.set(family)
     try:
         for _, fn in CLAIMS:  # first pass: every test's p-value
             fn(groups)
         family.adjust()
-        return [_rows(fn(groups)) for _, fn in CLAIMS], len(family.raw)
+        return [[replace(r, claim=claim) for r in fn(groups)] for claim, fn in CLAIMS], len(family.raw)
     finally:
         FAMILY.reset(token)
 
@@ -906,29 +985,20 @@ def _seed_text(runs: list[dict]) -> str:
     return Seeds(tuple(sorted({r["seed"] for r in runs})), ()).text()
 
 
-def run_claims(runs: list[dict]) -> tuple[list[tuple], dict]:
-    """Every claim decided on the discovery seeds and re-checked on the replication seeds: rows (claim, regime,
-    measured on both, verdict, why), "reproduced" (or any verdict) only where both sets agree; and the families'
-    sizes and seeds."""
+def run_claims(runs: list[dict], name: str = "") -> RunSet:
+    """Every claim decided on the discovery seeds and re-checked on the replication seeds (``claim_record.combine``:
+    a verdict stands only where both sets give it); runs that name no seed set (real models) form one set. The run
+    set ``name``d, with its seed sets and its Holm families' sizes."""
     disc, rep = seed_sets(runs)
     by_seed = (lambda rs: sorted(rs, key=lambda r: (r["label"], r["seed"] if r["seed"] is not None else -1)))
     found_d, n_d = decide(Groups(by_seed(disc)), _paired(disc))
-    found_r, n_r = decide(Groups(by_seed(rep)), _paired(rep)) if rep else ([None] * len(CLAIMS), 0)
-    info = {"tests": (n_d, n_r), "seeds": (_seed_text(disc) if disc else "", _seed_text(rep) if rep else "")}
+    found_r, n_r = decide(Groups(by_seed(rep)), _paired(rep)) if rep else (None, 0)
+    seeds = (_seed_text(disc) if disc else "", _seed_text(rep) if rep else "")
+    one_set = found_r is None and not any(r.get("set") for r in runs)  # runs without seed sets (real models)
     out = []
-    for (text, _), rows_d, rows_r in zip(CLAIMS, found_d, found_r):
-        other = {row[0]: row for row in rows_r or []}
-        for regime, meas, verdict, why in rows_d:
-            if rows_r is None and not any(r.get("set") for r in runs):  # runs without seed sets (real models)
-                out.append((text, regime, meas, verdict, why))
-            elif rows_r is None:
-                out.append((text, regime, meas, f"discovery only: {verdict} (no replication seeds)", why))
-                continue
-            _, meas_r, verdict_r, _ = other.get(regime, (regime, "not run", "not run", ""))
-            both = f"discovery: {meas} REPLICATION: {meas_r}"
-            if category(verdict) == category(verdict_r):
-                out.append((text, regime, both, verdict, why))
-            else:
-                out.append((text, regime, both, f"not replicated (discovery: {verdict}; replication: "
-                                                f"{verdict_r})", why))
-    return out, info
+    for i, rows_d in enumerate(found_d):
+        other = {r.regime: r for r in found_r[i]} if found_r is not None else {}
+        for rec in rows_d:
+            out.append(replace(rec, discovery=replace(rec.discovery, seeds=seeds[0])) if one_set else
+                       combine(rec, other.get(rec.regime), seeds))
+    return RunSet(name, tuple(out), seeds, (n_d, n_r))

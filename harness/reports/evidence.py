@@ -1,10 +1,10 @@
 """The real-model evidence section of reports/real/README.md: per-algorithm means with 95% confidence intervals over
-seeds, paired-by-seed differences against GRPO, whether GSPO and SAPO still coincide, and the claims table
-(published | simulator toy LM | simulator feature LM | real LM)."""
+seeds, paired-by-seed differences against GRPO, whether GSPO and SAPO still coincide, and the claims as records
+(``harness.reports.claim_record``): one line per claim (published | simulator toy LM | simulator feature LM, from
+reports/sim/claims.json | real LM)."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +13,9 @@ import numpy as np
 from sim.metrics import summarise_run
 from spec.records import read_json, read_jsonl, read_text
 
+from harness.reports.claim_record import ClaimRecord, Estimate, Kind, RunSet, SetResult, Verdict
+from harness.reports.claim_render import JSON_NAME, anchor, cell, effect, prose, read_claims
+from harness.reports.claims import CLAIMS as SIM_CLAIMS
 from harness.reports.rundirs import ALIASES, fmt, md
 from harness.reports.stats import Comparison, holm, paired_test, t_interval
 
@@ -139,7 +142,7 @@ def algo_table(ev: Evidence) -> list[str]:
     lines = ["| metric | " + " | ".join(f"{md(a)} ({seeds[a]})" for a in algos) + " |",
              "|---" * (len(algos) + 1) + "|"]
     for key, what in TABLE:
-        lines.append(f"| {md(what)} | " + " | ".join(ev.cell(a, key) for a in algos) + " |")
+        lines.append(f"| {cell(what)} | " + " | ".join(ev.cell(a, key) for a in algos) + " |")
     return lines
 
 
@@ -182,19 +185,10 @@ def coincide_lines(ev: Evidence, a: str = "gspo", b: str = "sapo") -> list[str]:
 
 # -- claims ------------------------------------------------------------------------------------------------------
 
-def _sim_rows(report_md: Path) -> dict:
-    """{env: [(claim, regime, measured, verdict)]} from the claims tables of the simulator's report."""
-    rows, env = {}, None
-    if not report_md.exists():
-        return rows
-    for line in read_text(report_md).splitlines():
-        head = re.match(r"^### (\w+)", line)
-        if head:
-            env = head.group(1)
-        elif env and line.startswith("| ") and not line.startswith("| claim") and line.count("|") >= 6:
-            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # at unescaped pipes
-            rows.setdefault(env, []).append((cells[0], cells[1], cells[2], cells[3].strip("*")))
-    return rows
+def sim_records(sim_dir: Path) -> dict[str, list[ClaimRecord]]:
+    """{environment: its claim records} of the simulator's report (reports/sim/claims.json); empty without one."""
+    path = sim_dir / JSON_NAME
+    return {s.name: list(s.records) for s in read_claims(path)} if path.exists() else {}
 
 
 def _sim_num(summary: dict, algo: str, key: str, pct: bool = False) -> str:
@@ -205,15 +199,22 @@ def _sim_num(summary: dict, algo: str, key: str, pct: bool = False) -> str:
     return f"{algo} {key} {fmt(a[key], pct=pct)}" + (f" ± {fmt(sd, pct=pct)} sd" if sd is not None else "")
 
 
-def sim_cell(summary: dict | None, rows: list, prefix: str, nums: tuple) -> str:
-    """The simulator's verdicts on the claim (its report's rows starting with ``prefix``) and its numbers."""
+def sim_cell(records: list[ClaimRecord] | None, claim: str) -> str:
+    """The simulator's verdicts on the claim with id ``claim`` (each with its regime), from its records."""
+    if records is None:
+        return "no claims.json"
+    found = [f"**{cell(r.verdict_text())}**" + (f" ({cell(r.regime)})" if r.regime else "") for r in records
+             if r.claim.id == claim]
+    return ", ".join(found) if found else "no record"
+
+
+def sim_numbers(summary: dict | None, nums: tuple) -> str:
+    """The simulator's numbers a claim reads, from a sweep's summary: mean ± sd over seeds."""
     if summary is None:
         return "no summary"
-    verdicts = [f"**{v}**" + (f" ({r})" if r else "") for c, r, _, v in rows if c.startswith(prefix)]  # markdown
     num = "; ".join(_sim_num(summary, a, k, pct) for a, k, pct in nums)
-    return (", ".join(verdicts) if verdicts else "no claim row in reports/sim/report.md") + f": {num} " \
-        f"({summary.get('seeds', summary.get('algorithms', {}).get('grpo', {}).get('seeds', '?'))} seeds, " \
-        f"{summary.get('steps')} steps)"
+    seeds = summary.get("seeds", summary.get("algorithms", {}).get("grpo", {}).get("seeds", "?"))
+    return f"{num} ({seeds} seeds, {summary.get('steps')} steps)"
 
 
 def _pd(ev, a, b, key, pct=False) -> str:
@@ -224,57 +225,75 @@ def _pd(ev, a, b, key, pct=False) -> str:
 
 @dataclass(frozen=True)
 class Measured:
-    """A claim measured on the evidence runs: its test (``test``: b - a, None when there is nothing to test), the
-    claimed direction ``sign`` (+1 / -1) and magnitude, the numbers, and a note after the verdict. ``fixed`` is a
-    verdict decided without a test ("not run", "not testable here")."""
+    """A claim measured on the evidence runs: its test (``test``: b - a, None when there is nothing to test) of the
+    quantity ``what``, the claimed direction ``sign`` (+1 / -1) and magnitude, the numbers, and a note after the
+    verdict. ``fixed`` is a verdict kind decided without a test (not measured, not testable here), ``why`` its
+    reason."""
     text: str
     test: Comparison | None = None
     sign: int = 1
     magnitude: bool = True
     note: str = ""
-    fixed: str | None = None
+    fixed: Kind | None = None
     pct: bool = False  # the tested quantity is a share (printed as a percentage)
+    what: str = ""
+    why: str = ""
 
 
-def verdict(m: Measured, p_adjusted: float) -> str:
+#: The reason of a tested verdict, by its kind.
+REASONS = {Kind.REPRODUCED: "significant after Holm's correction, in the claimed direction and with its magnitude",
+           Kind.PARTLY: "significant after Holm's correction in the claimed direction, short of its magnitude",
+           Kind.REVERSED: "significant after Holm's correction, against the claimed direction",
+           Kind.NOT_DETECTABLE: "the paired difference is within noise for these seeds",
+           Kind.NOT_REPRODUCED: "identical on every seed: the claimed difference is absent"}
+
+
+def verdict(m: Measured, p_adjusted: float) -> Verdict:
     """Reproduced: significant after Holm's correction, in the claimed direction, with the claimed magnitude;
     partly: significant and in the direction, short of the magnitude; reversed: significant the other way; else
     not detectable with these seeds, with the smallest effect they detect (80% power). A structural difference (the
-    same on every seed) is exact and needs no test: identical, or significant."""
+    same on every seed) is exact and needs no test: identical (not reproduced), or significant."""
     c = m.test
+    note = m.note
     if m.fixed or c is None or c.kind == "too few":
-        return m.fixed or "not testable here"
+        return Verdict(m.fixed or Kind.NOT_TESTABLE)
     if c.kind == "structural":
         if c.diff == 0:
-            return "identical on every seed" + m.note
+            return Verdict(Kind.NOT_REPRODUCED, note=" ".join(x for x in ("identical on every seed", note) if x))
         significant = True
     else:
         significant = p_adjusted < 0.05
     if not significant:
-        return f"not detectable with {c.n_a} seeds (smallest detectable effect {fmt(c.detectable, pct=m.pct)})" + m.note
+        return Verdict(Kind.NOT_DETECTABLE, c.n_a, float(c.detectable), m.pct, note)
     if c.diff * m.sign > 0:
-        return ("reproduced" if m.magnitude else "partly") + m.note
-    return "reversed" + m.note
+        return Verdict(Kind.REPRODUCED if m.magnitude else Kind.PARTLY, note=note)
+    return Verdict(Kind.REVERSED, note=note)
+
+
+#: The reason of a claim whose runs are missing; their command.
+NO_RUNS = "the evidence runs of the algorithms it compares are missing"
+RUN_EVIDENCE = "reports/real/run_evidence.sh"
 
 
 def real_dcpo_tcr(ev: Evidence):
     if not ev.has("dcpo", "grpo", "dapo"):
-        return Measured("no runs", fixed="not run")
+        return Measured("no runs", fixed=Kind.NOT_MEASURED, why=NO_RUNS)
     d, g, p = (ev.mean(a, "clip_frac") for a in ("dcpo", "grpo", "dapo"))
     # below both: the claim holds only as far as the weaker of the two comparisons (the larger p)
     weaker = max((paired(ev.s["grpo"], ev.s["dcpo"], "clip_frac"), paired(ev.s["dapo"], ev.s["dcpo"], "clip_frac")),
                  key=lambda c: (c.p if c.p == c.p else 2.0, c.diff))
     return Measured(f"TCR dcpo {ev.cell('dcpo', 'clip_frac', True)}, grpo {ev.cell('grpo', 'clip_frac', True)}, "
             f"dapo {ev.cell('dapo', 'clip_frac', True)}; paired {_pd(ev, 'grpo', 'dcpo', 'clip_frac', True)}, "
-            f"{_pd(ev, 'dapo', 'dcpo', 'clip_frac', True)}", weaker, -1, d * 10 <= min(g, p), pct=True)
+            f"{_pd(ev, 'dapo', 'dcpo', 'clip_frac', True)}", weaker, -1, d * 10 <= min(g, p), pct=True,
+                    what="TCR, dcpo minus the nearer of grpo and dapo")
 
 
 def real_dcpo_rur(ev: Evidence):
     if not ev.has("dcpo", "grpo"):
-        return Measured("no runs", fixed="not run")
+        return Measured("no runs", fixed=Kind.NOT_MEASURED, why=NO_RUNS)
     return Measured(f"RUR dcpo {ev.cell('dcpo', 'rur', True)} vs grpo {ev.cell('grpo', 'rur', True)}; "
             f"paired {_pd(ev, 'grpo', 'dcpo', 'rur', True)}. {_rur_step1(ev)}",
-                    paired(ev.s["grpo"], ev.s["dcpo"], "rur"), +1, pct=True)
+                    paired(ev.s["grpo"], ev.s["dcpo"], "rur"), +1, pct=True, what="RUR, dcpo - grpo")
 
 
 def _rur_step1(ev: Evidence) -> str:
@@ -301,13 +320,13 @@ def _rur_step1(ev: Evidence) -> str:
 
 def real_gspo(ev: Evidence):
     if not ev.has("gspo", "grpo"):
-        return Measured("no runs", fixed="not run")
+        return Measured("no runs", fixed=Kind.NOT_MEASURED, why=NO_RUNS)
     g, r = ev.mean("gspo", "clip_frac"), ev.mean("grpo", "clip_frac")
     times = f"{g / r:.3g}x" if r > 0 else "GRPO clips nothing"
     return Measured(f"TCR gspo {ev.cell('gspo', 'clip_frac', True)} vs grpo "
             f"{ev.cell('grpo', 'clip_frac', True)} ({times}; the paper's two orders of magnitude would be 100x); "
             f"paired {_pd(ev, 'grpo', 'gspo', 'clip_frac', True)}", paired(ev.s["grpo"], ev.s["gspo"], "clip_frac"),
-                    +1, g >= 10 * r, pct=True)
+                    +1, g >= 10 * r, pct=True, what="TCR, gspo - grpo")
 
 
 def real_clip_higher(ev: Evidence):
@@ -318,22 +337,24 @@ def real_clip_higher(ev: Evidence):
                 f"upper bound clips {ev.cell(lo, 'clip_up_frac', True)} of tokens, their median pi_old "
                 f"{ev.cell(lo, 'upclip_pold_median')}, share with pi_old < 0.2 {ev.cell(lo, 'upclip_pold_lt02', True)}"
                 f"; at 0.28 {ev.cell(hi, 'clip_up_frac', True)}. {_entropy_budget(ev)}",
-                        paired(ev.s[lo], ev.s[hi], "entropy_final"), +1,
-                        fixed="not testable here" if ev.steps(lo) < ENTROPY_STEPS else None)
+                        paired(ev.s[lo], ev.s[hi], "entropy_final"), +1, what="final entropy, 0.28 - 0.2",
+                        fixed=Kind.NOT_TESTABLE if ev.steps(lo) < ENTROPY_STEPS else None, why=TOO_SHORT)
     if not ev.has("dapo", "grpo"):
-        return Measured("no runs", fixed="not run")
+        return Measured("no runs", fixed=Kind.NOT_MEASURED, why=NO_RUNS)
     return Measured(f"final entropy dapo {ev.cell('dapo', 'entropy_final')} vs grpo "
             f"{ev.cell('grpo', 'entropy_final')}, paired {_pd(ev, 'grpo', 'dapo', 'entropy_final')}; DAPO's "
             f"up-clipped share {ev.cell('dapo', 'clip_up_frac', True)}, their median pi_old "
             f"{ev.cell('dapo', 'upclip_pold_median')}, share with pi_old < 0.2 "
             f"{ev.cell('dapo', 'upclip_pold_lt02', True)}. DAPO also changes reward, loss, KL and sampling: the "
             f"clean test is GRPO with eps_high 0.2 vs 0.28 (beta 0). {_entropy_budget(ev)}",
-                    paired(ev.s["grpo"], ev.s["dapo"], "entropy_final"), +1, note=" (confounded)",
-                    fixed="not testable here" if ev.steps("grpo") < ENTROPY_STEPS else None)
+                    paired(ev.s["grpo"], ev.s["dapo"], "entropy_final"), +1, note="confounded",
+                    what="final entropy, dapo - grpo",
+                    fixed=Kind.NOT_TESTABLE if ev.steps("grpo") < ENTROPY_STEPS else None, why=TOO_SHORT)
 
 
 #: steps a run needs before entropy has fallen enough for a bound to slow its fall
 ENTROPY_STEPS = 50
+TOO_SHORT = f"runs under {ENTROPY_STEPS} steps: entropy has not fallen enough for a bound to slow its fall"
 
 
 def _entropy_budget(ev: Evidence) -> str:
@@ -344,31 +365,33 @@ def _entropy_budget(ev: Evidence) -> str:
 
 def real_drgrpo(ev: Evidence):
     if not ev.has("dr_grpo", "grpo"):
-        return Measured("no runs", fixed="not run")
+        return Measured("no runs", fixed=Kind.NOT_MEASURED, why=NO_RUNS)
     trunc = ev.mean("grpo", "truncated")
     budget = ev.cfg()["rollout"]["max_new_tokens"]
     why = (f"; {fmt(trunc, pct=True)} of GRPO's responses stop at the {budget}-token budget, so wrong answers cannot "
            f"grow: needs a budget of 128+ tokens and 50+ steps" if trunc > 0.5 else "")
     return Measured(f"length of wrong answers dr_grpo {ev.cell('dr_grpo', 'len_wrong')} vs grpo "
                     f"{ev.cell('grpo', 'len_wrong')}; paired {_pd(ev, 'grpo', 'dr_grpo', 'len_wrong')}{why}",
-                    paired(ev.s["grpo"], ev.s["dr_grpo"], "len_wrong"), -1,
-                    fixed="not testable here" if why else None)
+                    paired(ev.s["grpo"], ev.s["dr_grpo"], "len_wrong"), -1, what="length of wrong answers, "
+                    "dr_grpo - grpo", fixed=Kind.NOT_TESTABLE if why else None,
+                    why=f"most of GRPO's responses stop at the {budget}-token budget, so wrong answers cannot grow")
 
 
 def real_dynamic_sampling(ev: Evidence):
     if not ev.has("dapo"):
-        return Measured("no runs", fixed="not run")
+        return Measured("no runs", fixed=Kind.NOT_MEASURED, why=NO_RUNS)
     rounds = ev.cfg("dapo")["rollout"]["max_rounds"]
     gen = ev.vals("dapo", "gen_per_trained")
     return Measured(f"dapo generates {ev.cell('dapo', 'gen_per_trained')} responses per trained response (up to "
                     f"{rounds} generation rounds a step, each refilling the missing groups); all-equal groups "
                     f"{ev.cell('dapo', 'zero_grad_frac', True)}",
-                    paired_test(np.ones(len(gen)), gen), +1)  # against one generation per trained response
+                    paired_test(np.ones(len(gen)), gen), +1,  # against one generation per trained response
+                    what="responses generated per trained response, minus 1")
 
 
 def real_sapo(ev: Evidence):
     if not ev.has("sapo"):
-        return Measured("no runs", fixed="not run")
+        return Measured("no runs", fixed=Kind.NOT_MEASURED, why=NO_RUNS)
     dev = ev.mean("sapo", "ratio_dev_median")
     flat = [1 - 1 / math.cosh(t * dev / 2) ** 2 for t in (1.0, 1.05)]
     rev = "sapo_tau_reversed"
@@ -379,59 +402,88 @@ def real_sapo(ev: Evidence):
             f"sech^2(tau (r - 1) / 2) of tau 1.0 and 1.05 are 1 - {flat[0]:.2g} and 1 - {flat[1]:.2g}: the two "
             f"temperatures act alike and there is no instability to damp. Needs a stress (lr x10, 4 epochs) and "
             f"100+ steps a run x 3 seeds x 2 settings (about {6 * 100 * ev.step_s() / 3600:.0f} h here)",
-                    fixed="not testable here")
+                    fixed=Kind.NOT_TESTABLE, why="the two temperatures' gates act alike at these ratios, and there is "
+                                                 "no instability to damp")
 
 
-#: (claim, published, prefix of the simulator report's claim rows, simulator numbers (algo, key, percent), real cell)
+#: (claim id in claims.CLAIMS, the claim as these runs test it, published, the simulator's numbers (algo, key,
+#: percent), the real-model measurement)
 CLAIMS = (
-    ("DCPO's TCR is an order of magnitude below GRPO's and DAPO's",
-     "DCPO 2509.02333, Table 2: about 10x below both", "DCPO's TCR",
+    ("dcpo_tcr", "DCPO's TCR is an order of magnitude below GRPO's and DAPO's",
+     "DCPO 2509.02333, Table 2: about 10x below both",
      (("dcpo", "clip_frac", True), ("grpo", "clip_frac", True), ("dapo", "clip_frac", True)), real_dcpo_tcr),
-    ("DCPO's RUR is well above GRPO's", "DCPO Table 2: 71.8% vs 43.8%", "DCPO's RUR",
+    ("dcpo_rur", "DCPO's RUR is well above GRPO's", "DCPO Table 2: 71.8% vs 43.8%",
      (("dcpo", "rur", True), ("grpo", "rur", True)), real_dcpo_rur),
-    ("GSPO clips far more tokens than GRPO", "GSPO 2507.18071, Fig. 2: about two orders of magnitude",
-     "GSPO clips", (("gspo", "clip_frac", True), ("grpo", "clip_frac", True)), real_gspo),
-    ("Clip-higher (eps_high 0.28) slows entropy collapse; the up-clipped tokens are rare ones",
+    ("gspo_clips", "GSPO clips far more tokens than GRPO", "GSPO 2507.18071, Fig. 2: about two orders of magnitude",
+     (("gspo", "clip_frac", True), ("grpo", "clip_frac", True)), real_gspo),
+    ("clip_higher", "Clip-higher (eps_high 0.28) slows entropy collapse; the up-clipped tokens are rare ones",
      "DAPO 2503.14476, Sec. 3.1, Fig. 2-3: entropy kept up; up-clipped tokens have pi_old < 0.2",
-     "Clip-higher slows", (("dapo", "entropy_final", False), ("grpo", "entropy_final", False),
-                           ("dapo", "upclip_pold_median", False), ("dapo", "upclip_pold_lt02", True)),
-     real_clip_higher),
-    ("Dr.GRPO removes GRPO's length bias on wrong answers",
-     "Dr.GRPO 2503.20783, Sec. 3.1: GRPO's wrong answers grow longer, Dr.GRPO's do not", "Dr.GRPO removes",
+     (("dapo", "entropy_final", False), ("grpo", "entropy_final", False), ("dapo", "upclip_pold_median", False),
+      ("dapo", "upclip_pold_lt02", True)), real_clip_higher),
+    ("drgrpo_length", "Dr.GRPO removes GRPO's length bias on wrong answers",
+     "Dr.GRPO 2503.20783, Sec. 3.1: GRPO's wrong answers grow longer, Dr.GRPO's do not",
      (("dr_grpo", "len_wrong", False), ("grpo", "len_wrong", False)), real_drgrpo),
-    ("Dynamic sampling costs extra generations", "DAPO Sec. 3.2: groups with all-equal rewards are refilled",
-     "DAPO's dynamic sampling", (("dapo", "gen_per_trained", False),), real_dynamic_sampling),
-    ("SAPO with tau_neg > tau_pos is more stable than the reverse", "SAPO 2511.20347: tau_neg > tau_pos",
-     "SAPO with tau_neg", (("sapo", "ratio_dev_median", False),), real_sapo),
+    ("dynamic_sampling", "Dynamic sampling costs extra generations",
+     "DAPO Sec. 3.2: groups with all-equal rewards are refilled", (("dapo", "gen_per_trained", False),),
+     real_dynamic_sampling),
+    ("sapo_temperatures", "SAPO with tau_neg > tau_pos is more stable than the reverse",
+     "SAPO 2511.20347: tau_neg > tau_pos", (("sapo", "ratio_dev_median", False),), real_sapo),
 )
 SIM_ENVS = (("toy_lm", "simulator toy LM"), ("feature_lm", "simulator feature LM"))
+SOURCES = {claim.id: claim for claim, _ in SIM_CLAIMS}
 
 
-def claims_lines(ev: Evidence, sim_dir) -> list[str]:
-    """The claims table: published | simulator toy LM | simulator feature LM | real LM, each cell a verdict with
-    its numbers (the simulator's from reports/sim: its summary JSON and its report's claim rows)."""
-    sim_dir = Path(sim_dir)
-    rows = _sim_rows(sim_dir / "report.md")
-    main = {env: sim_dir / "summaries" / f"{env}_main.json" for env, _ in SIM_ENVS}  # the plain comparison
-    summaries = {env: read_json(path) if path.exists() else None for env, path in main.items()}
-    lines = ["| claim | published | " + " | ".join(t for _, t in SIM_ENVS) + " | real LM (SmolLM2-135M) |",
-             "|---|---|---|---|---|"]
+def real_records(ev: Evidence) -> RunSet:
+    """The real-model claims as records: each measured on the evidence runs, its paired test Holm-adjusted across
+    the claims tested here."""
+    from dataclasses import replace
     measured = [real(ev) for *_, real in CLAIMS]
     tested = [m.test is not None and m.fixed is None and m.test.kind in ("paired", "welch") for m in measured]
     adjusted = holm([m.test.p if t else np.nan for m, t in zip(measured, tested)])
-    for (claim, published, prefix, nums, _), m, p in zip(CLAIMS, measured, adjusted):
-        sims = [sim_cell(summaries[env], rows.get(env, []), prefix, nums) for env, _ in SIM_ENVS]
-        lines.append(f"| {md(claim)} | {md(published)} | " + " | ".join(sims) + f" | **{verdict(m, p)}**: "
-                     f"{md(m.text)} |")
-    return lines + ["", f"Real-model verdicts: paired t tests by seed (scipy), Holm-corrected across the "
-                        f"{sum(tested)} claims tested here."]
+    records = []
+    for (cid, text, *_), m, p, t in zip(CLAIMS, measured, adjusted, tested):
+        v = verdict(m, p)
+        c = m.test
+        est = None if c is None or m.fixed else Estimate(m.what, float(c.diff), float(c.half) if t else None, c.kind,
+                                                         float(p) if t else None, c.n_a, m.pct)
+        claim = replace(SOURCES[cid], text=text)
+        records.append(ClaimRecord(claim, "", v.kind, m.why or REASONS.get(v.kind, ""), SetResult(v, est, m.text),
+                                   command=RUN_EVIDENCE if v.kind is Kind.NOT_MEASURED else None))
+    return RunSet("", tuple(records), tests=(sum(tested), 0))
 
 
-def section(evidence_dir, sim_dir) -> list[str]:
-    """The evidence section of the real-model README (markdown lines); ``evidence_dir``/NOTES.md, when present,
-    follows the setting (what the numbers cannot show, the budget)."""
-    ev = Evidence(evidence_dir)
-    notes_path = Path(evidence_dir) / "NOTES.md"
+def claims_lines(ev: Evidence, sim_dir, records: RunSet | None = None) -> list[str]:
+    """The claims table, one line per claim: published | simulator toy LM | simulator feature LM (their verdicts,
+    from reports/sim/claims.json) | real LM effect, verdict and reason (linked to its details in claims.md); then the
+    simulator's numbers (reports/sim/summaries/<env>_main.json)."""
+    sim_dir = Path(sim_dir)
+    sims = sim_records(sim_dir)
+    summaries = {}
+    for env, _ in SIM_ENVS:
+        path = sim_dir / "summaries" / f"{env}_main.json"  # the plain comparison
+        summaries[env] = read_json(path) if path.exists() else None
+    records = records or real_records(ev)
+    lines = ["| claim | published | " + " | ".join(t for _, t in SIM_ENVS) + " | real LM (SmolLM2-135M): effect | "
+             "verdict | reason |", "|---|---|---|---|---|---|---|"]
+    for (cid, text, published, nums, _), rec in zip(CLAIMS, records.records):
+        simc = [sim_cell(sims.get(env) if sims else None, cid) for env, _ in SIM_ENVS]
+        lines.append(f"| [{cell(text)}](claims.md#{anchor('', cid, 1)}) | {cell(published)} | " + " | ".join(simc)
+                     + f" | {cell(effect(rec.discovery.estimate))} | **{cell(rec.verdict_text())}** | "
+                       f"{cell(rec.reason)} |")
+    lines += ["", f"Real-model verdicts: paired t tests by seed (scipy), Holm-corrected across the {records.tests[0]} "
+                  "claims tested here; each claim's numbers are in its details (reports/real/claims.md). The "
+                  "simulator's numbers (reports/sim/summaries/<env>_main.json, mean ± sd over seeds):", ""]
+    for (cid, text, _, nums, _) in CLAIMS:
+        lines.append(f"- {prose(text)}: " + "; ".join(f"{title} {prose(sim_numbers(summaries[env], nums))}"
+                                                    for env, title in SIM_ENVS))
+    return lines
+
+
+def section(ev: Evidence, sim_dir, records: RunSet) -> list[str]:
+    """The evidence section of the real-model README (markdown lines), its claims from ``records``
+    (``real_records``); the evidence folder's NOTES.md, when present, follows the setting (what the numbers cannot
+    show, the budget)."""
+    notes_path = ev.dir / "NOTES.md"
     notes = [read_text(notes_path).strip(), ""] if notes_path.exists() else []
     c = ev.cfg()
     n_runs = sum(len(by) for by in ev.runs.values())
@@ -469,8 +521,9 @@ def section(evidence_dir, sim_dir) -> list[str]:
         "",
         "### Claims",
         "",
-        "Simulator cells: the verdicts of reports/sim/report.md's claim rows for that environment (its regime in "
-        "brackets) and numbers from reports/sim/summaries/<env>_main.json (mean ± sd over seeds). Real cells: these runs.",
+        "Simulator cells: the verdicts of the simulator's claim records for that environment (reports/sim/claims.json; "
+        "each regime in brackets). Real cells: these runs, each claim linked to its details (reports/real/claims.md); "
+        "the records are reports/real/claims.json.",
         "",
-        *claims_lines(ev, sim_dir),
+        *claims_lines(ev, sim_dir, records),
     ]

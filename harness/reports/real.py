@@ -111,10 +111,13 @@ def write_readme(readme="reports/real/README.md", evidence="reports/real/evidenc
     """Regenerate the real-model README from the committed run folders: the evidence runs (mean ± CI, paired
     differences, claims table against the simulator's), then the earlier single-seed runs (with their notes,
     ``runs``/NOTES.md); the text after the KEEP marker of the existing README is kept."""
-    from harness.reports.evidence import section
+    from harness.reports.claim_render import write_claims
+    from harness.reports.evidence import Evidence, real_records, section
     readme = output_file(readme, "readme")
     old = read_text(readme) if readme.exists() else ""
     tail = old.split(KEEP, 1)[1] if KEEP in old else "\n"
+    ev = Evidence(evidence)
+    records = real_records(ev)
     ev_runs = [r for r in load_runs([evidence])]
     groups = Groups([{**r, "label": r["algo"]} for r in ev_runs])
     png = readme.with_name("evidence_curves.png")
@@ -126,9 +129,10 @@ def write_readme(readme="reports/real/README.md", evidence="reports/real/evidenc
              "simulator's summaries (reports/sim): `python -m harness.reports.real`. The evidence runs themselves: "
              "`reports/real/run_evidence.sh` (resumable; configs/evidence).", "",
              "## Evidence runs: several updates per rollout batch, every algorithm over seeds", "",
-             *section(evidence, sim), "", "Curves (mean over seeds, min-max band):", "", *figures, "",
+             *section(ev, sim, records), "", "Curves (mean over seeds, min-max band):", "", *figures, "",
              "## Earlier runs: one update per batch, one seed (reports/real/runs)", "",
              *run_lines([runs], readme.with_name(safe_name(readme.stem) + "_curves.png"), notes, level="###"), KEEP]
+    write_claims(readme.parent, [records], "Real-model evidence", "`python -m harness.reports.real`")
     write_text(readme, "\n".join(lines) + tail)
     return readme
 

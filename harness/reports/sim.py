@@ -13,7 +13,9 @@ import numpy as np
 from spec.extras import require
 from spec.records import naming, read_json, safe_name, write_text
 
-from harness.reports.claims import bandit_entropy_check, claim_bandit, run_claims
+from harness.reports.claim_record import RunSet
+from harness.reports.claim_render import DETAILS_NAME, JSON_NAME, alt, console_lines, summary_lines, write_claims
+from harness.reports.claims import bandit_records, run_claims
 from harness.reports.ranking import difference, pair_cell, rankings
 from harness.reports.rundirs import (Groups, check_dirs, fmt, fmt_interval, load_runs, md, mean_se, output_file,
                                      shell_line)
@@ -82,7 +84,7 @@ def plot_lines(groups: Groups, labels: list[str], path: Path, title: str, panels
     """``plot_curves``' figures as markdown images, each with its own alt text: the title and its panels."""
     chunks = panel_chunks(groups, labels, panels)
     paths = plot_curves(groups, labels, path, panels, smooth, x, budget)
-    return [f"![{md(title)}: {md(', '.join(panel_title(k) for k in chunk))} by {X_AXES[x]}]({p.name})"
+    return [f"![{alt(title)}: {alt(', '.join(panel_title(k) for k in chunk))} by {X_AXES[x]}]({p.name})"
             for p, chunk in zip(paths, chunks)]
 
 
@@ -235,38 +237,65 @@ def commands_of(d: Path) -> list[str]:
     return [shell_line("cliplab", "sim", "--env", s.get("env"), "--algos", ",".join(c["algos"]), "--seeds",
                        c.get("seeds"), "--steps", s.get("steps"),
                        *(w for k, vals in c["grid"].items() for w in ("--set", f"{k}={','.join(map(str, vals))}")),
-                       "--out", d)
+                       "--out", repo_path(d))
             for c in commands(sweep)]
 
 
-def claim_lines(runs: list[dict]) -> list[str]:
-    """A claims table per environment (runs without one, from the real-model harness, form their own), each claim
-    decided on the discovery seeds and re-checked on the replication seeds."""
-    lines = ["## Claims", "",
-             "Each claim is decided on the discovery seeds and re-checked on the disjoint replication seeds (other "
-             "seeds in other environment draws: seeds in blocks of 5 share one draw); a verdict stands only where "
-             "both sets give it, else it reads \"not replicated\". Means ± the half-width of their 95% t interval "
-             "(n - 1 degrees of freedom); differences by a paired t test where seeds pair (the same seeds and "
-             "draws), Welch's test where they do not, at 5% with Holm's correction across all the tests of a "
-             "set's claims in this report (family-wise error 5%). A difference the test does not find reads \"not "
-             "detectable with N seeds (smallest detectable effect X)\": X is the true difference found with 80% "
-             "power, never \"no effect\". A claim that an environment cannot show is \"not testable here\". A "
-             "claim measured in several regimes has one row per regime (the settings that are not compared).", ""]
+def claim_sets(runs: list[dict]) -> list[RunSet]:
+    """The claims' records per environment (runs without one, from the real-model harness, form their own), each
+    claim decided on the discovery seeds and re-checked on the replication seeds."""
     by_env: dict = {}
     for r in runs:
         by_env.setdefault(r.get("env"), []).append(r)
-    for env, env_runs in by_env.items():
-        if len(by_env) > 1 or env:
-            lines += [f"### {md(env) if env else 'real model runs'}", ""]
-        rows, info = run_claims(env_runs)
-        (n_d, n_r), (s_d, s_r) = info["tests"], info["seeds"]
-        lines += [f"Discovery seeds {s_d} ({n_d} tests, Holm-adjusted together)"
-                  + (f"; replication seeds {s_r} ({n_r} tests)." if s_r else "; no replication seeds."), "",
-                  "| claim | regime | measured | verdict | why |", "|---|---|---|---|---|"]
-        lines += [f"| {text} | {md(regime)} | {md(meas)} | **{md(verdict)}** | {md(why)} |"
-                  for text, regime, meas, verdict, why in rows]
-        lines.append("")
+    return [run_claims(env_runs, env or "") for env, env_runs in by_env.items()]
+
+
+def claims_text(dirs) -> str:
+    """The claims decided on the runs under ``dirs`` as plain text for a terminal (``cliplab sim``): per run set,
+    a line per measured claim and regime, and how many are not measured or not testable here."""
+    out = []
+    for rs in claim_sets(load_runs([Path(d) for d in ([dirs] if isinstance(dirs, (str, Path)) else dirs)])):
+        lines = console_lines(rs)
+        if lines:
+            out += [f"claims{f' ({rs.name})' if rs.name else ''}, decided on the discovery seeds and re-checked on "
+                    f"the replication seeds (`cliplab report` writes the details):", *(f"  {x}" for x in lines)]
+    return "\n".join(out)
+
+
+def claim_lines(run_sets: list[RunSet]) -> list[str]:
+    """The claims section: per run set, one line per claim and regime (linked to its details in claims.md), then the
+    claims not measured or not testable here."""
+    lines = ["## Claims", "",
+             "Each claim is decided on the discovery seeds and re-checked on the disjoint replication seeds (other "
+             "seeds in other environment draws: seeds in blocks of 5 share one draw); a verdict stands only where "
+             "both sets give it, else it reads \"not replicated\". Effects: the discovery seeds' estimate ± the "
+             "half-width of its 95% t interval (n - 1 degrees of freedom); differences by a paired t test where seeds "
+             "pair (the same seeds and draws), Welch's test where they do not, at 5% with Holm's correction across all "
+             "the tests of a set's claims in this report (family-wise error 5%). A difference the test does not find "
+             "reads \"not detectable with N seeds (smallest detectable effect X)\": X is the true difference found "
+             "with 80% power, never \"no effect\". A claim that an environment cannot show is \"not testable here\". "
+             "A claim measured in several regimes has one line per regime (the settings that are not compared). Each "
+             f"claim links to its details in {DETAILS_NAME} (both seed sets, the controls, the regime card's "
+             f"conditions, the attribution); {JSON_NAME} holds the records.", ""]
+    for rs in run_sets:
+        if len(run_sets) > 1 or rs.name:
+            lines += [f"### {md(rs.name) if rs.name else 'real model runs'}", ""]
+        (n_d, n_r), (s_d, s_r) = rs.tests, rs.seeds
+        if s_d:
+            lines += [f"Discovery seeds {s_d} ({n_d} tests, Holm-adjusted together)"
+                      + (f"; replication seeds {s_r} ({n_r} tests)." if s_r else "; no replication seeds."), ""]
+        lines += summary_lines(rs)
     return lines
+
+
+def repo_path(path) -> str:
+    """``path`` relative to the working folder (the repository, where a report is regenerated) when it lies
+    inside it, else as given."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
 
 
 def ranking_lines(found: list) -> list[str]:
@@ -358,21 +387,19 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
     groups = Groups(runs)
     lines = ["# cliplab simulator report", ""]
     cmds = [c for d in dirs for c in commands_of(d)]
+    report_cmd = shell_line("cliplab", "report", *map(repo_path, dirs), "--out", repo_path(out_md))
     if cmds:
-        lines += ["Produced by:", "", "```", *cmds, shell_line("cliplab", "report", *dirs, "--out", out_md), "```", ""]
+        lines += ["Produced by:", "", "```", *cmds, report_cmd, "```", ""]
     found = rankings(runs)
     lines += ["## Ranking", ""] + (ranking_lines(found) or ["No comparison of several labels here.", ""])
     lines += setup_lines(groups)
-    lines += claim_lines(runs)
+    bandit_recs, bandit_rows = bandit_records() if bandit else ([], [])
+    run_sets = claim_sets(runs) + ([RunSet("bandit", tuple(bandit_recs))] if bandit else [])
+    lines += claim_lines(run_sets)
     if bandit:
-        rows = bandit_entropy_check()
-        meas, verdict, why = claim_bandit(rows)
-        lines += ["### bandit", "", "| claim | regime | measured | verdict | why |", "|---|---|---|---|---|",
-                  f"| Bandit: entropy change under natural PG is -eta Cov(log pi, A) (Cui et al. 2505.22617) | "
-                  f"exact, default bandit | {meas} | **{verdict}** | {why} |"]
-        lines += ["", "Bandit check (default bandit, exact, summed over its 128 prompts):", "",
+        lines += ["Bandit check (default bandit, exact, summed over its 128 prompts):", "",
                   "| eta | exact dH | -eta Cov(log pi, A) | per-prompt correlation |", "|---|---|---|---|"]
-        lines += [f"| {e} | {a:.5g} | {p:.5g} | {c:.5f} |" for e, a, p, c in rows]
+        lines += [f"| {e} | {a:.5g} | {p:.5g} | {c:.5f} |" for e, a, p, c in bandit_rows]
     lines += ["", "## Summary per label (mean over seeds)", "",
               "Reward and accuracy: last 10% of steps; entropy and KL: last step; the rest: mean over all steps.", "",
               "| label | seeds | " + " | ".join(TABLE) + " |", "|---" * (len(TABLE) + 2) + "|"]
@@ -396,5 +423,6 @@ def write_report(dirs, out_md=None, bandit: bool = True) -> Path:
             lines += plot_lines(groups, labels, png.with_name(f"{png.stem}_budget.png"), title,
                                 [k for k in (rk.metric, rk.pass_k) if k], x="generated", budget=rk.budget)
         lines += [""]
+    write_claims(out_md.parent, run_sets, "cliplab simulator report", f"`{report_cmd}`")
     write_text(out_md, "\n".join(lines) + "\n")
     return out_md

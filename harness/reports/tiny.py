@@ -3,13 +3,14 @@ gpu/train.py, one folder a run (reports/tiny/runs/<config>/seed<k>/: config.json
 
 The papers' claims are decided exactly as the simulator's report decides them (``harness.reports.claims.run_claims``:
 discovery seeds 0-4, replication seeds 5-9, Holm's correction across a set's tests), each beside the simulator's
-verdict on it (reports/sim/report.md, environment ``SIM_ENV``) and whether that verdict predicted this tier's; the
-agreement rate over the claims both measured; for each disagreement the metrics that moved between the two tiers; and
-DCPO's RUR gain over GRPO split between its reward scheme and SAS (``dcpo_binary_reward``, ``dcpo_no_sas``).
+verdict on it (the records of reports/sim/claims.json, environment ``SIM_ENV``) and whether that verdict's kind is
+this tier's; the agreement rate over the claims both measured; for each disagreement the metrics that moved between
+the two tiers; and DCPO's RUR gain over GRPO split between its reward scheme and SAS (``dcpo_binary_reward``, ``dcpo_no_sas``).
 ``python -m harness.reports.tiny`` regenerates it.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +19,9 @@ from sim.metrics import summarise_run
 from spec.records import read_json, write_text
 from spec.registry import ALGORITHMS
 
-from harness.reports.claims import RUN_HINT, category, run_claims
-from harness.reports.evidence import _sim_rows
+from harness.reports.claim_record import ClaimRecord, Kind, RunSet
+from harness.reports.claim_render import JSON_NAME, cell, prose, read_claims, summary_lines, write_claims
+from harness.reports.claims import run_claims
 from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file
 from harness.reports.sim import plot_lines
 from harness.reports.stats import paired_test, proportion_interval, share_interval, t_interval
@@ -41,22 +43,22 @@ SIM_LABELS = {**{a: ("main", a) for a in ("grpo", "dr_grpo", "dapo", "gspo", "dc
               "grpo_beta0_eps_high028": ("clip_higher", "grpo[beta=0,eps_high=0.28]"),
               "grpo_beta0_unclipped": ("clip_higher", "grpo[beta=0,eps_high=100]"),
               "dcpo_binary_reward": ("dcpo_binary", "dcpo[reward=binary]")}
-#: Per claim (the start of its text in claims.CLAIMS): the labels it compares and the metrics (sim.metrics summary
-#: keys) through which it acts, compared between the tiers where the verdicts differ.
-MECHANISMS = (
-    ("Entropy collapses", ("grpo", "dapo"), ("entropy_initial", "entropy_final", "accuracy", "zero_grad_frac")),
-    ("DCPO's TCR", ("dcpo", "grpo", "dapo"), ("clip_frac", "clip_up_frac", "clip_low_frac", "ratio_dev_median")),
-    ("DCPO's RUR", ("dcpo", "grpo"), ("rur", "zero_grad_frac", "accuracy")),
-    ("Clip-higher", ("grpo_beta0", "grpo_beta0_eps_high028", "grpo_beta0_unclipped"),
-     ("entropy_final", "clip_up_frac", "upclip_pold_median", "freed_frac", "ratio_dev_median")),
-    ("GSPO clips", ("gspo", "grpo"), ("clip_frac", "ratio_dev_median")),
-    ("Dr.GRPO", ("dr_grpo", "grpo"), ("len_wrong", "resp_len", "accuracy")),
-    ("SAPO", ("sapo", "sapo_tau_reversed"), ("ratio_dev_median", "accuracy", "entropy_final")),
-    ("DAPO's dynamic", ("dapo",), ("gen_per_trained", "zero_grad_frac", "accuracy")),
-    ("DCPO reaches", ("dcpo", "gspo", "grpo", "dapo"), ("accuracy",)),
-    ("DCPO's lower accuracy", ("dcpo", "dcpo_binary_reward"), ("accuracy", "zero_grad_frac", "rur")),
-    ("CISPO", ("cispo", "grpo"), ("accuracy", "ratio_dev_median")),
-)
+#: Per claim (its id in claims.CLAIMS): the labels it compares and the metrics (sim.metrics summary keys) through
+#: which it acts, compared between the tiers where the verdicts differ.
+MECHANISMS = {
+    "entropy_collapse": (("grpo", "dapo"), ("entropy_initial", "entropy_final", "accuracy", "zero_grad_frac")),
+    "dcpo_tcr": (("dcpo", "grpo", "dapo"), ("clip_frac", "clip_up_frac", "clip_low_frac", "ratio_dev_median")),
+    "dcpo_rur": (("dcpo", "grpo"), ("rur", "zero_grad_frac", "accuracy")),
+    "clip_higher": (("grpo_beta0", "grpo_beta0_eps_high028", "grpo_beta0_unclipped"),
+                    ("entropy_final", "clip_up_frac", "upclip_pold_median", "freed_frac", "ratio_dev_median")),
+    "gspo_clips": (("gspo", "grpo"), ("clip_frac", "ratio_dev_median")),
+    "drgrpo_length": (("dr_grpo", "grpo"), ("len_wrong", "resp_len", "accuracy")),
+    "sapo_temperatures": (("sapo", "sapo_tau_reversed"), ("ratio_dev_median", "accuracy", "entropy_final")),
+    "dynamic_sampling": (("dapo",), ("gen_per_trained", "zero_grad_frac", "accuracy")),
+    "dcpo_accuracy": (("dcpo", "gspo", "grpo", "dapo"), ("accuracy",)),
+    "dcpo_reward": (("dcpo", "dcpo_binary_reward"), ("accuracy", "zero_grad_frac", "rur")),
+    "cispo": (("cispo", "grpo"), ("accuracy", "ratio_dev_median")),
+}
 TABLE = (("accuracy", "accuracy, last 10% of steps"), ("entropy_final", "entropy, last step"), ("clip_frac", "TCR"),
          ("clip_up_frac", "up-clipped share"), ("rur", "RUR"), ("zero_grad_frac", "all-equal groups"),
          ("ratio_dev_median", "median |r - 1| (A != 0)"), ("len_wrong", "length of wrong answers"),
@@ -138,53 +140,41 @@ def summary_table(runs: list[dict]) -> list[str]:
 
 
 # ---- claims against the simulator ---------------------------------------------------------------------------------
-def kind(verdict: str) -> str:
-    """A verdict's kind: its category without the seed count ("not detectable with 5 seeds" and "... 10 seeds"
-    are one kind) or the sets' two verdicts ("not replicated (...)"); "discovery only" where the replication seeds
-    were not run."""
-    v = category(verdict)
-    if v.startswith("not replicated") and verdict.endswith("replication: not run)"):
-        return "discovery only"  # the replication seeds have no runs yet: no verdict to compare
-    for head in ("not detectable", "not replicated", "discovery only"):
-        if v.startswith(head):
-            return head
-    return v
-
-
-#: Kinds that are no verdict to compare: nothing measured, a discovery without its replication seeds, or a mechanism
-#: row's measurements (SAPO's: no verdict of its own).
-UNMEASURED = ("not measured", "not run", "discovery only", "measured")
-
-
-MECHANISM = ": mechanism"  # the end of a mechanism row's regime (claims.clip_mechanism, claims.sapo_mechanism)
-
-
 def _algorithm(regime: str) -> str | None:
     """The algorithm a regime names first ("grpo, beta=0" and "feature_lm: grpo" -> grpo); None where it starts
     with a setting or reads "defaults"."""
-    first = regime.removesuffix(MECHANISM).split(",")[0].split(": ")[-1].strip()
+    first = regime.split(",")[0].split(": ")[-1].strip()
     return first if first and "=" not in first and first != "defaults" else None
 
 
-def sim_row(sim_rows: list[tuple], claim: str, regime: str) -> tuple | None:
-    """The simulator's row for a claim and regime: the same regime; else the first (the simulator's default regime)
-    of the claim's rows of the same kind (a verdict or a mechanism row) and, where both name algorithms, the same
-    algorithm."""
-    rows = [r for r in sim_rows if r[0] == claim]
-    same = [r for r in rows if r[1] == md(regime)]
+def sim_record(sim: list[ClaimRecord], rec: ClaimRecord) -> ClaimRecord | None:
+    """The simulator's record for a claim and regime: the same regime; else the first (the simulator's default
+    regime) of the claim's records of the same kind (a verdict or a mechanism row) and, where both name algorithms,
+    the same algorithm."""
+    rows = [r for r in sim if r.claim.id == rec.claim.id]
+    same = [r for r in rows if r.regime == rec.regime]
     if same:
         return same[0]
-    rows = [r for r in rows if r[1].endswith(MECHANISM) == regime.endswith(MECHANISM)]
-    if _algorithm(regime) and any(_algorithm(r[1]) for r in rows):
-        rows = [r for r in rows if _algorithm(r[1]) == _algorithm(regime)]
+    rows = [r for r in rows if r.mechanism == rec.mechanism]
+    if _algorithm(rec.regime) and any(_algorithm(r.regime) for r in rows):
+        rows = [r for r in rows if _algorithm(r.regime) == _algorithm(rec.regime)]
     return rows[0] if rows else None
 
 
-def predicted(tiny_verdict: str, sim_verdict: str | None) -> str | None:
-    """"yes" / "no": does the simulator's verdict have this tier's kind; None where either did not measure it."""
-    if sim_verdict is None or kind(tiny_verdict) in UNMEASURED or kind(sim_verdict) in UNMEASURED:
+def predicted(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
+    """"yes" / "no": does the simulator's verdict have this tier's kind; None where either did not measure it (or
+    measured it on its discovery seeds only, or the row has no verdict of its own)."""
+    if sim is None or not rec.comparable or not sim.comparable:
         return None
-    return "yes" if kind(tiny_verdict) == kind(sim_verdict) else "no"
+    return "yes" if rec.kind is sim.kind else "no"
+
+
+def sim_claims(sim_dir: Path) -> list[ClaimRecord]:
+    """The simulator's records of ``SIM_ENV`` (reports/sim/claims.json); none where the report has no claims.json."""
+    path = sim_dir / JSON_NAME
+    if not path.exists():
+        return []
+    return [r for s in read_claims(path) if s.name == SIM_ENV for r in s.records]
 
 
 def _sim_summaries(sim_dir: Path) -> dict:
@@ -199,18 +189,18 @@ MOVED = 4  # the mechanism metrics named per disagreement
 
 
 def what_moved(claim: str, by: dict, sims: dict) -> str:
-    """The claim's mechanism metrics (MECHANISMS) in this tier (mean over its seeds) against the simulator's
-    (its summary's mean): the MOVED largest relative moves (|log ratio|), largest first."""
-    found = next((m for m in MECHANISMS if claim.startswith(m[0])), None)
+    """The mechanism metrics (MECHANISMS) of the claim with id ``claim`` in this tier (mean over its seeds) against
+    the simulator's (its summary's mean): the MOVED largest relative moves (|log ratio|), largest first."""
+    found = MECHANISMS.get(claim)
     if found is None:
         return ""
     moves = []
-    for label in found[1]:
+    for label in found[0]:
         if label not in by:
             continue
         sweep, sim_label = SIM_LABELS.get(label, (None, None))
         sim = sims.get(sweep, {}).get(sim_label, {})
-        for key in found[2]:
+        for key in found[1]:
             tiny = t_interval([np.nan if r["summary"].get(key) is None else r["summary"][key]
                                for r in by[label].values()]).mean
             other = sim.get(key)
@@ -223,33 +213,41 @@ def what_moved(claim: str, by: dict, sims: dict) -> str:
     return "what moved most (this tier vs the simulator): " + "; ".join(parts) if parts else ""
 
 
-def claims_lines(runs: list[dict], sim_dir) -> list[str]:
-    """The claims table with this tier's verdicts, the simulator's and whether it predicted them; the agreement
-    rate; each disagreement with what moved."""
+def tier_records(runs: list[dict]) -> RunSet:
+    """This tier's records: a claim the tier's sweep lacks names configs/tiny, not the simulator's command."""
+    rs = run_claims(runs)
+    return replace(rs, records=tuple(
+        replace(r, command=None, reason=f"{r.reason}; not in this tier's sweep (configs/tiny)")
+        if r.kind is Kind.NOT_MEASURED else r for r in rs.records))
+
+
+def claims_lines(rs: RunSet, runs: list[dict], sim_dir) -> list[str]:
+    """The claims table with this tier's verdicts, the simulator's and whether it predicted them (linked to the
+    details in claims.md); the claims not measured or not testable here; the agreement rate; each disagreement with
+    what moved."""
     sim_dir = Path(sim_dir)
-    sim_rows = _sim_rows(sim_dir / "report.md").get(SIM_ENV, [])
+    sim = sim_claims(sim_dir)
     sims, by = _sim_summaries(sim_dir), _by_label(runs)
-    rows, info = run_claims(runs)
-    (n_d, n_r), (s_d, s_r) = info["tests"], info["seeds"]
-    lines = [f"Discovery seeds {s_d} ({n_d} tests, Holm-adjusted together); replication seeds {s_r or 'none'} "
-             f"({n_r} tests).", "",
-             f"| claim | regime | measured | verdict | why | simulator ({SIM_ENV}) | simulator predicted? |",
-             "|---|---|---|---|---|---|---|"]
+    (n_d, n_r), (s_d, s_r) = rs.tests, rs.seeds
+
+    def beside(rec: ClaimRecord) -> list[str]:  # the simulator's verdict and whether it predicted this tier's
+        other = sim_record(sim, rec)
+        said = predicted(rec, other)
+        return [(f"**{cell(other.verdict_text())}**" + (f" ({cell(other.regime)})" if other.regime else "")
+                 if other else "no record"), said or "not compared"]
     agree, disagree = [], []
-    for text, regime, meas, verdict, why in rows:
-        if verdict == "not measured":  # the simulator's command to run is no help here
-            why = why.split(RUN_HINT)[0] + "; not in this tier's sweep (configs/tiny)"
-        sim = sim_row(sim_rows, text, regime)
-        said = predicted(verdict, sim[3] if sim else None)
-        sim_cell = f"**{sim[3]}**" + (f" ({sim[1]})" if sim[1] else "") if sim else "no row"
-        lines.append(f"| {text} | {md(regime)} | {md(meas)} | **{md(verdict)}** | {md(why)} | {sim_cell} | "
-                     f"{said or 'not compared'} |")
+    lines = [f"Discovery seeds {s_d} ({n_d} tests, Holm-adjusted together); replication seeds {s_r or 'none'} "
+             f"({n_r} tests).", ""]
+    table = summary_lines(rs, extra=((f"simulator ({SIM_ENV})", "simulator predicted?"), beside))
+    for rec in rs.records:
+        other = sim_record(sim, rec)
+        said = predicted(rec, other)
         if said == "yes":
-            agree.append(text)
+            agree.append(rec)
         elif said == "no":
-            disagree.append((text, regime, verdict, sim[3], what_moved(text, by, sims)))
+            disagree.append((rec, other, what_moved(rec.claim.id, by, sims)))
+    lines += table
     n = len(agree) + len(disagree)
-    lines += [""]
     if n:
         lo, hi = proportion_interval(len(agree), n)
         lines += [f"**The simulator predicted {len(agree)} of the {n} verdicts both tiers measured "
@@ -262,9 +260,9 @@ def claims_lines(runs: list[dict], sim_dir) -> list[str]:
     if disagree:
         lines += ["Disagreements, each with what moved (means over this tier's seeds against the simulator's "
                   f"summary in reports/sim/summaries/{SIM_ENV}_*.json; n/a: not logged, or no counterpart run):", ""]
-        lines += [f"- {text}{f' ({md(regime)})' if regime else ''}: here **{md(verdict)}**, simulator "
-                  f"**{sim_v}**; {md(moved) or 'no mechanism metrics listed'}"
-                  for text, regime, verdict, sim_v, moved in disagree]
+        lines += [f"- {prose(rec.claim.text)}{f' ({prose(rec.regime)})' if rec.regime else ''}: here "
+                  f"**{prose(rec.verdict_text())}**, simulator **{prose(other.verdict_text())}**; "
+                  f"{prose(moved) or 'no mechanism metrics listed'}" for rec, other, moved in disagree]
         lines.append("")
     return lines
 
@@ -335,6 +333,7 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs", 
     """Regenerate the tiny tier's README and its plots from the run folders and the simulator's report."""
     readme = output_file(readme, "readme", inputs=[runs_dir])
     runs = load_tiny(runs_dir)
+    records = tier_records(runs)
     groups = Groups(runs)
     main = [lbl for lbl in groups.labels() if lbl in MAIN]
     variants = [lbl for lbl in groups.labels() if lbl not in MAIN or lbl in ("grpo", "dcpo", "sapo")]
@@ -361,13 +360,16 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs", 
         "discovery seeds 0-4 and re-checked on the replication seeds 5-9: a verdict stands where both sets give "
         "it, else it reads \"not replicated\"; differences by paired t tests (Welch's where the seeds do not pair), "
         "Holm-corrected across a set's tests; \"not detectable with N seeds (smallest detectable effect X)\" is "
-        "never \"no effect\". The simulator column is the verdict of reports/sim/report.md's "
-        f"{SIM_ENV} row for the claim (its regime in brackets).", "",
-        *claims_lines(runs, sim),
+        "never \"no effect\". Each line links to its details (reports/tiny/claims.md: both seed sets, the regime "
+        "card's conditions, the attribution); the records are reports/tiny/claims.json. The simulator column is the "
+        f"verdict of the simulator's {SIM_ENV} record of the claim (reports/sim/claims.json; its regime in "
+        "brackets).", "",
+        *claims_lines(records, runs, sim),
         "## DCPO's RUR gain: its reward scheme against SAS", "",
         *attribution_lines(runs), "",
         "## Curves (mean over seeds, min-max band; 10-step moving average)", "",
         *figures, ""]
+    write_claims(readme.parent, [records], "Tiny tier", "`python -m harness.reports.tiny`")
     write_text(readme, "\n".join(lines))
     return readme
 

@@ -91,6 +91,8 @@ def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[
     else:
         print(format_ranking(out))
         print("summary at the end of each run (equal steps; means over seeds):\n" + format_table(summary))
+        from harness.reports.sim import claims_text
+        print(claims_text(out))
     return summary
 
 
