@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from spec.contract import (check_dcpo_bounds_args, check_old_logp_probabilities, check_dpo_args, check_kl_kind, check_q,
                            check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams,
-                           sapo_log_ratio_cap)
+                           sapo_log_ratio_cap, vespo_log_weight_cap)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import DIVERGENCE_CLIPS, PARTS, get_algorithm
 
@@ -161,6 +161,20 @@ def rollout_weights(hp, old_logp, rollout_logp, mask):
                                                                                      / n)}
 
 
+def _vespo_kernel(hp, log_ratio, adv, mask):
+    """VESPO's phi(W) = W^c1 e^(c2 (1 - W)) per row ([B, 1]; spec.objectives.vespo_kernel), log W the row's sum of
+    log-ratios, (c1, c2) by the sign of the row's A; 0 past vespo_log_weight_cap, where W is not formed."""
+    x = (log_ratio * mask).sum(1, keepdim=True)
+    pos = _row_mean(adv, mask, mask.sum(1))[:, None] >= 0
+    pick = lambda a, b: torch.where(pos, torch.full_like(x, a), torch.full_like(x, b))  # noqa: E731
+    k, lam = pick(hp["vespo_k_pos"], hp["vespo_k_neg"]), pick(hp["vespo_lambda_pos"], hp["vespo_lambda_neg"])
+    cap = pick(vespo_log_weight_cap(hp["vespo_k_pos"], hp["vespo_lambda_pos"]),
+               vespo_log_weight_cap(hp["vespo_k_neg"], hp["vespo_lambda_neg"]))
+    saturated = x > cap
+    x = torch.where(saturated, torch.zeros_like(x), x)
+    return torch.where(saturated, torch.zeros_like(x), torch.exp(k * x - lam * torch.expm1(x)))
+
+
 def _log1mexp(z):
     """log(1 - e^z) for z < 0, accurate on both sides of -log 2 (Maechler 2012): NaN or -inf at z >= 0."""
     return torch.where(z > -math.log(2.0), torch.log(-torch.expm1(z)), torch.log1p(-torch.exp(z)))
@@ -251,6 +265,8 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
             lo, hi = (1 - hp["eps_low"], 1 + hp["eps_high"]) if hp["cap_mode"] == "relative" else (0.0, hp["eps_high"])
             coef = -torch.clamp(ratio, lo, hi) * adv
             stats["trunc_frac"] = float((((ratio < lo) | (ratio > hi)).to(mask.dtype) * mask).sum() / n)
+        elif alg.clip == "gamma":  # VESPO: -sg(phi(W)) A logp, W the product of the row's token ratios
+            coef = -_vespo_kernel(hp, log_ratio.detach(), adv, mask) * adv
         elif alg.clip in DIVERGENCE_CLIPS:  # DPPO: -sg(M r) A logp, M the trust-region mask
             check_old_logp_probabilities(alg.name, bool((old_logp[on] > 0).any()))
             inside = _dppo_inside(alg.clip, hp, logp.detach(), old_logp, adv, on)

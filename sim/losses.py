@@ -5,7 +5,7 @@ import numpy as np
 
 from spec.contract import (check_dcpo_bounds_args, check_old_logp_probabilities, check_dpo_args, check_kl_kind, check_q,
                            check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams,
-                           sapo_log_ratio_cap)
+                           sapo_log_ratio_cap, vespo_log_weight_cap)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
 from spec.registry import DIVERGENCE_CLIPS, PARTS, get_algorithm
 
@@ -117,6 +117,20 @@ def _cispo_bounds(hp):
     if hp["cap_mode"] == "absolute":
         return 0.0, hp["eps_high"]
     return 1 - hp["eps_low"], 1 + hp["eps_high"]
+
+
+def _vespo_kernel(hp, log_ratio, adv, mask):
+    """VESPO's phi(W) = W^c1 e^(c2 (1 - W)) per row ([B, 1]; spec.objectives.vespo_kernel), log W the row's sum of
+    log-ratios, (c1, c2) by the sign of the row's A; 0 past vespo_log_weight_cap, where W is not formed."""
+    x = (log_ratio * mask).sum(1, keepdims=True)
+    pos = _row_mean(adv, mask, mask.sum(1))[:, None] >= 0
+    k = np.where(pos, hp["vespo_k_pos"], hp["vespo_k_neg"])
+    lam = np.where(pos, hp["vespo_lambda_pos"], hp["vespo_lambda_neg"])
+    cap = np.where(pos, vespo_log_weight_cap(hp["vespo_k_pos"], hp["vespo_lambda_pos"]),
+                   vespo_log_weight_cap(hp["vespo_k_neg"], hp["vespo_lambda_neg"]))
+    saturated = x > cap
+    x = np.where(saturated, 0.0, x)
+    return np.where(saturated, 0.0, np.exp(k * x - lam * np.expm1(x)))
 
 
 def _log1mexp(z):
@@ -249,6 +263,9 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
             dtok = -np.clip(ratio, lo, hi) * adv
             loss_tok = None  # linear in logp: dtok * logp (below)
             stats["trunc_frac"] = block_count(((ratio < lo) | (ratio > hi)) & on, blocks) / n
+        elif alg.clip == "gamma":  # VESPO: -sg(phi(W)) A logp, W the product of the row's token ratios
+            dtok = -_vespo_kernel(hp, log_ratio, adv, mask) * adv
+            loss_tok = None  # linear in logp: dtok * logp (below)
         elif alg.clip in DIVERGENCE_CLIPS:  # DPPO: -sg(M r) A logp, M the trust-region mask
             check_old_logp_probabilities(alg.name, np.count_nonzero((old_logp > 0) & on) > 0)
             inside = _dppo_inside(alg.clip, hp, logp, old_logp, adv, on)

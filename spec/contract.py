@@ -1,6 +1,7 @@
 """Argument checks shared by the three layers, so that every layer rejects the same inputs with the same words."""
 from __future__ import annotations
 
+import functools
 import math
 import reprlib
 from collections.abc import Mapping
@@ -31,6 +32,10 @@ RATIO_GUARDS: Mapping[str, str] = MappingProxyType({
                        "log r = log1p(4096 / tau) (sapo_log_ratio_cap), where r is not formed: the exact gate is "
                        "within e^-4096 of it, and the exact gradient, below 4 e^-z (z / tau + 1) |A|, is under "
                        "1e-1400 for tau >= SAPO_TAU_MIN and any float A; spec evaluates every finite log-ratio so.",
+    "vespo_saturation": "VESPO's kernel W^k e^(lam (1 - W)) is 0 where log W = x passes vespo_log_weight_cap, the root "
+                        "of lam (e^x - 1) - k x = SAPO_SATURATION, where W is not formed: the exact kernel is below "
+                        "e^-4096 there, and W^k e^(lam (1 - W)) at a log-weight of 1e300 is not evaluable; it is a "
+                        "stop-gradient weight, so no derivative is lost.",
     "k3_unbiased": "The unbiased KL estimator r * k3 and its derivatives -r * d and r * (e^d - 1) are 0 where k3, d or "
                    "e^d - 1 is, and formed as sign * exp(log r + log|.|) where r = e^(logp - old_logp) overflows: "
                    "finite wherever the product is.",
@@ -43,6 +48,26 @@ RATIO_GUARDS: Mapping[str, str] = MappingProxyType({
                 "losses, unbounded on both sides, are NaN where such infinities of both signs meet in their sum: the "
                 "exact total is then past the range, of a sign the float type cannot tell.",
 })
+
+
+#: The smallest VESPO decay c2: above it, its saturation point (vespo_log_weight_cap) stays within float32's
+#: largest log-ratio whose exp is finite.
+VESPO_LAMBDA_MIN = 1e-30
+
+
+@functools.lru_cache(maxsize=64)
+def vespo_log_weight_cap(k: float, lam: float) -> float:
+    """The log sequence weight x past which VESPO's kernel W^k e^(lam (1 - W)), W = e^x, is taken as 0
+    (RATIO_GUARDS['vespo_saturation']): the root x > 0 of lam (e^x - 1) - k x = SAPO_SATURATION, by bisection."""
+    def excess(x):
+        return lam * math.expm1(x) - k * x - SAPO_SATURATION
+    lo, hi = 0.0, 1.0
+    while excess(hi) <= 0:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if excess(mid) <= 0 else (lo, mid)
+    return hi
 
 
 def sapo_log_ratio_cap(tau: float) -> float:
@@ -78,6 +103,13 @@ def resolve_hparams(name: str, hp: dict) -> dict:
     for key in ("tau_pos", "tau_neg"):
         if out[key] < SAPO_TAU_MIN:
             raise ValueError(f"{key}: expected a temperature >= {SAPO_TAU_MIN} (SAPO's gate saturates past float32's "
+                             f"range below it), got {out[key]!r}")
+    for key in ("vespo_k_pos", "vespo_k_neg"):
+        _positive(key, out[key])
+    for key in ("vespo_lambda_pos", "vespo_lambda_neg"):
+        _positive(key, out[key])
+        if out[key] < VESPO_LAMBDA_MIN:
+            raise ValueError(f"{key}: expected a decay >= {VESPO_LAMBDA_MIN} (VESPO's kernel saturates past float32's "
                              f"range below it), got {out[key]!r}")
     if out["dual_clip"] is None and alg.clip == "dynamic":  # DCPO: the dual clip follows r_max
         out["dual_clip"] = out["r_max"]

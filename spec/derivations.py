@@ -303,6 +303,41 @@ def dppo_binary_kl_grows_away_from_mu() -> bool:
                 and sp.simplify(sp.diff(kl, p) - (p - m) / (p * (1 - p))) == 0)
 
 
+def luspo_is_gspo_scaled_by_length() -> bool:
+    """LUSPO (Liu et al. 2602.05261): the implementation's objective (registry defaults) over responses of lengths 1
+    and 3 is (1/B) sum_i |o_i| l_i, l_i GSPO's per-sequence loss at the same clip widths, whereas GSPO's own is (1/B)
+    sum_i l_i: every token of a response gets the same gradient scale whatever its length."""
+    from .exact import symbolic_objective
+    from .registry import get_algorithm
+    widths = {k: get_algorithm("luspo").defaults[k] for k in ("eps_low", "eps_high")}
+    mask = [[1, 0, 0], [1, 1, 1]]
+    luspo, _ = symbolic_objective("luspo", 2, 3, mask=mask)
+    rows = [symbolic_objective("gspo", 2, 3, mask=[row if k == i else [0, 0, 0] for k, row in enumerate(mask)],
+                               **widths)[0] for i in range(2)]
+    gspo, _ = symbolic_objective("gspo", 2, 3, mask=mask, **widths)
+    return bool(sp.simplify(luspo - (1 * rows[0] + 3 * rows[1]) / 2) == 0
+                and sp.simplify(gspo - (rows[0] + rows[1]) / 2) == 0)
+
+
+def vespo_kernel_is_one_on_policy_and_peaks_at_c1_over_c2() -> bool:
+    """VESPO (2602.10693 Sec. 3.4): the kernel the layers use (objectives.vespo_kernel, registry defaults) is 1 at W
+    = 1 (on policy the gradient is REINFORCE's -A), has its maximum at W = c1 / c2 and tends to 0 as W -> 0 and W ->
+    oo, for both signs of A: the sequence weight is reshaped smoothly, never clipped."""
+    from .contract import resolve_hparams
+    from .exact import _exact_hp, short_rational
+    hp = _exact_hp(resolve_hparams("vespo", {}), short_rational)
+    x = sp.Symbol("x", real=True)  # log W
+    ok = True
+    for adv, sign in ((1, "pos"), (-1, "neg")):
+        phi = ob.vespo_kernel(x, adv, hp)  # Piecewise((0, x > cap), (kernel, True))
+        kernel = phi.args[-1][0]
+        peak = sp.log(hp[f"vespo_k_{sign}"] / hp[f"vespo_lambda_{sign}"])
+        ok &= phi.subs(x, 0) == 1 and sp.simplify(sp.diff(phi, x).subs(x, peak)) == 0
+        ok &= bool(sp.diff(kernel, x, 2).subs(x, peak) < 0)
+        ok &= sp.limit(kernel, x, sp.oo) == 0 and sp.limit(kernel, x, -sp.oo) == 0
+    return bool(ok)
+
+
 CHECKS.update({
     "cispo_gradient_is_truncated_reinforce": cispo_gradient_is_truncated_reinforce,
     "gmpo_bounded_by_arithmetic_mean": gmpo_bounded_by_arithmetic_mean,
@@ -312,4 +347,6 @@ CHECKS.update({
     "kl_cov_without_selection_is_plain_pg": kl_cov_without_selection_is_plain_pg,
     "dppo_binary_tv_is_a_ratio_clip_scaled_by_mu": dppo_binary_tv_is_a_ratio_clip_scaled_by_mu,
     "dppo_binary_kl_grows_away_from_mu": dppo_binary_kl_grows_away_from_mu,
+    "luspo_is_gspo_scaled_by_length": luspo_is_gspo_scaled_by_length,
+    "vespo_kernel_is_one_on_policy_and_peaks_at_c1_over_c2": vespo_kernel_is_one_on_policy_and_peaks_at_c1_over_c2,
 })

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from .contract import SAPO_SATURATION
+from .contract import SAPO_SATURATION, vespo_log_weight_cap
 from .registry import DIVERGENCE_CLIPS
 
 HALF = sp.Rational(1, 2)
@@ -134,6 +134,18 @@ def dppo_keep(x, y, adv, hp, kind, select=piecewise):
     return select((up, adv > 0), (down, adv < 0), (1, True))
 
 
+def vespo_kernel(x, adv, hp, select=piecewise):
+    """VESPO's reshaping kernel (2602.10693 Sec. 3.4) phi(W) = W^c1 e^(c2 (1 - W)) of the sequence weight W = e^x,
+    (c1, c2) by the sign of the row's A (>= 0: the _pos pair); 0 past spec.contract.vespo_log_weight_cap
+    (RATIO_GUARDS['vespo_saturation'])."""
+    k = select((hp["vespo_k_pos"], adv >= 0), (hp["vespo_k_neg"], True))
+    lam = select((hp["vespo_lambda_pos"], adv >= 0), (hp["vespo_lambda_neg"], True))
+    caps = [sp.Rational(vespo_log_weight_cap(float(hp[f"vespo_k_{s}"]), float(hp[f"vespo_lambda_{s}"])))
+            for s in ("pos", "neg")]
+    cap = select((caps[0], adv >= 0), (caps[1], True))
+    return select((0, x > cap), (sp.exp(k * x + lam * (1 - sp.exp(x))), True))
+
+
 def gmpo_clipped_log_ratio(x, sign, eps_low, eps_high, select=piecewise):
     """GMPO's token term sgn(A) * min(sgn(A) x, sgn(A) clip(x, -eps_low, eps_high)) for x = log r; x itself wins
     the tie."""
@@ -221,6 +233,9 @@ def policy_objective(alg, hp, live, frozen, old, adv, mask, ref=None, group_size
         if alg.clip == "truncated":  # MiniMax-M1 Eq. 4: -sg(clip(r)) * A * log pi
             lo, hi = cispo_bounds(hp)
             return -clip(sp.exp(frozen[i][t] - old[i][t]), lo, hi, select) * a * live[i][t]
+        if alg.clip == "gamma":  # VESPO: -sg(phi(W)) A log pi, W the product of the row's token ratios
+            weight = vespo_kernel(sum(frozen[i][k] - old[i][k] for k in tokens[i]), seq_adv(i), hp, select)
+            return -weight * a * live[i][t]
         if alg.clip in DIVERGENCE_CLIPS:  # DPPO: -sg(M r) A log pi, M the trust-region mask
             keep = dppo_keep(frozen[i][t], old[i][t], a, hp, alg.clip, select)
             return -keep * sp.exp(frozen[i][t] - old[i][t]) * a * live[i][t]

@@ -34,7 +34,8 @@ DIVERGENCE_CLIPS = frozenset({"binary_tv", "binary_kl"})
 CLIP_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "fixed": ("eps_low", "eps_high", "dual_clip", "delta"), "dynamic": ("eps_low", "eps_high", "r_max", "dual_clip"),
     "log": ("eps_low", "eps_high"), "soft": ("tau_pos", "tau_neg"), "truncated": ("eps_low", "eps_high", "cap_mode"),
-    "binary_tv": ("eps_low", "eps_high"), "binary_kl": ("eps_low", "eps_high"), "off": ()})
+    "binary_tv": ("eps_low", "eps_high"), "binary_kl": ("eps_low", "eps_high"),
+    "gamma": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), "off": ()})
 SELECT_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "cov_seed"), "kl_cov": ("kl_cov_ratio", "kl_cov_coef")})
 ROLLOUT_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
@@ -67,6 +68,10 @@ HPARAMS: Mapping[str, str] = MappingProxyType({
     "tis_cap": "TIS: truncation C of the token weight exp(old_logp - rollout_logp)",
     "mis_low": "MIS/IcePop: lowest weight kept",
     "mis_high": "MIS/IcePop: highest weight kept",
+    "vespo_k_pos": "VESPO: power c1 of its kernel W^c1 e^(c2 (1 - W)) for a row with A >= 0",
+    "vespo_lambda_pos": "VESPO: decay c2 of its kernel for a row with A >= 0",
+    "vespo_k_neg": "VESPO: power c1 of its kernel for a row with A < 0",
+    "vespo_lambda_neg": "VESPO: decay c2 of its kernel for a row with A < 0",
 })
 
 
@@ -75,10 +80,13 @@ class Algorithm:
     """One algorithm: how its ratio is formed, how it is clipped, and its paper defaults."""
 
     name: str
-    ratio: str  # "token", "sequence" (GSPO), "sequence_token" (GSPO-token), "geometric" (GMPO) or "none" (GPG)
+    # "token", "sequence" (GSPO), "sequence_token" (GSPO-token), "geometric" (GMPO), "sequence_product" (VESPO: the
+    # product of the row's token ratios, not normalised by its length) or "none" (GPG)
+    ratio: str
     # "fixed", "dynamic" (DCPO), "log" (GMPO: fixed, on log r), "soft" (SAPO), "truncated" (CISPO: the weight, not
     # the gradient), "binary_tv" / "binary_kl" (DPPO: a token masked where the divergence of its Bernoulli leaves the
-    # trust region), "off" (GPG, KL-Cov), "none" (DPO: not a policy loss)
+    # trust region), "gamma" (VESPO: a smooth kernel of the sequence weight), "off" (GPG, KL-Cov), "none" (DPO: not a
+    # policy loss)
     clip: str
     defaults: Mapping[str, object] = field(default_factory=dict)
     source: str = ""
@@ -111,7 +119,8 @@ def _alg(name, ratio, clip, source, advantage="grpo", select=None, **defaults):
             "tau_pos": 1.0, "tau_neg": 1.05, "r_max": 10.0, "delta": None, "cap_mode": "relative",
             "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "cov_seed": 0,
             "kl_cov_ratio": 2e-3, "kl_cov_coef": 1.0,
-            "rollout_correction": None, "tis_cap": 2.0, "mis_low": 0.5, "mis_high": 5.0}
+            "rollout_correction": None, "tis_cap": 2.0, "mis_low": 0.5, "mis_high": 5.0,
+            "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
     base.update(defaults)
     return Algorithm(name, ratio, clip, MappingProxyType(base), source, advantage, select)
 
@@ -148,6 +157,13 @@ ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (
     _alg("kl_cov", "token", "off",
          "Cui et al. 2505.22617, Sec. 5 (KL-Cov: |log r| penalty on the top-k Cov tokens)",
          select="kl_cov", agg="token_mean"),
+    _alg("luspo", "sequence", "fixed",
+         "LUSPO, Liu et al. 2602.05261: GSPO's sequence loss (2507.18071 Eq. 5-7) scaled by its length |o_i| "
+         "(seq_mean_token_sum of the per-sequence loss); eps 2e-3 / 2.5e-3, Sec. 5.1",
+         agg="seq_mean_token_sum", eps_low=2e-3, eps_high=2.5e-3),
+    _alg("vespo", "sequence_product", "gamma",
+         "VESPO 2602.10693, Sec. 3.4: -sg(phi(W)) A log pi, phi(W) = W^c1 e^(c2 (1 - W)) of the sequence weight W = "
+         "prod_t r_t; (c1, c2) = (2, 3) for A >= 0 and (3, 2) for A < 0", agg="token_mean"),
     _alg("dppo_tv", "token", "binary_tv",
          "DPPO, Qi et al. 2602.04879, DPPO-Binary-TV (the binary approximation of the TV trust region; delta 0.15 "
          "as the authors' verl recipe)", agg="token_mean", eps_low=0.15, eps_high=0.15),

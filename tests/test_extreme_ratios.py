@@ -42,6 +42,8 @@ def expected(name, a, side, edge):
     alg = get_algorithm(name)
     if alg.ratio == "none" or alg.clip == "truncated":  # GPG: -A w; CISPO: -clip(r, 0, 5) A w
         return "value"
+    if alg.clip == "gamma":  # VESPO's kernel of the row's weight vanishes far above (saturated) and far below
+        return "zero"
     if alg.clip == "soft":  # the gate saturates far above; far below, r ~ 0
         return "zero" if side > 0 else "value"
     if alg.clip == "off":  # KL-Cov: -r A, no clip

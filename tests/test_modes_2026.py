@@ -83,3 +83,62 @@ def test_dppo_needs_old_probabilities(layer, name):
     with pytest.raises(ValueError, match=f"old_logp: {name} needs log-probabilities <= 0"):
         run(layer, name, [[-1.0]], [[0.5]], [[1.0]], [[1.0]])
     run(layer, name, [[-1.0, 2.0]], [[-0.5, 0.5]], [[1.0, 1.0]], [[1.0, 0.0]])  # padding is not read
+
+
+# -- LUSPO (Liu et al. 2602.05261): GSPO's sequence loss times the response length --------------------------------
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_luspo_scales_each_sequence_by_its_length(layer):
+    # Row 0: one token, log-ratio 0.001, A +1: s0 = e^0.001, inside [1 - 2e-3, 1 + 2.5e-3]; l0 = -s0.
+    # Row 1: three tokens, log-ratios 0.01, 0, -0.004 (mean 0.002), A -1: s1 = e^0.002, inside; l1 = +s1.
+    # LUSPO = (1 * l0 + 3 * l1) / 2; d/dlogp of s_i is s_i / |o_i|, so row 0's token gets -s0 / 2 and each of row
+    # 1's tokens 3 * s1 / 3 / 2 = s1 / 2: the same scale for every token (GSPO gives row 1's tokens s1 / 6).
+    old = np.full((2, 3), -1.0)
+    logp = old + [[0.001, 0.0, 0.0], [0.01, 0.0, -0.004]]
+    adv, mask = [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]], [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+    s0, s1 = math.exp(0.001), math.exp(0.002)
+    loss, grad, _ = run(layer, "luspo", logp, old, adv, mask)
+    assert loss == pytest.approx((-s0 + 3 * s1) / 2, rel=1e-12)
+    np.testing.assert_allclose(grad, [[-s0 / 2, 0.0, 0.0], [s1 / 2] * 3], rtol=1e-12, atol=1e-15)
+    # past the clip (a mean log-ratio of 0.01 for A > 0: s = e^0.01 > 1.0025) the row gets no gradient, as in GSPO
+    loss, grad, _ = run(layer, "luspo", old + 0.01, old, adv, mask)
+    assert (grad[0] == 0).all() and loss == pytest.approx((-(1 + 2.5e-3) + 3 * math.exp(0.01)) / 2, rel=1e-12)
+
+
+# -- VESPO (2602.10693 Sec. 3.4): -sg(phi(W)) A log pi, phi(W) = W^c1 e^(c2 (1 - W)), W = prod_t r_t -------------
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_vespo_reshapes_the_sequence_weight(layer):
+    # Row 0: log-ratios (log 2, 0), A +1: W = 2, (c1, c2) = (2, 3): phi = 4 e^-3.
+    # Row 1: log-ratios (0, -log 2), A -1: W = 1/2, (c1, c2) = (3, 2): phi = e / 8.
+    # Token mean over 4 tokens: d/dlogp = -phi A / 4: row 0 -e^-3 each, row 1 e / 32 each.
+    old = np.full((2, 2), -1.0)
+    logp = old + [[math.log(2.0), 0.0], [0.0, -math.log(2.0)]]
+    adv, mask = [[1.0, 1.0], [-1.0, -1.0]], np.ones((2, 2))
+    phi0, phi1 = 4 * math.exp(-3.0), math.e / 8
+    loss, grad, _ = run(layer, "vespo", logp, old, adv, mask)
+    np.testing.assert_allclose(grad, [[-phi0 / 4] * 2, [phi1 / 4] * 2], rtol=1e-12)
+    assert loss == pytest.approx(-(phi0 * logp[0].sum() - phi1 * logp[1].sum()) / 4, rel=1e-12)
+    # on policy (W = 1) phi = 1: REINFORCE's -A / 4; a row whose weight is past the float range gets exactly 0
+    _, grad, _ = run(layer, "vespo", old, old, adv, mask)
+    np.testing.assert_allclose(grad, [[-0.25] * 2, [0.25] * 2], rtol=1e-12)
+    far = old + [[1e300, 0.0], [0.0, 0.0]]
+    loss, grad, _ = run(layer, "vespo", far, old, adv, mask)
+    assert (grad[0] == 0).all() and loss == pytest.approx(-(old[1].sum() * -1) / 4, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["luspo", "vespo"])
+@pytest.mark.parametrize("seed", range(4))
+def test_sequence_modes_agree_on_generated_batches(name, seed):
+    for pair, (d_value, d_grad) in policy_case(name, make_case(seed, extreme=seed % 2 == 0),
+                                               exact=seed < 2).items():
+        assert d_value <= 1 and d_grad <= 1, (pair, d_value, d_grad)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_vespo_refuses_a_decay_below_its_floor(layer):
+    with pytest.raises(ValueError, match="vespo_lambda_neg: expected a decay >= 1e-30"):
+        run(layer, "vespo", [[-1.0]], [[-1.0]], [[1.0]], [[1.0]], vespo_lambda_neg=1e-40)
+    with pytest.raises(ValueError, match="vespo_k_pos: expected a number > 0"):
+        run(layer, "vespo", [[-1.0]], [[-1.0]], [[1.0]], [[1.0]], vespo_k_pos=0.0)
+

@@ -21,7 +21,9 @@ PAPER = {
     "gpg": dict(agg="token_mean"),
     "clip_cov": dict(clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0, agg="token_mean"),
     "kl_cov": dict(kl_cov_ratio=2e-3, kl_cov_coef=1.0, agg="token_mean"),
-    # the 2026 modes: DPPO's thresholds as the authors' verl recipe sets them
+    # the 2026 modes: LUSPO's clip widths (its Sec. 5.1), DPPO's thresholds as the authors' verl recipe sets them
+    "luspo": dict(eps_low=2e-3, eps_high=2.5e-3, agg="seq_mean_token_sum"),
+    "vespo": dict(vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, agg="token_mean"),
     "dppo_tv": dict(eps_low=0.15, eps_high=0.15, agg="token_mean"),
     "dppo_kl": dict(eps_low=0.05, eps_high=0.05, agg="token_mean"),
 }
@@ -64,7 +66,8 @@ def test_unknown_name_lists_the_known_ones():
 OTHER = {"eps_low": 0.001, "eps_high": 0.01, "kl": "k1", "max_len": 7, "tau_pos": 3.0, "tau_neg": 0.3, "r_max": 2.0,
          "dual_clip": 1.5, "delta": 4.0, "cap_mode": "absolute", "clip_cov_ratio": 0.5, "clip_cov_lb": -5.0,
          "clip_cov_ub": 50.0, "cov_seed": 3, "kl_cov_ratio": 0.5, "kl_cov_coef": 3.0, "tis_cap": 1.1,
-         "mis_low": 0.9, "mis_high": 1.2}
+         "mis_low": 0.9, "mis_high": 1.2, "vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5, "vespo_k_neg": 1.0,
+         "vespo_lambda_neg": 0.5}
 
 
 @pytest.mark.parametrize("name", POLICY_ALGORITHMS)
