@@ -234,8 +234,9 @@ def conform(target: str = typer.Argument(..., help="A framework (harness/targets
                                                   "each of logp, old_logp, adv, mask, ref_logp, group_size (e.g. "
                                                   "logp=log_prob), returns=INDEX, adv_shape=token or seq, "
                                                   "timeout_s=SECONDS, hyper-parameters (e.g. eps_high=0.28); "
-                                                  "kind=advantage,estimator=NAME or kind=kl,kl=NAME for an "
-                                                  "advantage estimator or a KL term."),
+                                                  "kind=advantage,estimator=NAME, kind=kl,kl=NAME or "
+                                                  "kind=rollout_correction,correction=NAME for an advantage "
+                                                  "estimator, a KL term or a rollout correction's weights."),
             level: str = typer.Option("loss", help="loss: each loss call; step: one optimisation step "
                                       "(micro-batches, accumulation, ranks) of a trainer, or of a module:function's "
                                       "per-micro-batch loss given num_items_in_batch, gradient_accumulation_steps, "

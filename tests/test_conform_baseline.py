@@ -190,12 +190,12 @@ class StepTarget:
 def test_step_level_findings_are_grid_cells_held_to_their_baseline(tmp_path, monkeypatch, capsys):
     import harness.conform.step as cs
     path = tmp_path / "step.json"
-    monkeypatch.setattr(cs, "load_step_target", lambda target: StepTarget(0.5))
+    monkeypatch.setattr(cs, "load_step_target", lambda target, adapter=None: StepTarget(0.5))
     assert not cs.step_command("scaled", seeds=1, write_baseline=path)["ok"]
     cells = json.loads(path.read_text())["findings"]
     assert written_level(path) == "step" and len(cells) == 2 * len(cs.MICRO)  # both families, every micro at 2 ranks
     assert cs.step_command("scaled", seeds=1, baseline=path)["ok"]
-    monkeypatch.setattr(cs, "load_step_target", lambda target: StepTarget(0.25))
+    monkeypatch.setattr(cs, "load_step_target", lambda target, adapter=None: StepTarget(0.25))
     report = cs.step_command("scaled", seeds=1, baseline=path)
     out = capsys.readouterr().out
     assert not report["ok"] and report["baseline"]["grew"] == len(cells) and "grown: the baseline has" in out

@@ -73,7 +73,7 @@ class HalfTarget:
 
 def test_step_command_writes_grids_and_findings(tmp_path, monkeypatch, capsys):
     import harness.conform.step as cs
-    monkeypatch.setattr(cs, "load_step_target", lambda target: HalfTarget())
+    monkeypatch.setattr(cs, "load_step_target", lambda target, adapter=None: HalfTarget())
     report = cs.step_command("half", out=tmp_path, seeds=2)
     grid = {(c["micro"], c["ranks"]): c for c in report["rows"][0]["grid"]}
     assert grid[("whole", 1)]["status"] == "exact" and grid[(2, 2)]["factor_mean"] == pytest.approx(0.5)
@@ -91,8 +91,10 @@ def test_cli_level_is_checked():
     runner = CliRunner()
     bad = runner.invoke(app, ["conform", "verl", "--level", "batch"])
     assert bad.exit_code == 2 and "level: expected loss or step" in bad.output
-    adapter = runner.invoke(app, ["conform", "m:f", "--level", "step", "--adapter", "algorithm=grpo"])
+    adapter = runner.invoke(app, ["conform", "verl", "--level", "step", "--adapter", "algorithm=grpo"])
     assert adapter.exit_code == 2 and "adapter: --level step drives a trainer" in adapter.output
+    missing = runner.invoke(app, ["conform", "m:f", "--level", "step", "--adapter", "algorithm=grpo"])
+    assert missing.exit_code == 2 and "cannot import module 'm'" in missing.output  # a user's step, by name
     loss_only = runner.invoke(app, ["conform", "liger", "--level", "step"])
     assert loss_only.exit_code == 2 and "--level step covers" in loss_only.output and "verl" in loss_only.output
     unknown = runner.invoke(app, ["conform", "nosuch", "--level", "step"])

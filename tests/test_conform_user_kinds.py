@@ -76,6 +76,10 @@ MODULE = textwrap.dedent('''
         return dapo_step(logp, old_logp, adv, mask, num_items_in_batch, num_processes,
                          gradient_accumulation_steps, steps_per_generation) / gradient_accumulation_steps
 
+    def dapo_step_ranks_mean_kept(logp, old_logp, adv, mask, num_items_in_batch):
+        """The global token count on each rank, under DDP's mean over the ranks."""
+        return (_clipped(logp, old_logp, adv) * mask).sum() / num_items_in_batch
+
     def dapo_step_micro_batch_mean(logp, old_logp, adv, mask, gradient_accumulation_steps):
         """Each micro-batch's own token mean, divided by the accumulation steps (TRL's bnpo)."""
         return (_clipped(logp, old_logp, adv) * mask).sum() / mask.sum().clamp(min=1) / gradient_accumulation_steps
@@ -169,6 +173,7 @@ def test_weights_with_a_kept_token_mask_are_multiplied(user):
     ("kind=rollout_correction,correction=tis,mis_low=0.5", "mis_low is not read by correction=tis"),
     ("kind=rollout_correction,correction=tis,tis_cap=-1", "tis_cap"),
     ("kind=rollout_correction,correction=mis,kept=0", "kept=0; expected the index"),
+    ("kind=step,algorithm=dapo", "kind=step is checked with --level step"),
 ])
 def test_rollout_correction_adapter_errors_are_one_line(adapter, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(")) as err:
@@ -182,8 +187,8 @@ DAPO = "algorithm=dapo,agg=token_mean,eps_high=0.28"
 
 
 def step_rows(fn, knob: int) -> list[dict]:
-    """The rows (both step families) of one knob of a user's step: 0, steps_per_generation =
-    gradient_accumulation_steps; 1, twice that."""
+    """The rows (both step families) of one knob of a user's step, in float64: 0, steps_per_generation =
+    gradient_accumulation_steps; 3, twice that (1, 2, 4, 5: in float32 and bfloat16)."""
     from harness.conform.kinds_step import UserStep
     from harness.conform.step import run_step_check
     target = UserStep(fn, DAPO)
@@ -207,11 +212,19 @@ def test_a_step_loss_divided_again_by_the_accumulation_steps_is_named(user):
 
 def test_a_generation_batch_normaliser_is_off_by_accumulation_over_steps_per_generation(user):
     assert all(r["status"] == "agrees" for r in step_rows(user.dapo_step_generation_normaliser, 0))
-    for row in step_rows(user.dapo_step_generation_normaliser, 1):
+    for row in step_rows(user.dapo_step_generation_normaliser, 3):
         assert row["matches"] == [next(m for m in row["matches"] if m.startswith("normaliser of the generation "
                                                                                 "batch"))]
         assert {c["status"] for c in row["grid"]} == {"scaled"}
         assert all(c["factor_mean"] == pytest.approx(0.5, rel=1e-9) for c in row["grid"])
+
+
+def test_a_global_count_not_scaled_by_the_ranks_is_named(user):
+    for row in step_rows(user.dapo_step_ranks_mean_kept, 0):
+        assert row["matches"] == [next(m for m in row["matches"] if m.startswith("the ranks' mean not undone"))]
+        for cell in row["grid"]:
+            assert cell["status"] == ("exact" if cell["ranks"] == 1 else "scaled")
+            assert cell.get("factor_mean", 1.0) == pytest.approx(1 / cell["ranks"], rel=1e-9)
 
 
 def test_a_micro_batch_token_mean_is_named_where_the_step_needs_a_global_one(user):
@@ -227,12 +240,16 @@ def test_a_micro_batch_token_mean_is_named_where_the_step_needs_a_global_one(use
 def test_the_fixed_step_agrees_at_every_split_through_the_command(user, capsys):
     from harness.conform.step import step_command
     report = step_command(user.dapo_step, seeds=1, adapter=DAPO)
-    assert report["ok"] and len(report["rows"]) == 4
-    assert capsys.readouterr().out.count("agrees at every split") == 4
+    assert report["ok"] and len(report["rows"]) == 12  # 2 knobs x 3 dtypes x 2 families
+    assert capsys.readouterr().out.count("agrees at every split") == 12
 
 
-def test_a_step_adapter_names_what_is_wrong():
+def test_a_step_adapter_names_what_is_wrong(user):
+    from harness.conform.kinds_step import UserStep
     from harness.conform.step import conform_step
+    target = UserStep(user.dapo_step, f"kind=step,{DAPO},num_items_in_batch=num_items_in_batch")
+    target.close()
+    assert target.counts["num_items_in_batch"] == "num_items_in_batch" and target.algorithm == "dapo"
     with pytest.raises(ValueError, match="algorithm=NAME is required"):
         conform_step("cliplab_user_steps:dapo_step", seeds=1, adapter="agg=token_mean")
     with pytest.raises(ValueError, match="not kind=kl"):

@@ -1,8 +1,9 @@
 """User callables of the kinds past the policy loss, for ``cliplab conform module:function --adapter kind=...``:
 ``kind=advantage`` (a group advantage estimator: rewards and groups in, one advantage per response or per token
-out) and ``kind=kl`` (a per-token KL estimator used as a loss term: log-probs in, per-token values out, and their
-gradient). This module holds what each kind reads from the adapter, how its callable is called (in the worker,
-``evaluate``), its generated cases and its reference conventions; ``targets.callable`` runs it like a policy loss.
+out), ``kind=kl`` (a per-token KL estimator used as a loss term: log-probs in, per-token values out, and their
+gradient) and ``kind=rollout_correction`` (a rollout correction's weights, ``kinds_rollout``). This module holds
+what each kind reads from the adapter, how its callable is called (in the worker, ``evaluate``), its generated
+cases and its reference conventions; ``targets.callable`` runs it like a policy loss.
 
 Conventions the reference follows, stated once:
 
@@ -450,8 +451,8 @@ def rounded(b: Batch, kind: str, dtype: str) -> Batch:
     if dtype == "float64":
         return b
     cast = lambda x: torch.tensor(x).to(getattr(torch, dtype)).double().numpy()  # noqa: E731
-    names = ("adv",) if kind == "advantage" else ("old_logp",) if kind == "rollout_correction" else (
-        "logp", "ref_logp", "old_logp")
+    names = {"advantage": ("adv",), "rollout_correction": ("old_logp",),
+             "step": ("logp", "old_logp", "adv", "ref_logp")}.get(kind, ("logp", "ref_logp", "old_logp"))
     extra = dict(b.extra)
     if kind == "rollout_correction":
         extra["rollout_logp"] = cast(extra["rollout_logp"])

@@ -13,9 +13,11 @@ passes and all-reduce do. With ``steps_per_generation = gradient_accumulation_st
 batch; with twice as many, the generation batch (twice the rows) spans two steps, and the check compares the mean
 of the two steps' gradients (the policy unchanged between them) with the reference's on the whole generation batch:
 a normaliser of the generation batch's tokens must be scaled by gradient_accumulation_steps / steps_per_generation
-(TRL's fix for its dapo, cispo and vespo losses). The reference is the claimed algorithm's loss on the whole batch
-(``harness.conform.step`` reports the factor per micro-batch size and rank count); the bug classes a step may
-show instead are named by the step they reproduce on every split (``bug_classes``)."""
+(TRL's fix for its dapo, cispo and vespo losses). Each runs in float64, float32 and bfloat16 (inputs rounded to
+the dtype, held to ``tolerance_of`` it, or of the dtype the loss comes back in if coarser). The reference is the
+claimed algorithm's loss on the whole batch (``harness.conform.step`` reports the factor per micro-batch size and
+rank count); the bug classes a step may show instead are named by the step they reproduce on every split
+(``bug_classes``)."""
 from __future__ import annotations
 
 import math
@@ -26,6 +28,7 @@ import torch
 from spec.contract import resolve_hparams
 from spec.registry import HPARAMS
 
+from harness.conform.kinds import DTYPES, rounded
 from harness.conform.cases import STEP_ROWS, Batch, NotApplicable, StepCheck, bind_params, step_batch, tolerance_of
 from harness.conform.targets import callable as user
 from harness.conform.targets import reference as ref
@@ -101,7 +104,7 @@ class UserStep:
     def __init__(self, target, adapter: str | dict | None):
         items = user_items(adapter)
         counts = {k: v for k, v in items if k in ALIASES}
-        rest = [(k, v) for k, v in items if k not in ALIASES]
+        rest = [(k, v) for k, v in items if k not in ALIASES and (k, v) != ("kind", "step")]  # kind=step: this
         policy = user.parse_adapter(dict(rest) if isinstance(adapter, dict) else ",".join(f"{k}={v}" for k, v in rest))
         if policy.get("kind", "policy") != "policy":
             raise ValueError(f"adapter: --level step checks a policy loss's training step, not kind={policy['kind']}")
@@ -126,11 +129,13 @@ class UserStep:
                     "gradients are summed over each rank's micro-batches and averaged over the ranks.")
         self.dtype = "float64"
 
-    def call(self, b: Batch, rows, counts: dict) -> np.ndarray:
-        """d loss / d logp of the callable on the micro-batch ``rows`` of ``b``, given the step's ``counts``."""
+    def call(self, b: Batch, rows, counts: dict, dtype: str = "float64") -> np.ndarray:
+        """d loss / d logp of the callable on the micro-batch ``rows`` of ``b`` in ``dtype``, given the step's
+        ``counts``."""
         mb = micro_batch(b, rows)
         arrays = {"logp": mb.logp, "old_logp": mb.old_logp, "adv": mb.adv, "mask": mb.mask, "ref_logp": mb.ref_logp}
         how = {"binding": self.binding, "group_size": mb.group_size, "returns": self.adapter.get("returns", 0),
+               "dtype": dtype,
                "adv_shape": self.adapter.get("adv_shape", "token"),
                "counts": {k: [self.counts[k], v] for k, v in counts.items() if k in self.counts}}
         out = self.runner.call(how, {k: v for k, v in arrays.items() if k in self.binding})
@@ -141,12 +146,15 @@ class UserStep:
         self.dtype = out.get("dtype", self.dtype)
         return np.asarray(out["grad"], dtype=float)
 
-    def step(self, span: int):
+    def step(self, span: int, dtype: str):
+        """The step over ``span`` optimisation steps per generation batch, its inputs rounded to ``dtype`` (the
+        reference is computed on what the callable saw)."""
         def run(b: Batch, micro, ranks):
             steps = split(len(b.mask), micro, ranks, span)
             counts = {"num_items_in_batch": float(b.mask.sum()), "gradient_accumulation_steps": len(steps[0][0]),
                       "num_processes": ranks, "steps_per_generation": len(steps[0][0]) * span}
-            return accumulate(b, steps, lambda rows: self.call(b, rows, counts)), b
+            used = rounded(b, "step", dtype)
+            return accumulate(used, steps, lambda rows: self.call(used, rows, counts, dtype)), used
         return run
 
     def step_checks(self) -> list[StepCheck]:
@@ -159,11 +167,11 @@ class UserStep:
             knob = ("steps_per_generation = gradient_accumulation_steps" if span == 1 else
                     f"steps_per_generation = {span} x gradient_accumulation_steps (the step's gradient: the mean "
                     f"of the {span} steps of a generation batch)")
-            out.append(StepCheck(self.algorithm, self.name, knob, self.step(span), conv,
-                                 tolerance=tolerance_of(self.dtype),
-                                 batches=lambda s, f, span=span: step_batch(s, f, rows=STEP_ROWS * span),
-                                 candidates={k: (lambda b, m, r, fn=fn, span=span: fn(b, m, r, span))
-                                             for k, fn in classes.items()}))
+            out += [StepCheck(self.algorithm, self.name, f"{knob}, {dtype}", self.step(span, dtype), conv,
+                              tolerance=max(tolerance_of(dtype), tolerance_of(self.dtype)),
+                              batches=lambda s, f, span=span: step_batch(s, f, rows=STEP_ROWS * span),
+                              candidates={k: (lambda b, m, r, fn=fn, span=span: fn(b, m, r, span))
+                                          for k, fn in classes.items()}) for dtype in DTYPES]
         return out
 
     def close(self):

@@ -69,6 +69,9 @@ def parse_adapter(adapter: str | dict | None) -> dict:
                 raise ValueError(f"adapter: expected key=value items separated by commas, got {item!r}")
             items.append((key, _number(value) if key in HPARAMS or key in CALL_OPTIONS else value))
     kind = dict(items).get("kind", "policy")
+    if kind == "step":
+        raise ValueError("adapter: kind=step is checked with --level step (the callable's loss driven through one "
+                         "optimisation step, harness.conform.kinds_step)")
     if kind not in kinds.KINDS:
         raise ValueError(f"adapter: unknown kind {kind!r}{did_you_mean(str(kind), kinds.KINDS)}; expected one of "
                          f"{', '.join(kinds.KINDS)}")
@@ -167,7 +170,7 @@ def bind(signature: dict, adapter: dict) -> dict:
 
 
 def evaluate(fn, how: dict, arrays: dict) -> dict:
-    """Call ``fn`` with float64 tensors of ``arrays`` (our names) bound as ``how["binding"]``,
+    """Call ``fn`` with tensors of ``arrays`` (our names; float64, or ``how["dtype"]``) bound as ``how["binding"]``,
     ``how["group_size"]`` and a training step's ``how["counts"]`` (``kinds_step``); advantages [B] if
     ``how["adv_shape"]`` is seq. Returns {"loss", "grad"} (d loss / d logp),
     {"bad": what is wrong with the result}, or {"raised": [exception type, message, file:line]} when the callable
@@ -178,7 +181,8 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
             return kinds.evaluate(fn, how, arrays)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 (user code may raise anything: the target's verdict)
             return _raised(exc)
-    tensors = {k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in arrays.items()}
+    dtype = getattr(torch, how.get("dtype", "float64"))  # a training step's checks run in each of kinds.DTYPES
+    tensors = {k: torch.tensor(np.asarray(v, dtype=np.float64)).to(dtype) for k, v in arrays.items()}
     if how.get("adv_shape") == "seq":
         tensors["adv"] = tensors["adv"][:, 0].contiguous()
     before = {k: t.clone() for k, t in tensors.items()}
@@ -200,7 +204,7 @@ def evaluate(fn, how: dict, arrays: dict) -> dict:
     except (Exception, SystemExit) as exc:  # noqa: BLE001 (user code may raise anything: it is the target's verdict)
         return _raised(exc)
     grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
-    return {"loss": float(loss.detach().cpu().double()), "grad": grad.numpy(),
+    return {"loss": float(loss.detach().cpu().double()), "grad": grad.double().numpy(),
             "dtype": str(loss.dtype).removeprefix("torch.")}
 
 
