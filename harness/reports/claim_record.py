@@ -99,10 +99,12 @@ class SetResult:
 
 @dataclass(frozen=True)
 class CardCheck:
-    """A condition of the regime card on a label, with the value measured there (None: not logged)."""
+    """A condition of the regime card on a label, with the value measured there (None: not logged, or, where not
+    ``applicable``, not defined for the label's algorithm: a clip statistic of an algorithm without a hard clip)."""
     condition: Condition
     value: float | None
     label: str
+    applicable: bool = True
 
     @property
     def holds(self) -> bool:
@@ -202,9 +204,10 @@ _RECORD = {
         "regime": _STR, "mechanism": {"type": "boolean"}, "compared": {"type": "array", "items": _STR},
         "conditions": {"type": "array", "items": {
             "type": "object", "additionalProperties": False,
-            "required": ["entry", "op", "threshold", "of", "why", "label", "value", "holds"],
+            "required": ["entry", "op", "threshold", "of", "why", "label", "value", "applicable", "holds"],
             "properties": {"entry": _STR, "op": {"enum": [">=", "<=", ">", "<"]}, "threshold": {"type": "number"},
-                           "of": _STR, "why": _STR, "label": _STR, "value": _NUM, "holds": {"type": "boolean"}}}},
+                           "of": _STR, "why": _STR, "label": _STR, "value": _NUM, "applicable": {"type": "boolean"},
+                           "holds": {"type": "boolean"}}}},
         "status": {"enum": list(STATUS)}, "kind": {"enum": [k.value for k in Kind]}, "verdict": _STR,
         "reason": _STR, "discovery": _SET, "replication": _SET, "attribution": _STR,
         "command": {"type": ["string", "null"]}}}
@@ -248,7 +251,7 @@ def record_json(r: ClaimRecord) -> dict:
             "regime": r.regime, "mechanism": r.mechanism, "compared": list(r.compared),
             "conditions": [{"entry": k.condition.entry, "op": k.condition.op, "threshold": k.condition.threshold,
                             "of": k.condition.of, "why": k.condition.why, "label": k.label, "value": _num(k.value),
-                            "holds": k.holds} for k in r.conditions],
+                            "applicable": k.applicable, "holds": k.holds} for k in r.conditions],
             "status": r.status, "kind": r.kind.value, "verdict": r.verdict_text(), "reason": r.reason,
             "discovery": _set_json(r.discovery), "replication": _set_json(r.replication),
             "attribution": r.attribution, "command": r.command}
@@ -291,7 +294,7 @@ def from_json(data: dict) -> list[RunSet]:
             src = r["source"]
             claim = Claim(r["claim"], r["text"], Source(src["paper"], src["arxiv"], src["where"]))
             conds = tuple(CardCheck(Condition(c["entry"], c["op"], c["threshold"], c["why"], c["of"]), c["value"],
-                                    c["label"]) for c in r["conditions"])
+                                    c["label"], c["applicable"]) for c in r["conditions"])
             recs.append(ClaimRecord(claim, r["regime"], Kind(r["kind"]), r["reason"], _set_of(r["discovery"]),
                                     _set_of(r["replication"]), r["status"], tuple(r["compared"]), conds,
                                     r["attribution"], r["command"], r["mechanism"]))

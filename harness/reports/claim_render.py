@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from spec.records import read_json, write_text
+from spec.regime import NOT_APPLICABLE
 
 from harness.reports.claim_record import Kind, RunSet, from_json, to_json
 from harness.reports.rundirs import fmt
@@ -118,9 +119,10 @@ def detail_lines(run_sets: list[RunSet]) -> list[str]:
             if r.status != "single set":
                 lines.append(_set_line("replication", r.replication))
             for c in r.conditions:
-                value = "not logged" if c.value is None else f"{c.value:.3g}"
+                state = (f"{NOT_APPLICABLE} for its algorithm" if not c.applicable else "not logged"
+                         if c.value is None else f"measured {c.value:.3g}, {'holds' if c.holds else 'fails'}")
                 lines.append(f"- regime card, {prose(c.label)}: {prose(c.condition.text())} "
-                             f"({prose(c.condition.why)}): measured {value}, {'holds' if c.holds else 'fails'}")
+                             f"({prose(c.condition.why)}): {state}")
             if r.attribution:
                 lines.append(f"- attribution: {prose(r.attribution)}")
             if r.command:

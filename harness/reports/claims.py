@@ -9,17 +9,17 @@ detectable with N seeds (smallest detectable effect X)", the effect the test fin
 from __future__ import annotations
 
 import contextvars
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from spec.regime import (CLIP_BINDS, ENTRIES, ENTROPY_FALLS, EXPLORATION, HEADROOM, OFF_POLICY, RATIOS_MOVE,
-                         UPPER_CLIP_BINDS, WELL_FORMED, reduce_values)
+from spec.regime import (CLIP_BINDS, ENTROPY_FALLS, EXPLORATION, HEADROOM, OFF_POLICY, RATIOS_MOVE, UPPER_CLIP_BINDS,
+                         WELL_FORMED)
 from spec.registry import ALGORITHMS, HPARAMS
 
 from harness.reports.claim_record import (CardCheck, Claim, ClaimRecord, Estimate, Kind, RunSet, Source, Verdict,
                                           combine, finding, not_measured)
+from harness.reports.regime import label_card
 from harness.reports.rundirs import Groups, fmt, same
 from harness.reports.stats import Comparison, fit, holm, paired_test, t_interval, welch_test
 
@@ -34,19 +34,11 @@ def _missing(what: str, command: str) -> list[ClaimRecord]:
     return [not_measured(what, command)]
 
 
-def card_value(g: Groups, label: str, entry: str) -> float | None:
-    """The regime card's ``entry`` (``spec.regime.CARD``) of ``label``: its reduction over each run's logged steps,
-    averaged over the seeds (None where no run logs its metric)."""
-    e = ENTRIES[entry]
-    values = [reduce_values(e, {rec.get("step", i): rec.get(e.metric) for i, rec in enumerate(run["records"])})
-              for run in g.runs[label]]
-    values = [v for v in values if v is not None]
-    return math.fsum(values) / len(values) if values else None
-
-
 def card(g: Groups, label: str, *conditions) -> tuple[CardCheck, ...]:
-    """The ``conditions`` of the regime card on ``label``, each with its measured value."""
-    return tuple(CardCheck(c, card_value(g, label, c.entry), label) for c in conditions)
+    """The ``conditions`` of the regime card (``harness.reports.regime``) on ``label``, each with its measured
+    value (None: not logged, or not defined for the algorithm)."""
+    values = label_card(g.runs[label])
+    return tuple(CardCheck(c, values[c.entry].value, label, values[c.entry].applicable) for c in conditions)
 
 
 def estimate(what: str, d: float, half: float, ok: "Tested", pct: bool = False) -> Estimate:

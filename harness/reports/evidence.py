@@ -12,10 +12,12 @@ import numpy as np
 
 from sim.metrics import summarise_run
 from spec.records import read_json, read_jsonl, read_text
+from spec.regime import CLIP_BINDS, ENTROPY_FALLS, HEADROOM, OFF_POLICY, RATIOS_MOVE, UPPER_CLIP_BINDS
 
-from harness.reports.claim_record import ClaimRecord, Estimate, Kind, RunSet, SetResult, Verdict
+from harness.reports.claim_record import CardCheck, ClaimRecord, Estimate, Kind, RunSet, SetResult, Verdict
 from harness.reports.claim_render import JSON_NAME, anchor, cell, effect, prose, read_claims
 from harness.reports.claims import CLAIMS as SIM_CLAIMS
+from harness.reports.regime import label_card
 from harness.reports.rundirs import ALIASES, fmt, md
 from harness.reports.stats import Comparison, holm, paired_test, t_interval
 
@@ -431,6 +433,19 @@ CLAIMS = (
 )
 SIM_ENVS = (("toy_lm", "simulator toy LM"), ("feature_lm", "simulator feature LM"))
 SOURCES = {claim.id: claim for claim, _ in SIM_CLAIMS}
+#: Per claim, the setting whose regime card it reads and the card's conditions (spec.regime) it needs.
+CONDITIONS = {"dcpo_tcr": ("grpo", (CLIP_BINDS,)), "gspo_clips": ("grpo", (CLIP_BINDS,)),
+              "clip_higher": ("grpo_beta0", (UPPER_CLIP_BINDS, RATIOS_MOVE, ENTROPY_FALLS)),
+              "drgrpo_length": ("grpo", (HEADROOM,)), "sapo_temperatures": ("sapo", (RATIOS_MOVE, OFF_POLICY))}
+
+
+def card_checks(ev: Evidence, claim: str) -> tuple[CardCheck, ...]:
+    """The regime card's conditions of ``claim`` (``CONDITIONS``) on the evidence runs of its setting."""
+    label, conditions = CONDITIONS.get(claim, ("", ()))
+    if label not in ev.runs:
+        return ()
+    card = label_card([{"algo": r["cfg"]["algo"]["name"], "records": r["records"]} for r in ev.runs[label].values()])
+    return tuple(CardCheck(c, card[c.entry].value, label, card[c.entry].applicable) for c in conditions)
 
 
 def real_records(ev: Evidence) -> RunSet:
@@ -448,6 +463,7 @@ def real_records(ev: Evidence) -> RunSet:
                                                          float(p) if t else None, c.n_a, m.pct)
         claim = replace(SOURCES[cid], text=text)
         records.append(ClaimRecord(claim, "", v.kind, m.why or REASONS.get(v.kind, ""), SetResult(v, est, m.text),
+                                   conditions=card_checks(ev, cid),
                                    command=RUN_EVIDENCE if v.kind is Kind.NOT_MEASURED else None))
     return RunSet("", tuple(records), tests=(sum(tested), 0))
 
