@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from spec.contract import (check_advantage_kind, check_group_size, check_overlong, check_prompt_ids,
-                           check_reinforce_args, check_same_shape, check_sas_state, check_unit_interval)
+                           check_reinforce_args, check_reward_weights, check_same_shape, check_sas_state,
+                           check_unit_interval)
 from spec.registry import PARTS
 
 from .checks import as_mask, as_tensor
@@ -33,6 +34,19 @@ def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage
     den = groups.std(1, correction=1 if unbiased else 0, keepdim=True) + eps
     return torch.where(den > 0, centred / torch.where(den > 0, den, torch.ones_like(den)),
                        torch.zeros_like(centred)).reshape(-1)
+
+
+def gdpo_advantages(rewards, group_size, weights=None, eps=PARTS["gdpo_advantage"]["eps"],
+                    unbiased=PARTS["gdpo_advantage"]["unbiased"]):
+    """GDPO (2601.05242): each reward (a column of the [B, N] ``rewards``) standardised within its group as GRPO does,
+    (r_n - mean_g) / (std_g + eps); their sum weighted by ``weights`` (all 1 by default) standardised over the batch,
+    (S - mean_B) / (std_B + eps), 0 where that denominator is 0."""
+    rewards = as_tensor("rewards", rewards, ndim=2)
+    w = check_reward_weights(weights, rewards.shape[1])
+    total = sum(wn * group_advantages(rewards[:, n], group_size, "grpo", eps, unbiased) for n, wn in enumerate(w))
+    den = total.std(correction=1 if unbiased else 0) + eps
+    centred = total - total.mean()
+    return centred / den if den > 0 else torch.zeros_like(centred)
 
 
 def _standardise(x, mu, var):

@@ -3,7 +3,7 @@ from importlib import import_module
 
 from .registry import ALGORITHMS, AGG_MODES, POLICY_ALGORITHMS, get_algorithm
 
-_EXACT = {"policy_loss", "dpo_loss", "kl", "dcpo_bounds", "value_loss", "gae", "group_advantages",
+_EXACT = {"policy_loss", "dpo_loss", "kl", "dcpo_bounds", "value_loss", "gae", "group_advantages", "gdpo_advantages",
           "SmoothAdvantage", "overlong_penalty", "dynamic_sampling_filter", "reinforce_pp_advantages",
           "symbolic_objective"}
 

@@ -265,6 +265,21 @@ def check_advantage_kind(kind: str, group_size: int, unbiased: bool, eps=0.0) ->
         raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
 
 
+def check_reward_weights(weights, n_rewards: int) -> list:
+    """GDPO's rewards come as a [B, N] array with N >= 1; ``weights`` is None (all 1) or N finite numbers. Returns
+    the weights as floats."""
+    if n_rewards < 1:
+        raise ValueError("rewards: expected a [B, N] array with N >= 1 rewards per response, got N = 0")
+    if weights is None:
+        return [1.0] * n_rewards
+    weights = list(np.asarray(weights, dtype=object).reshape(-1)) if not isinstance(weights, (int, float)) else None
+    if weights is None or len(weights) != n_rewards:
+        raise ValueError(f"weights: expected {n_rewards} numbers, one per reward (column of rewards)")
+    for w in weights:
+        _finite_number("weights", w)
+    return [float(w) for w in weights]
+
+
 def check_reinforce_args(n_rewards: int, mask_shape, beta, gamma, eps, group_size, baseline: bool, logp,
                          ref_logp) -> None:
     """REINFORCE++: one reward per row of a [B, T] mask, beta >= 0 (with both log-probs when > 0), gamma in

@@ -5,9 +5,9 @@ import numpy as np
 import sympy as sp
 
 from .arrays import as_float, as_mask
-from .contract import (check_advantage_kind, check_dcpo_bounds_args, check_old_logp_probabilities, check_dpo_args,
-                       check_group_size, check_kl_kind, check_overlong, check_prompt_ids, check_q,
-                       check_reinforce_args, check_same_shape, check_token_shapes, check_unit_interval,
+from .contract import (check_advantage_kind, check_dcpo_bounds_args, check_dpo_args, check_group_size, check_kl_kind,
+                       check_old_logp_probabilities, check_overlong, check_prompt_ids, check_q, check_reinforce_args,
+                       check_reward_weights, check_same_shape, check_token_shapes, check_unit_interval,
                        check_value_args, policy_options, resolve_hparams)
 from . import objectives as ob
 from .registry import PARTS, PROBABILITY_CLIPS, get_algorithm
@@ -228,6 +228,20 @@ def group_advantages(rewards, group_size, kind="grpo", eps=PARTS["grpo_advantage
         den = sp.sqrt(var) + rational(eps)
         out += [sp.Piecewise((0, sp.Eq(den, 0)), ((x - mu) / den, True)) for x in g]
     return np.array(out, dtype=object)
+
+
+def gdpo_advantages(rewards, group_size, weights=None, eps=PARTS["gdpo_advantage"]["eps"],
+                    unbiased=PARTS["gdpo_advantage"]["unbiased"]):
+    """Exact GDPO (2601.05242): each reward (a column of the [B, N] ``rewards``) standardised within its group
+    (group_advantages, kind grpo), their sum weighted by ``weights`` (all 1 by default) standardised over the batch,
+    (S - mean_B) / (std_B + eps), 0 where that denominator is 0."""
+    r = _exact("rewards", rewards, ndim=2)
+    w = check_reward_weights(weights, r.shape[1])
+    total = sum(rational(wn) * group_advantages(r[:, n], group_size, "grpo", eps, unbiased) for n, wn in enumerate(w))
+    mu = sum(total) / len(total)
+    var = sum((x - mu) ** 2 for x in total) / (len(total) - (1 if unbiased else 0))
+    den = sp.sqrt(var) + rational(eps)
+    return np.array([sp.Piecewise((0, sp.Eq(den, 0)), ((x - mu) / den, True)) for x in total], dtype=object)
 
 
 class SmoothAdvantage:

@@ -195,6 +195,9 @@ PARTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
     "reinforce_pp": MappingProxyType({"gamma": 1.0, "eps": 1e-8, "unbiased": True,
                                       "source": "REINFORCE++ 2501.03262, Sec. 3 (k1 in the token reward, batch "
                                                 "whitening; _baseline: whitened R - mean_g)"}),
+    "gdpo_advantage": MappingProxyType({"eps": 1e-6, "unbiased": True,
+                                        "source": "GDPO, Liu et al. 2601.05242 (each reward standardised in its "
+                                                  "group, their weighted sum standardised over the batch)"}),
     "rollout_correction": MappingProxyType({"source": "Yao et al. 2025 (truncated IS); IcePop (Ring-1T report, 2025, "
                                                       "masked IS); verl rollout_correction"}),
 })

@@ -15,8 +15,8 @@ def test_verify_json_names_every_algorithm_and_agrees(tmp_path):
     assert data["ok"] is True
     assert all(row["agrees"] for row in data["rows"]) and all(d["holds"] for d in data["derivations"])
     pairs = {(row["algorithm"], row["pair"]) for row in data["rows"]}
-    parts = {"grpo_advantage", "dr_grpo_advantage", "rloo_advantage", "gpg_advantage", "reinforce_pp", "sas", "gae",
-             "value_loss", "kl", "dcpo_bounds", "overlong", "dynamic_sampling"}
+    parts = {"grpo_advantage", "dr_grpo_advantage", "rloo_advantage", "gdpo_advantage", "gpg_advantage",
+             "reinforce_pp", "sas", "gae", "value_loss", "kl", "dcpo_bounds", "overlong", "dynamic_sampling"}
     assert set(PARTS) - {"rollout_correction"} <= parts  # every part has its rows (rollout correction: options)
     assert all((name, pair) in pairs for name in set(ALGORITHMS) | parts for pair in PAIRS)
     rows = {(row["algorithm"], row["pair"]): row for row in data["rows"]}

@@ -142,3 +142,39 @@ def test_vespo_refuses_a_decay_below_its_floor(layer):
     with pytest.raises(ValueError, match="vespo_k_pos: expected a number > 0"):
         run(layer, "vespo", [[-1.0]], [[-1.0]], [[1.0]], [[1.0]], vespo_k_pos=0.0)
 
+
+# -- GDPO (Liu et al. 2601.05242): each reward standardised in its group, the weighted sum over the batch ----------
+
+ADVANTAGE_LAYERS = {"spec": lambda r, **kw: np.asarray(spec.gdpo_advantages(r, 2, **kw), dtype=object).astype(float),
+                    "sim": lambda r, **kw: sim.gdpo_advantages(r, 2, **kw),
+                    "gpu": lambda r, **kw: gpu.gdpo_advantages(torch.tensor(r), 2, **kw).numpy()}
+
+
+@pytest.mark.parametrize("layer", list(ADVANTAGE_LAYERS))
+def test_gdpo_keeps_reward_combinations_apart(layer):
+    # Two groups of 2, rewards (correct, format): group A (0, 1), (0, 0); group B (1, 1), (0, 0). GRPO on the sums
+    # (1, 0) and (2, 0) gives +-1/sqrt(2) in both groups. GDPO, eps 0, unbiased std: in A the first reward is constant
+    # (0, 0), the second +-1/sqrt(2); in B both are +-1/sqrt(2): sums s(1, -1, 2, -2), s = 1/sqrt(2); over the batch
+    # mean 0, std sqrt(10 s^2 / 3) = sqrt(5/3): (1, -1, 2, -2) * sqrt(3/10).
+    rewards = np.array([[0.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    got = ADVANTAGE_LAYERS[layer](rewards, eps=0.0)
+    np.testing.assert_allclose(got, np.array([1, -1, 2, -2]) * math.sqrt(0.3), rtol=1e-12)
+    # weights (2, 1): sums s(1, -1, 3, -3), std sqrt(20 s^2 / 3): (1, -1, 3, -3) * sqrt(3/20)
+    got = ADVANTAGE_LAYERS[layer](rewards, eps=0.0, weights=[2.0, 1.0])
+    np.testing.assert_allclose(got, np.array([1, -1, 3, -3]) * math.sqrt(0.15), rtol=1e-12)
+    # every reward constant in its group: no signal, advantage 0 (0 / (0 + eps))
+    np.testing.assert_array_equal(ADVANTAGE_LAYERS[layer](np.ones((4, 2))), np.zeros(4))
+
+
+@pytest.mark.parametrize("layer", list(ADVANTAGE_LAYERS))
+def test_gdpo_bad_input(layer):
+    rewards = np.zeros((4, 2))
+    with pytest.raises(ValueError, match="weights: expected 2 numbers, one per reward"):
+        ADVANTAGE_LAYERS[layer](rewards, weights=[1.0])
+    with pytest.raises(ValueError, match="weights: expected a finite number"):
+        ADVANTAGE_LAYERS[layer](rewards, weights=[1.0, math.nan])
+    with pytest.raises(ValueError, match="rewards: expected a 2-D (array|tensor)"):
+        ADVANTAGE_LAYERS[layer](np.zeros(4))
+    with pytest.raises(ValueError, match="rewards: expected a \\[B, N\\] array with N >= 1"):
+        ADVANTAGE_LAYERS[layer](np.zeros((4, 0)))
+

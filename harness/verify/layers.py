@@ -206,6 +206,11 @@ def _advantage(kind):
     return fn
 
 
+def _gdpo(layer, rewards, group_size):
+    """GDPO over two rewards (the second weighted 1/2)."""
+    return (_module(layer).gdpo_advantages(_arg(layer, rewards), group_size, weights=[1.0, 0.5]),), None
+
+
 def _sas(layer, rewards, group_size):
     """Four visits of each prompt, the third all-equal, so the min-|.| rule decides (it needs i >= 3)."""
     sas = _module(layer).SmoothAdvantage()
@@ -258,10 +263,10 @@ def _dynamic_sampling(layer, correct, group_size):
 
 
 def parts_case(seed: int) -> dict:
-    """Advantages (GRPO, Dr.GRPO, RLOO, GPG, REINFORCE++ and its baseline, SAS over four visits), GAE (gamma 0.9,
-    lam 0.8), the value loss and its
-    gradient, the KL estimators, DCPO's bounds (default and other eps and r_max), DAPO's overlong shaping and
-    dynamic-sampling filter, in every layer: {part: {pair: (value_excess, grad_excess or None)}}."""
+    """Advantages (GRPO, Dr.GRPO, RLOO, GDPO, GPG, REINFORCE++ and its baseline, SAS over four visits), GAE
+    (gamma 0.9, lam 0.8), the value loss and its gradient, the KL estimators, DCPO's bounds (default and other eps
+    and r_max), DAPO's overlong shaping and dynamic-sampling filter, in every layer: {part: {pair: (value_excess,
+    grad_excess or None)}}."""
     case = make_case(seed)
     rng = np.random.default_rng(seed)
     g = max(case.group_size, 2)
@@ -271,6 +276,8 @@ def parts_case(seed: int) -> dict:
     inputs = {"grpo_advantage": (_advantage("grpo"), {"rewards": rewards, "group_size": g}),
               "dr_grpo_advantage": (_advantage("dr_grpo"), {"rewards": rewards, "group_size": g}),
               "rloo_advantage": (_advantage("rloo"), {"rewards": rewards, "group_size": g}),
+              "gdpo_advantage": (_gdpo, {"rewards": np.stack([rewards, rng.normal(size=len(rewards))], 1),
+                                         "group_size": g}),
               "gpg_advantage": (_advantage("gpg"), {"rewards": rewards, "group_size": g}),
               "reinforce_pp": (_reinforce_pp, {"rewards": rng.normal(size=len(case.mask)), "mask": case.mask,
                                                "logp": case.old_logp, "ref_logp": case.ref_logp,
@@ -294,8 +301,8 @@ def parts_case(seed: int) -> dict:
 # ---- the whole run ------------------------------------------------------------------------------------------------
 
 #: The parts of ``parts_case``, in its order.
-PARTS_CHECKED = ("grpo_advantage", "dr_grpo_advantage", "rloo_advantage", "gpg_advantage", "reinforce_pp", "sas",
-                 "gae", "value_loss", "kl", "dcpo_bounds", "overlong", "dynamic_sampling")
+PARTS_CHECKED = ("grpo_advantage", "dr_grpo_advantage", "rloo_advantage", "gdpo_advantage", "gpg_advantage",
+                 "reinforce_pp", "sas", "gae", "value_loss", "kl", "dcpo_bounds", "overlong", "dynamic_sampling")
 
 
 def names(text: str) -> list[str]:
