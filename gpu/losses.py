@@ -10,7 +10,7 @@ from spec.contract import (check_dcpo_bounds_args, check_old_logp_probabilities,
                            check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams,
                            sapo_log_ratio_cap, vespo_log_weight_cap)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
-from spec.registry import DIVERGENCE_CLIPS, PARTS, get_algorithm
+from spec.registry import DIVERGENCE_CLIPS, PARTS, ROLLOUT_REJECTION, ROLLOUT_ROW_STATISTIC, get_algorithm
 
 from .aggregation import agg_weights
 from .checks import as_mask, as_tensor
@@ -143,19 +143,25 @@ def _row_mean(x, mask, lens):
 
 def rollout_weights(hp, old_logp, rollout_logp, mask):
     """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
-    (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats)."""
+    (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho, rejection sampling 1[C_lo <= rho <= C_hi] on
+    prod_t rho (seq_rs) or its geometric mean (geo_rs; spec.objectives.rollout_weight); returns (weights [B, T],
+    stats)."""
     kind = hp["rollout_correction"]
     if kind is None:
         return torch.ones_like(mask), {}
     log_rho = torch.where(mask > 0, old_logp - rollout_logp.detach(), torch.zeros_like(mask))
-    if kind == "seq_mis":
-        log_rho = log_rho.sum(1, keepdim=True).expand_as(mask)
+    row = ROLLOUT_ROW_STATISTIC.get(kind)
+    if row is not None:
+        log_rho = log_rho.sum(1, keepdim=True)
+        if row == "geometric_mean":
+            log_rho = log_rho / mask.sum(1, keepdim=True).clamp(min=1.0)
+        log_rho = log_rho.expand_as(mask)
     rho = torch.exp(log_rho)
     if kind == "tis":
         w, cut = torch.clamp(rho, max=hp["tis_cap"]), rho > hp["tis_cap"]
     else:
         cut = (rho < hp["mis_low"]) | (rho > hp["mis_high"])
-        w = torch.where(cut, torch.zeros_like(rho), rho)
+        w = torch.where(cut, torch.zeros_like(rho), torch.ones_like(rho) if kind in ROLLOUT_REJECTION else rho)
     n = mask.sum().clamp(min=1.0)
     return w, {"rc_weight_mean": float((w * mask).sum() / n), "rc_cut_frac": float((cut.to(mask.dtype) * mask).sum()
                                                                                      / n)}

@@ -7,7 +7,7 @@ from spec.contract import (check_dcpo_bounds_args, check_old_logp_probabilities,
                            check_same_shape, check_token_shapes, check_value_args, policy_options, resolve_hparams,
                            sapo_log_ratio_cap, vespo_log_weight_cap)
 from spec.selection import clip_cov_select, kl_cov_select, token_cov
-from spec.registry import DIVERGENCE_CLIPS, PARTS, get_algorithm
+from spec.registry import DIVERGENCE_CLIPS, PARTS, ROLLOUT_REJECTION, ROLLOUT_ROW_STATISTIC, get_algorithm
 
 from .aggregation import agg_weights, block_count, block_sum
 from spec.arrays import as_float, as_mask
@@ -165,21 +165,25 @@ def _dppo_inside(kind, hp, logp, old_logp, adv, on):
 
 def _rollout_weights(hp, old_logp, rollout_logp, mask, on, n, blocks=1):
     """Rollout correction with rho = exp(old_logp - rollout_logp): TIS min(rho, C) (Yao et al. 2025), token MIS
-    (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho; returns (weights [B, T], stats), the
-    weights None without a correction. ``on`` is ``mask > 0``, ``n`` its count per block (at least 1)."""
+    (IcePop) rho * 1[C_lo <= rho <= C_hi], sequence MIS on prod_t rho, rejection sampling 1[C_lo <= rho <= C_hi] on
+    prod_t rho (seq_rs) or its geometric mean (geo_rs; spec.objectives.rollout_weight); returns (weights [B, T],
+    stats), the weights None without a correction. ``on`` is ``mask > 0``, ``n`` its count per block (at least 1)."""
     kind = hp["rollout_correction"]
     if kind is None:
         return None, {}
     log_rho = np.where(on, old_logp - rollout_logp, 0.0)
+    row = ROLLOUT_ROW_STATISTIC.get(kind)
     with np.errstate(over="ignore"):
-        if kind == "seq_mis":
-            log_rho = log_rho.sum(1, keepdims=True)  # [B, 1]: broadcast by what uses it
+        if row is not None:  # [B, 1]: broadcast by what uses it
+            log_rho = log_rho.sum(1, keepdims=True)
+            if row == "geometric_mean":
+                log_rho = log_rho / np.maximum(mask.sum(1, keepdims=True), 1.0)
         rho = np.exp(log_rho)
     if kind == "tis":
         w, cut = np.minimum(rho, hp["tis_cap"]), rho > hp["tis_cap"]
     else:
         cut = (rho < hp["mis_low"]) | (rho > hp["mis_high"])
-        w = np.where(cut, 0.0, rho)
+        w = np.where(cut, 0.0, 1.0 if kind in ROLLOUT_REJECTION else rho)
     return w, {"rc_weight_mean": block_sum(w * mask, blocks) / n, "rc_cut_frac": block_count(cut & on, blocks) / n}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sympy as sp
 
 from .contract import SAPO_SATURATION, vespo_log_weight_cap
-from .registry import DIVERGENCE_CLIPS
+from .registry import DIVERGENCE_CLIPS, ROLLOUT_REJECTION, ROLLOUT_ROW_STATISTIC
 
 HALF = sp.Rational(1, 2)
 
@@ -155,11 +155,14 @@ def gmpo_clipped_log_ratio(x, sign, eps_low, eps_high, select=piecewise):
 
 def rollout_weight(log_rho, hp, select=piecewise):
     """Rollout correction with rho = exp(log_rho): TIS min(rho, C) (Yao et al. 2025); MIS / IcePop (Ring-1T report,
-    2025) rho * 1[C_lo <= rho <= C_hi] (token, or with the row's sum of log_rho for seq_mis)."""
+    2025) rho * 1[C_lo <= rho <= C_hi] (token, or with the row's sum of log_rho for seq_mis); rejection sampling
+    1[C_lo <= rho <= C_hi] with the row's product of rho (seq_rs) or their geometric mean (geo_rs, log_rho the row's
+    mean), as verl's rollout_rs sequence and geometric modes."""
     rho = sp.exp(log_rho)
     if hp["rollout_correction"] == "tis":
         return select((hp["tis_cap"], rho > hp["tis_cap"]), (rho, True))
-    return select((rho, sp.And(rho >= hp["mis_low"], rho <= hp["mis_high"])), (0, True))
+    kept = 1 if hp["rollout_correction"] in ROLLOUT_REJECTION else rho
+    return select((kept, sp.And(rho >= hp["mis_low"], rho <= hp["mis_high"])), (0, True))
 
 
 def aggregate(loss, mask, agg, group_size=None, max_len=None):
@@ -248,8 +251,10 @@ def policy_objective(alg, hp, live, frozen, old, adv, mask, ref=None, group_size
     def correction(i, t):
         if hp["rollout_correction"] is None:
             return 1
-        if hp["rollout_correction"] == "seq_mis":
-            return rollout_weight(sum(old[i][k] - rollout[i][k] for k in tokens[i]), hp, select)
+        row = ROLLOUT_ROW_STATISTIC.get(hp["rollout_correction"])
+        if row is not None:  # the row's log of prod_t rho, or of their geometric mean
+            total = sum(old[i][k] - rollout[i][k] for k in tokens[i])
+            return rollout_weight(total if row == "product" else total / lens[i], hp, select)
         return rollout_weight(old[i][t] - rollout[i][t], hp, select)
 
     loss = [[sp.Integer(0)] * n_cols for _ in range(n_rows)]

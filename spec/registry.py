@@ -18,7 +18,12 @@ AGG_MODES: Mapping[str, str] = MappingProxyType({
 GROUP_AGG_MODES = frozenset({"group_token_mean", "group_seq_sum_token_mean"})
 KL_KINDS = ("k1", "k2", "k3", "k3_unbiased")
 #: Rollout corrections for a rollout/trainer mismatch, an option of every policy loss (None = off).
-ROLLOUT_CORRECTIONS = ("tis", "mis", "seq_mis")
+ROLLOUT_CORRECTIONS = ("tis", "mis", "seq_mis", "seq_rs", "geo_rs")
+#: The corrections decided per row, by the product of its rho (seq_mis, seq_rs) or their geometric mean (geo_rs).
+ROLLOUT_ROW_STATISTIC: Mapping[str, str] = MappingProxyType({
+    "seq_mis": "product", "seq_rs": "product", "geo_rs": "geometric_mean"})
+#: Rejection sampling (verl's rollout_rs): a row outside [mis_low, mis_high] is masked, the others keep weight 1.
+ROLLOUT_REJECTION = frozenset({"seq_rs", "geo_rs"})
 #: CISPO's cap on the importance weight: ``1 + eps_high`` (paper, verl, SkyRL) or ``eps_high`` itself with no lower
 #: bound (TRL, Liger, Unsloth).
 CAP_MODES = ("relative", "absolute")
@@ -39,7 +44,8 @@ CLIP_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 SELECT_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "cov_seed"), "kl_cov": ("kl_cov_ratio", "kl_cov_coef")})
 ROLLOUT_READS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "tis": ("tis_cap",), "mis": ("mis_low", "mis_high"), "seq_mis": ("mis_low", "mis_high")})
+    "tis": ("tis_cap",), "mis": ("mis_low", "mis_high"), "seq_mis": ("mis_low", "mis_high"),
+    "seq_rs": ("mis_low", "mis_high"), "geo_rs": ("mis_low", "mis_high")})
 
 #: Every hyper-parameter a policy loss accepts, with the meaning users see in errors and --help.
 HPARAMS: Mapping[str, str] = MappingProxyType({
@@ -64,10 +70,11 @@ HPARAMS: Mapping[str, str] = MappingProxyType({
     "cov_seed": "Clip-Cov: seed of the random choice among candidates (or pass cov_select)",
     "kl_cov_ratio": "KL-Cov: share k of the batch's tokens (largest covariance) that get the |log r| penalty",
     "kl_cov_coef": "KL-Cov: weight of the |log r| penalty",
-    "rollout_correction": "rollout/trainer mismatch correction with rollout_logp: tis, mis, seq_mis (None = off)",
+    "rollout_correction": "rollout/trainer mismatch correction with rollout_logp: tis, mis, seq_mis, seq_rs, geo_rs "
+                          "(None = off)",
     "tis_cap": "TIS: truncation C of the token weight exp(old_logp - rollout_logp)",
-    "mis_low": "MIS/IcePop: lowest weight kept",
-    "mis_high": "MIS/IcePop: highest weight kept",
+    "mis_low": "MIS/IcePop: lowest weight kept (seq_rs, geo_rs: lowest sequence ratio, or geometric mean, kept)",
+    "mis_high": "MIS/IcePop: highest weight kept (seq_rs, geo_rs: highest sequence ratio, or geometric mean, kept)",
     "vespo_k_pos": "VESPO: power c1 of its kernel W^c1 e^(c2 (1 - W)) for a row with A >= 0",
     "vespo_lambda_pos": "VESPO: decay c2 of its kernel for a row with A >= 0",
     "vespo_k_neg": "VESPO: power c1 of its kernel for a row with A < 0",

@@ -178,3 +178,28 @@ def test_gdpo_bad_input(layer):
     with pytest.raises(ValueError, match="rewards: expected a \\[B, N\\] array with N >= 1"):
         ADVANTAGE_LAYERS[layer](np.zeros((4, 0)))
 
+
+# -- rejection sampling of whole sequences (verl's rollout_rs sequence / geometric): weight 1 kept, 0 cut ----------
+
+# Three rows of two tokens, rho = exp(old_logp - rollout_logp) per token, band [0.5, 2]:
+# row 0: log rho (0.5, 0.5): product e^1 = 2.72 (cut by seq_rs), geometric mean e^0.5 = 1.65 (kept by geo_rs)
+# row 1: log rho (0.2, 0.2): product e^0.4 = 1.49, geometric mean e^0.2 = 1.22: kept by both, with weight 1
+#        (seq_mis would weigh it 1.49)
+# row 2: log rho (1.0, 0.6): product e^1.6 = 4.95, geometric mean e^0.8 = 2.23: cut by both
+# PPO on policy (r = 1), A = 1, token mean over 6 tokens: a kept token has loss -1/6 and gradient -1/6.
+RS_LOG_RHO = [[0.5, 0.5], [0.2, 0.2], [1.0, 0.6]]
+RS_WANT = {"seq_rs": [0, 0, 1, 1, 0, 0], "geo_rs": [1, 1, 1, 1, 0, 0],
+           "seq_mis": [0, 0, math.exp(0.4), math.exp(0.4), 0, 0]}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("kind", list(RS_WANT))
+def test_sequence_rejection_masks_whole_rows(layer, kind):
+    old = np.full((3, 2), -1.0)
+    weight = np.array(RS_WANT[kind], dtype=float).reshape(3, 2)
+    loss, grad, stats = run(layer, "ppo", old, old, np.ones((3, 2)), np.ones((3, 2)), rollout_correction=kind,
+                            rollout_logp=old - np.array(RS_LOG_RHO), mis_low=0.5, mis_high=2.0)
+    np.testing.assert_allclose(grad, -weight / 6, rtol=1e-12)
+    assert loss == pytest.approx(-weight.sum() / 6, rel=1e-12)
+    if stats is not None:
+        assert stats["rc_cut_frac"] == pytest.approx((weight == 0).mean())

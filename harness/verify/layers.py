@@ -158,6 +158,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("rollout tis C=1.5", {"rollout_correction": "tis", "tis_cap": 1.5}),
     Option("rollout mis [0.7, 1.5]", {"rollout_correction": "mis", "mis_low": 0.7, "mis_high": 1.5}),
     Option("rollout seq_mis [0.3, 3]", {"rollout_correction": "seq_mis", "mis_low": 0.3, "mis_high": 3.0}),
+    Option("rollout seq_rs [0.3, 3]", {"rollout_correction": "seq_rs", "mis_low": 0.3, "mis_high": 3.0}),
+    Option("rollout geo_rs [0.8, 1.25]", {"rollout_correction": "geo_rs", "mis_low": 0.8, "mis_high": 1.25}),
 )
 
 
