@@ -141,7 +141,9 @@ def label_of(correction: str, adapter: dict, seq_weight: str | None = None) -> s
     bounds = f"kept in [{hp['mis_low']:g}, {hp['mis_high']:g}]"
     if correction == "mis":
         return f"mis: each token's rho {bounds}"
-    return f"seq_mis[{seq_weight}]: the row's {seq_weight} of rho {bounds}"
+    if correction == "seq_mis":
+        return f"seq_mis[{seq_weight}]: the row's {seq_weight} of rho {bounds}"
+    return f"{correction}: {bounds} (spec.registry)"
 
 
 def _form(correction: str, hp: dict, form: str):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,11 +21,13 @@ from spec.extras import require
 from spec.records import naming, read_json, read_text, safe_name, write_text
 from spec.schema import did_you_mean, show
 
-from harness.reports.claim_record import Kind
+from harness.reports.claim_record import Kind, RunSet, Verdict, finding
+from harness.reports.claim_render import DETAILS_NAME, JSON_NAME, write_claims
 from harness.reports.claims import CLAIMS
 from harness.reports.published import published
 from harness.reports.regime import card_lines, run_set_card
 from harness.reports.rundirs import LOG_NAMES, Groups, fmt, load_runs, md, output_file, shell_line
+from harness.reports.sim import repo_path
 
 #: verl metric -> cliplab metric. ``actor/kl_loss`` is the KL to the reference under verl's kl_loss_type (k3 for
 #: low_var_kl); ``actor/cliplab_rur`` is logged by cliplab's verl losses; ``critic/score/mean`` the task score.
@@ -498,19 +501,23 @@ def logged_as(metric: str) -> str:
             else f"{metric} (a cliplab metric that neither verl nor TRL logs)")
 
 
-def claim_rows(groups: Groups) -> list[str]:
+def claim_rows(groups: Groups, records: list | None = None) -> list[str]:
     """One row per claim: measured on the runs of the algorithms it compares, or what the logs lack to measure it,
-    named by the logged metrics that would give it."""
+    named by the logged metrics that would give it; each claim's records appended to ``records``."""
     rows = []
+    records = [] if records is None else records
     for claim, fn in CLAIMS:
         text, keys, algos = claim.text, *NEEDS[fn.__name__]
         used = [lbl for lbl in groups.labels() if groups.runs[lbl][0]["algo"] in algos]
         lacking = sorted({k for lbl in used for k in keys if not np.isfinite(groups.curve(lbl, k)).any()})
         if used and lacking:
-            rows.append(f"| {text} | absent | **absent** | the logs of {md(', '.join(used))} have no "
-                        f"{'; no '.join(map(logged_as, lacking))} |")
+            no = "; no ".join(map(logged_as, lacking))
+            records.append(replace(finding("", Verdict(Kind.NOT_MEASURED, note="absent"),
+                                           f"the logs of {', '.join(used)} have no {no}"), claim=claim))
+            rows.append(f"| {text} | absent | **absent** | the logs of {md(', '.join(used))} have no {no} |")
             continue
         for rec in fn(groups):  # one record per regime
+            records.append(replace(rec, claim=claim))
             regime, meas = rec.regime, rec.discovery.measured or "n/a"
             why = "; ".join(x for x in (rec.reason, rec.attribution) if x)
             if rec.kind is Kind.NOT_MEASURED:  # the claims' command is a simulator's: say what the logs would need
@@ -589,8 +596,9 @@ def write_report(paths, out_md=None, labels=(), algos=()) -> Path:
     png = out_md.with_name(safe_name(out_md.stem) + "_curves.png")
     panels = plot_runs(groups, png)
     options = [x for entry in labels for x in ("--label", entry)] + [x for entry in algos for x in ("--algo", entry)]
+    command = shell_line("cliplab", "report", *map(repo_path, paths), *options, "--out", repo_path(out_md))
     lines = ["# cliplab cluster report", "", "Produced by:", "", "```",
-             shell_line("cliplab", "report", *paths, *options, "--out", out_md), "```", "",
+             command, "```", "",
              "## Runs", "", "| label | framework | algorithm | params | steps | log | validation | note |",
              "|---|---|---|---|---|---|---|---|"]
     for label in groups.labels():
@@ -616,7 +624,9 @@ def write_report(paths, out_md=None, labels=(), algos=()) -> Path:
         lines.append(f"| {md(label)} | " + " | ".join(cells) + " | "
                      + md("; ".join(f"{k} {_cell(v, k)} ({src})" for k, (v, src) in pub.items()) or "-") + " |")
     lines += ["", *card_lines(run_set_card(runs))]
-    lines += ["## Claims", "", "| claim | measured | verdict | why |", "|---|---|---|---|", *claim_rows(groups)]
+    records: list = []
+    lines += ["## Claims", "", f"The records, with their details: {JSON_NAME} and {DETAILS_NAME} beside this report.",
+              "", "| claim | measured | verdict | why |", "|---|---|---|---|", *claim_rows(groups, records)]
     if notes:
         lines += ["", "## Cut short", "", *[f"- {md(n)}; reported up to its last complete step" for n in notes]]
     if panels:
@@ -624,5 +634,6 @@ def write_report(paths, out_md=None, labels=(), algos=()) -> Path:
                   "", f"![curves]({png.name})", ""]
     else:
         lines += ["", "## Curves", "", f"No run logs any of {', '.join(PANELS)}: nothing to draw.", ""]
+    write_claims(out_md.parent, [RunSet("", tuple(records))], "cliplab cluster report", f"`{command}`")
     write_text(out_md, "\n".join(lines) + "\n")
     return out_md
