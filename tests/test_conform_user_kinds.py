@@ -156,6 +156,10 @@ def test_weights_not_detached_are_named_and_detached_ones_agree(user):
         assert row["findings"][0]["name"].startswith("weights not detached: gradient flows through them")
         assert row["grad_diff"] > 0.1 and row["loss_diff"] <= row["tolerance"]  # the weights, and a gradient
     assert report_of(user.tis, "kind=rollout_correction,correction=tis")["ok"]
+    from harness.conform.engine import assert_conforms  # the claim as the algorithm, as for the other kinds
+    assert_conforms(user.tis, "tis", kind="rollout_correction", seeds=1)
+    with pytest.raises(AssertionError, match="weights not detached"):
+        assert_conforms(user.tis_not_detached, "tis", kind="rollout_correction", seeds=1)
 
 
 def test_weights_with_a_kept_token_mask_are_multiplied(user):
