@@ -184,3 +184,15 @@ def test_clip_share_claims_on_ratios_that_never_reach_the_clip_are_not_testable(
     (tcr,), (gspo,) = claim_dcpo_tcr(g), claim_gspo_clips(g)
     assert tcr.kind is Kind.REPRODUCED and tcr.discovery.estimate.value == pytest.approx(20)  # min(1e-4, 2e-3) / 5e-6
     assert gspo.kind is Kind.REPRODUCED and gspo.discovery.estimate.value == pytest.approx(600)  # 0.06 / 1e-4
+
+
+def test_a_regime_the_replication_seeds_did_not_run_stands_on_the_discovery_seeds_only():
+    """The forks=1 regime on the discovery seeds only, the default regime on the replication seeds only: each
+    record says which set it lacks, and none compares as a verdict."""
+    runs = _clip_runs({"forks": 1}, 0.05, 0.2, EXPLORING)
+    runs += [{**r, "seed": r["seed"] + 10, "set": "replication"} for r in _clip_runs({}, 0.0, 0.2, SHARPENING)]
+    rec = next(r for r in run_claims(runs).records
+               if r.claim.id == "clip_higher" and r.regime == "grpo, beta=0, forks=1")
+    assert rec.status == "discovery only" and not rec.comparable
+    assert rec.replication.verdict.kind is Kind.NOT_MEASURED and rec.replication.seeds == "10-19"
+    assert rec.verdict_text() == "discovery only: reproduced (not run on the replication seeds)"

@@ -147,7 +147,8 @@ class ClaimRecord:
     def verdict_text(self) -> str:
         d = self.discovery.verdict.text()
         if self.status == "discovery only":
-            return f"discovery only: {d} (no replication seeds)"
+            where = "no replication seeds" if self.replication is None else "not run on the replication seeds"
+            return f"discovery only: {d} ({where})"
         if self.kind is Kind.NOT_REPLICATED and self.replication is not None:
             return f"not replicated (discovery: {d}; replication: {self.replication.verdict.text()})"
         return d
@@ -169,10 +170,12 @@ def not_measured(what: str, command: str, regime: str = "") -> ClaimRecord:
 
 def combine(d: ClaimRecord, r: ClaimRecord | None, seeds: tuple[str, str]) -> ClaimRecord:
     """The record of a claim decided on the discovery set ``d`` and re-checked on the replication set ``r`` (None:
-    no replication run of this regime): the common kind where both sets give it, else "not replicated"."""
+    no replication run of this regime): the common kind where both sets give it, else "not replicated"; on the
+    discovery seeds only where ``r`` is None (its replication: not measured where the set has seeds)."""
     disc = replace(d.discovery, seeds=seeds[0])
     if r is None:
-        return replace(d, discovery=disc, status="discovery only")
+        rep = SetResult(Verdict(Kind.NOT_MEASURED), seeds=seeds[1]) if seeds[1] else None
+        return replace(d, discovery=disc, replication=rep, status="discovery only")
     rep = replace(r.discovery, seeds=seeds[1])
     kind = d.kind if d.kind is r.kind else Kind.NOT_REPLICATED
     return replace(d, kind=kind, discovery=disc, replication=rep, status="both")
