@@ -70,6 +70,14 @@ def vespo_log_weight_cap(k: float, lam: float) -> float:
     return hi
 
 
+def cispo_bounds(hp) -> tuple:
+    """CISPO's weight interval: [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or [0, eps_high] with
+    cap_mode='absolute' (TRL's clamp(r, max=epsilon_high): no lower bound, eps_low unused)."""
+    if hp["cap_mode"] == "absolute":
+        return 0, hp["eps_high"]
+    return 1 - hp["eps_low"], 1 + hp["eps_high"]
+
+
 def sapo_log_ratio_cap(tau: float) -> float:
     """The log-ratio past which SAPO's gate is saturated (RATIO_GUARDS['sapo_saturation']): log1p(4096 / tau)."""
     return math.log1p(SAPO_SATURATION / tau)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from .contract import SAPO_SATURATION, vespo_log_weight_cap
+from .contract import SAPO_SATURATION, cispo_bounds, vespo_log_weight_cap
 from .registry import DIVERGENCE_CLIPS, ROLLOUT_REJECTION, ROLLOUT_ROW_STATISTIC
 
 HALF = sp.Rational(1, 2)
@@ -101,14 +101,6 @@ def kl_estimator(logp, ref_logp, kind, old_logp=None):
 def capped_ratio(r, delta, select=piecewise):
     """The two-sided clip's min(r, delta) (INTELLECT-2 2505.07291); r itself wins the tie."""
     return r if delta is None else select((delta, r > delta), (r, True))
-
-
-def cispo_bounds(hp):
-    """CISPO's weight interval: [1 - eps_low, 1 + eps_high] (MiniMax-M1 Eq. 5), or [0, eps_high] with
-    cap_mode='absolute' (TRL's clamp(r, max=epsilon_high): no lower bound, eps_low unused)."""
-    if hp["cap_mode"] == "absolute":
-        return 0, hp["eps_high"]
-    return 1 - hp["eps_low"], 1 + hp["eps_high"]
 
 
 def binary_kl(x, y, select=piecewise):

@@ -10,9 +10,8 @@ import torch
 
 import gpu
 import spec
-import spec.objectives
 from gpu.aggregation import agg_weights
-from spec.contract import resolve_hparams
+from spec.contract import cispo_bounds, resolve_hparams
 from spec.registry import AGG_MODES, GROUP_AGG_MODES, PARTS, RELEASED, get_algorithm
 
 from harness.conform.cases import Convention
@@ -127,7 +126,7 @@ def policy_ties(name: str, hp: dict) -> dict:
     if alg.clip == "fixed":
         ratio = [1 - h["eps_low"], 1 + h["eps_high"], h["dual_clip"], h["delta"]]
     elif alg.clip == "truncated":
-        ratio = list(spec.objectives.cispo_bounds(h))
+        ratio = list(cispo_bounds(h))
     elif alg.clip == "log":
         out["log_ratio"] = (-h["eps_low"], h["eps_high"])
     elif alg.clip == "dynamic":
