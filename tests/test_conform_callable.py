@@ -146,7 +146,7 @@ def test_the_padding_bug_fails_with_its_numbers_minimal_input_and_the_kl_mismatc
     checks = checks_in(out)  # one per case family: typical, extreme, far reference, ties
     assert checks == 4 and out.count("DIFFERS") == checks and "largest error" in out and "minimal input (rows: " in out
     assert "The reference grpo has a KL term (beta=0.04, k3)" in out and "(adapter beta=0)" in out
-    assert out.rstrip().endswith(f"{checks} differs (fails)")
+    assert f"{checks} checks: {checks} differs (fails)\nnext: " in out  # the summary, then what to run next
     # with beta=0 the remaining difference is the padding: the padded width divides every row's token sum
     result = conform_cli("cliplab_ci_losses:padded_grpo", "--adapter", "algorithm=grpo,beta=0", "--seeds", "3")
     assert result.exit_code == 1 and "KL term" not in result.stdout
