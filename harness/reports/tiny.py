@@ -5,8 +5,8 @@ The papers' claims are decided exactly as the simulator's report decides them (`
 discovery seeds 0-4, replication seeds 5-9, Holm's correction across a set's tests), each beside the simulator's
 verdict on it (the records of reports/sim/claims.json, environment ``SIM_ENV``) and whether that verdict's kind is
 this tier's; the agreement rate over the claims both measured; for each disagreement the metrics that moved between
-the two tiers; and DCPO's RUR gain over GRPO split between its reward scheme and SAS (``dcpo_binary_reward``, ``dcpo_no_sas``).
-``python -m harness.reports.tiny`` regenerates it.
+the two tiers; and DCPO's RUR gain over GRPO split between its reward scheme and SAS (``dcpo_binary_reward``,
+``dcpo_no_sas``). ``python -m harness.reports.tiny`` regenerates it.
 """
 from __future__ import annotations
 
