@@ -100,13 +100,14 @@ def test_missing_ablations_are_named():
 
 
 def _rec(claim: str, kind: Kind, regime: str = "", status: str = "both", seeds: int | None = None,
-         replication: Kind | None = None) -> ClaimRecord:
+         replication: Kind | None = None, algorithm: str | None = None) -> ClaimRecord:
     """A claim record of ``kind`` (not replicated: discovery ``kind``'s other side ``replication``)."""
     v = Verdict(kind, seeds, 0.1 if seeds else None, note="measured" if kind is Kind.NA else "")
     rep = SetResult(Verdict(replication or kind, seeds))
     final = kind if replication in (None, kind) else Kind.NOT_REPLICATED
     return ClaimRecord(Claim(claim, claim, Source("p", None, "")), regime, final, "r", SetResult(v),
-                       rep if status == "both" else None, status, mechanism=regime.endswith(": mechanism"))
+                       rep if status == "both" else None, status, mechanism=regime.endswith(": mechanism"),
+                       algorithm=algorithm)
 
 
 @pytest.mark.parametrize("here, sim, said", [
@@ -226,30 +227,32 @@ def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path):
 
 
 #: The simulator's records of claims in several regimes, the default regime first (as reports/sim/claims.json).
-SIM_RECORDS = [_rec("clip_higher", Kind.NOT_DETECTABLE, "grpo, beta=0", seeds=10),
-               _rec("clip_higher", Kind.NOT_REPRODUCED, "grpo, beta=0: mechanism"),
-               _rec("clip_higher", Kind.REPRODUCED, "grpo, beta=0, forks=1"),
-               _rec("clip_higher", Kind.REPRODUCED, "grpo, beta=0, forks=1: mechanism"),
+SIM_RECORDS = [_rec("clip_higher", Kind.NOT_DETECTABLE, "grpo, beta=0", seeds=10, algorithm="grpo"),
+               _rec("clip_higher", Kind.NOT_REPRODUCED, "grpo, beta=0: mechanism", algorithm="grpo"),
+               _rec("clip_higher", Kind.REPRODUCED, "grpo, beta=0, forks=1", algorithm="grpo"),
+               _rec("clip_higher", Kind.REPRODUCED, "grpo, beta=0, forks=1: mechanism", algorithm="grpo"),
                _rec("sapo_temperatures", Kind.NOT_TESTABLE, "defaults"),
                _rec("sapo_temperatures", Kind.NA, "defaults: mechanism"),
                _rec("sapo_temperatures", Kind.REPRODUCED, "lr=0.06, staleness=6"),
-               _rec("cov_entropy", Kind.PARTLY, "clip_cov, beta=0, clip_cov_ratio=0.02"),
-               _rec("cov_entropy", Kind.REPRODUCED, "kl_cov, beta=0, kl_cov_ratio=0.02")]
+               _rec("cov_entropy", Kind.PARTLY, "clip_cov, beta=0, clip_cov_ratio=0.02", algorithm="clip_cov"),
+               _rec("cov_entropy", Kind.REPRODUCED, "kl_cov, beta=0, kl_cov_ratio=0.02", algorithm="kl_cov")]
 
 
-@pytest.mark.parametrize("claim, regime, found", [
-    ("clip_higher", "grpo, beta=0, forks=1", "grpo, beta=0, forks=1"),  # the same regime
-    ("clip_higher", "", "grpo, beta=0"),  # not measured here: the simulator's default regime
-    ("clip_higher", "grpo, beta=0.0", "grpo, beta=0"),  # the same algorithm, the default regime
-    ("clip_higher", "grpo, beta=0.0: mechanism", "grpo, beta=0: mechanism"),  # a mechanism row with a mechanism row
-    ("clip_higher", "dapo, beta=0.0", None),  # another algorithm's verdict predicts nothing
-    ("sapo_temperatures", "beta=0.0", "defaults"), ("sapo_temperatures", "beta=0.0: mechanism", "defaults: mechanism"),
-    ("cov_entropy", "", "clip_cov, beta=0, clip_cov_ratio=0.02"),
-    ("cov_entropy", "kl_cov, beta=0.0", "kl_cov, beta=0, kl_cov_ratio=0.02"),
-    ("no_such_claim", "", None),
+@pytest.mark.parametrize("claim, regime, algorithm, found", [
+    ("clip_higher", "grpo, beta=0, forks=1", "grpo", "grpo, beta=0, forks=1"),  # the same regime
+    ("clip_higher", "", None, "grpo, beta=0"),  # not measured here: the simulator's default regime
+    ("clip_higher", "grpo, beta=0.0", "grpo", "grpo, beta=0"),  # the same algorithm, the default regime
+    ("clip_higher", "grpo, beta=0.0: mechanism", "grpo", "grpo, beta=0: mechanism"),  # a mechanism with a mechanism
+    ("clip_higher", "dapo, beta=0.0", "dapo", None),  # another algorithm's verdict predicts nothing
+    ("sapo_temperatures", "beta=0.0", None, "defaults"),
+    ("sapo_temperatures", "beta=0.0: mechanism", None, "defaults: mechanism"),
+    ("cov_entropy", "", None, "clip_cov, beta=0, clip_cov_ratio=0.02"),
+    ("cov_entropy", "kl_cov, beta=0.0", "kl_cov", "kl_cov, beta=0, kl_cov_ratio=0.02"),
+    ("no_such_claim", "", None, None),
 ])
-def test_the_simulator_record_is_the_same_claim_kind_and_algorithm_in_its_default_regime(claim, regime, found):
-    rec = tiny.sim_record(SIM_RECORDS, _rec(claim, Kind.REPRODUCED, regime))
+def test_the_simulator_record_is_the_same_claim_kind_and_algorithm_in_its_default_regime(claim, regime, algorithm,
+                                                                                          found):
+    rec = tiny.sim_record(SIM_RECORDS, _rec(claim, Kind.REPRODUCED, regime, algorithm=algorithm))
     assert (rec.regime if rec else None) == found
 
 

@@ -133,6 +133,7 @@ class ClaimRecord:
     attribution: str = ""
     command: str | None = None
     mechanism: bool = False
+    algorithm: str | None = None  # the algorithm a regime is of (clip-higher on GRPO or DAPO), where it is one
 
     @property
     def failed(self) -> tuple[CardCheck, ...]:
@@ -156,11 +157,12 @@ class ClaimRecord:
 
 def finding(regime: str, verdict: Verdict | Kind, reason: str, measured: str = "", estimate: Estimate | None = None,
             compared=(), attribution: str = "", command: str | None = None, mechanism: bool = False,
-            conditions=()) -> ClaimRecord:
+            conditions=(), algorithm: str | None = None) -> ClaimRecord:
     """A claim function's record on one seed set (``claims.decide`` fills in the claim and the seeds)."""
     v = verdict if isinstance(verdict, Verdict) else Verdict(verdict)
     return ClaimRecord(None, regime, v.kind, reason, SetResult(v, estimate, measured), compared=tuple(compared),
-                       conditions=tuple(conditions), attribution=attribution, command=command, mechanism=mechanism)
+                       conditions=tuple(conditions), attribution=attribution, command=command, mechanism=mechanism,
+                       algorithm=algorithm)
 
 
 def not_measured(what: str, command: str, regime: str = "") -> ClaimRecord:
@@ -198,13 +200,13 @@ _SET = {"type": ["object", "null"], "additionalProperties": False,
                        "measured": _STR}}
 _RECORD = {
     "type": "object", "additionalProperties": False,
-    "required": ["claim", "text", "source", "regime", "mechanism", "compared", "conditions", "status", "kind",
-                 "verdict", "reason", "discovery", "replication", "attribution", "command"],
+    "required": ["claim", "text", "source", "regime", "algorithm", "mechanism", "compared", "conditions", "status",
+                 "kind", "verdict", "reason", "discovery", "replication", "attribution", "command"],
     "properties": {
         "claim": _STR, "text": _STR,
         "source": {"type": "object", "additionalProperties": False, "required": ["paper", "arxiv", "where"],
                    "properties": {"paper": _STR, "arxiv": {"type": ["string", "null"]}, "where": _STR}},
-        "regime": _STR, "mechanism": {"type": "boolean"}, "compared": {"type": "array", "items": _STR},
+        "regime": _STR, "algorithm": {"type": ["string", "null"]}, "mechanism": {"type": "boolean"}, "compared": {"type": "array", "items": _STR},
         "conditions": {"type": "array", "items": {
             "type": "object", "additionalProperties": False,
             "required": ["entry", "op", "threshold", "of", "why", "label", "value", "applicable", "holds"],
@@ -251,7 +253,7 @@ def record_json(r: ClaimRecord) -> dict:
     return {"claim": c.id if c else "", "text": c.text if c else "",
             "source": {"paper": c.source.paper, "arxiv": c.source.arxiv, "where": c.source.where} if c else
             {"paper": "", "arxiv": None, "where": ""},
-            "regime": r.regime, "mechanism": r.mechanism, "compared": list(r.compared),
+            "regime": r.regime, "algorithm": r.algorithm, "mechanism": r.mechanism, "compared": list(r.compared),
             "conditions": [{"entry": k.condition.entry, "op": k.condition.op, "threshold": k.condition.threshold,
                             "of": k.condition.of, "why": k.condition.why, "label": k.label, "value": _num(k.value),
                             "applicable": k.applicable, "holds": k.holds} for k in r.conditions],
@@ -300,6 +302,6 @@ def from_json(data: dict) -> list[RunSet]:
                                     c["label"], c["applicable"]) for c in r["conditions"])
             recs.append(ClaimRecord(claim, r["regime"], Kind(r["kind"]), r["reason"], _set_of(r["discovery"]),
                                     _set_of(r["replication"]), r["status"], tuple(r["compared"]), conds,
-                                    r["attribution"], r["command"], r["mechanism"]))
+                                    r["attribution"], r["command"], r["mechanism"], r["algorithm"]))
         out.append(RunSet(s["name"], tuple(recs), (s["discovery_seeds"], s["replication_seeds"]), tuple(s["tests"])))
     return out

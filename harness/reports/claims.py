@@ -357,8 +357,9 @@ def claim_clip_higher(g: Groups):
         rows.append(finding(regime, verdict, why, f"{algo} ({setting}): " + "; ".join(cells),
                             estimate(f"final {_entropy_name(keys[0])}, {top_name} - eps_high 0.2", d, se, ok),
                             (base, *(lbl for _, lbl in looser)), attribution(g, base, top, tested=keys),
-                            conditions=card(g, base, CLIP_BINDS, UPPER_CLIP_BINDS, RATIOS_MOVE, ENTROPY_FALLS)))
-        rows.append(clip_mechanism(g, regime, base, looser[-1]))
+                            conditions=card(g, base, CLIP_BINDS, UPPER_CLIP_BINDS, RATIOS_MOVE, ENTROPY_FALLS),
+                            algorithm=algo))
+        rows.append(replace(clip_mechanism(g, regime, base, looser[-1]), algorithm=algo))
     return rows
 
 
@@ -408,7 +409,8 @@ def claim_random_reward(g: Groups):
             verdict, "the difference is within noise")
         rows.append(finding(f"{algo}, {_setting(algo, rest)}", verdict, why, meas,
                             estimate("final entropy, no upper clip - eps_high 0.2", d, se, ok), (base, free),
-                            attribution(g, base, free), conditions=card(g, base, UPPER_CLIP_BINDS, RATIOS_MOVE)))
+                            attribution(g, base, free), conditions=card(g, base, UPPER_CLIP_BINDS, RATIOS_MOVE),
+                            algorithm=algo))
     return rows
 
 
@@ -450,7 +452,7 @@ def claim_entropy_collapse(g: Groups):
         if g.runs[lbl][0].get("env") == "toy_lm":
             rows.append(finding(algo, Kind.NOT_TESTABLE, "the toy LM's contexts each have their own logits and most "
                                 "of its entropy is the reward-irrelevant filler choice: nothing to collapse together",
-                                compared=(lbl,)))
+                                compared=(lbl,), algorithm=algo))
             continue
         c = g.curve(lbl, "entropy")
         e0, e1 = c[:, 0], _final(g, lbl, "entropy")
@@ -502,7 +504,7 @@ def claim_entropy_collapse(g: Groups):
                             Estimate("half-entropy step", *mean_se(half_steps), n=n_half), tuple(compared),
                             "which entropy fell (first -> last): " + parts if parts else
                             "these runs log the total entropy only, not its split by context",
-                            conditions=card(g, lbl, WELL_FORMED)))
+                            conditions=card(g, lbl, WELL_FORMED), algorithm=algo))
     if not rows:
         return _missing("grpo or dapo runs", "cliplab sim --algos grpo,dapo ...")
     return rows
@@ -528,7 +530,8 @@ def claim_entropy_law(g: Groups):
         rows.append(finding(lbl, verdict, "Lemma 1 is exact to first order per context; the batch covariance is one "
                             "noisy sample of it", meas,
                             Estimate("correlation of predicted and measured entropy change", corr), (lbl,),
-                            "the batch covariance misses Adam's rescaling and the shared features' spill-over"))
+                            "the batch covariance misses Adam's rescaling and the shared features' spill-over",
+                            algorithm=g.runs[lbl][0]["algo"]))
     if not rows:
         return _missing("runs with the entropy law metrics", "cliplab sim --algos grpo ...")
     return rows
@@ -816,7 +819,8 @@ def claim_cov_entropy(g: Groups):
                 f"{algo}, {_setting(algo, params)}", verdict, why, meas,
                 estimate(f"final {_entropy_name(keys[0])}, {algo} - PPO-clip", de, see, oke), (lbl, base),
                 "the selected tokens are those of largest Cov(log pi, A), the ones whose updates lower entropy most "
-                "(Lemma 1); " + attribution(g, base, lbl, tested=keys), conditions=card(g, base, ENTROPY_FALLS)))
+                "(Lemma 1); " + attribution(g, base, lbl, tested=keys), conditions=card(g, base, ENTROPY_FALLS),
+                algorithm=algo))
     if not rows:
         return _missing("clip_cov / kl_cov runs beside grpo with the same settings",
                         "cliplab sim --algos grpo,clip_cov,kl_cov --set beta=0 --set agg=token_mean "

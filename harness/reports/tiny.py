@@ -140,13 +140,6 @@ def summary_table(runs: list[dict]) -> list[str]:
 
 
 # ---- claims against the simulator ---------------------------------------------------------------------------------
-def _algorithm(regime: str) -> str | None:
-    """The algorithm a regime names first ("grpo, beta=0" and "feature_lm: grpo" -> grpo); None where it starts
-    with a setting or reads "defaults"."""
-    first = regime.split(",")[0].split(": ")[-1].strip()
-    return first if first and "=" not in first and first != "defaults" else None
-
-
 def sim_record(sim: list[ClaimRecord], rec: ClaimRecord) -> ClaimRecord | None:
     """The simulator's record for a claim and regime: the same regime; else the first (the simulator's default
     regime) of the claim's records of the same kind (a verdict or a mechanism row) and, where both name algorithms,
@@ -156,8 +149,8 @@ def sim_record(sim: list[ClaimRecord], rec: ClaimRecord) -> ClaimRecord | None:
     if same:
         return same[0]
     rows = [r for r in rows if r.mechanism == rec.mechanism]
-    if _algorithm(rec.regime) and any(_algorithm(r.regime) for r in rows):
-        rows = [r for r in rows if _algorithm(r.regime) == _algorithm(rec.regime)]
+    if rec.algorithm and any(r.algorithm for r in rows):
+        rows = [r for r in rows if r.algorithm == rec.algorithm]
     return rows[0] if rows else None
 
 
