@@ -249,6 +249,11 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"])
     rc_weights, stats = rollout_weights(hp, old_logp, rollout_logp, mask)
     scale = weights * rc_weights
+    if hp["opsm_delta"] is not None:  # DeepSeek-V3.2's off-policy sequence mask, a weight of 0 or 1
+        gap = _row_mean(-log_ratio.detach(), mask, mask.sum(1))
+        dropped = (adv < 0) & (gap > hp["opsm_delta"])[:, None] & on
+        scale = torch.where(dropped, torch.zeros_like(scale), scale)
+        stats["opsm_frac"] = float((dropped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1.0))
     flows = scale != 0  # the tokens whose loss reaches the total: not padding, not cut by a rollout correction
     n = mask.sum().clamp(min=1.0)
     chosen = coef = None

@@ -247,6 +247,10 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
     weights = agg_weights(mask, hp["agg"], group_size, hp["max_len"], blocks)
     rc_weights, stats = _rollout_weights(hp, old_logp, rollout_logp, mask, on, n, blocks)
     policy_weights = weights if rc_weights is None else weights * rc_weights
+    if hp["opsm_delta"] is not None:  # DeepSeek-V3.2's off-policy sequence mask, a weight of 0 or 1
+        dropped = (adv < 0) & (_row_mean(-log_ratio, mask, mask.sum(1)) > hp["opsm_delta"])[:, None] & on
+        policy_weights = np.where(dropped, 0.0, policy_weights)
+        stats["opsm_frac"] = block_count(dropped, blocks) / n
 
     if alg.ratio in ("sequence", "geometric"):
         seq_loss, dtok, clipped, ratio = _sequence_terms(alg, hp, log_ratio, adv, mask, on)

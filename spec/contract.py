@@ -162,6 +162,10 @@ def _check_beyond_seeds(name, alg, hp) -> None:
     seed = hp["cov_seed"]
     if not _is_integer(seed) or seed < 0:
         raise ValueError(f"cov_seed: expected an integer >= 0, got {seed!r}")
+    if hp["opsm_delta"] is not None:
+        _finite_number("opsm_delta", hp["opsm_delta"])
+        if hp["opsm_delta"] < 0:
+            raise ValueError(f"opsm_delta: expected None or a number >= 0, got {hp['opsm_delta']!r}")
     rc = hp["rollout_correction"]
     if rc is not None and rc not in ROLLOUT_CORRECTIONS:
         raise ValueError(f"rollout_correction: expected None or one of {', '.join(ROLLOUT_CORRECTIONS)}, got {rc!r}")

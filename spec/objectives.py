@@ -157,6 +157,12 @@ def rollout_weight(log_rho, hp, select=piecewise):
     return select((kept, sp.And(rho >= hp["mis_low"], rho <= hp["mis_high"])), (0, True))
 
 
+def off_policy_keep(adv, mean_log_gap, delta, select=piecewise):
+    """DeepSeek-V3.2's off-policy sequence mask (2512.02556, OPSM): 0 for a token with A < 0 in a row whose mean
+    log(pi_old / pi) over its tokens (``mean_log_gap``, pi held as a stop-gradient copy) exceeds delta, else 1."""
+    return select((0, sp.And(adv < 0, mean_log_gap > delta)), (1, True))
+
+
 def aggregate(loss, mask, agg, group_size=None, max_len=None):
     """The reference's aggregation modes, written as their formulas over a [B][T] loss (masked rows skipped)."""
     rows = range(len(mask))
@@ -249,10 +255,16 @@ def policy_objective(alg, hp, live, frozen, old, adv, mask, ref=None, group_size
             return rollout_weight(total if row == "product" else total / lens[i], hp, select)
         return rollout_weight(old[i][t] - rollout[i][t], hp, select)
 
+    def off_policy(i, t):
+        if hp["opsm_delta"] is None:
+            return 1
+        gap = sum(old[i][k] - frozen[i][k] for k in tokens[i]) / lens[i]
+        return off_policy_keep(adv[i][t], gap, hp["opsm_delta"], select)
+
     loss = [[sp.Integer(0)] * n_cols for _ in range(n_rows)]
     for i in range(n_rows):
         for t in tokens[i]:
-            loss[i][t] = correction(i, t) * token_loss(i, t)
+            loss[i][t] = correction(i, t) * off_policy(i, t) * token_loss(i, t)
             if ref is not None:  # DeepSeekMath Eq. 3: + beta * KL inside the token sum
                 loss[i][t] += hp["beta"] * kl_estimator(live[i][t], ref[i][t], hp["kl"], old[i][t])
     return aggregate(loss, mask, hp["agg"], group_size, hp["max_len"])

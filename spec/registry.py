@@ -75,6 +75,8 @@ HPARAMS: Mapping[str, str] = MappingProxyType({
     "tis_cap": "TIS: truncation C of the token weight exp(old_logp - rollout_logp)",
     "mis_low": "MIS/IcePop: lowest weight kept (seq_rs, geo_rs: lowest sequence ratio, or geometric mean, kept)",
     "mis_high": "MIS/IcePop: highest weight kept (seq_rs, geo_rs: highest sequence ratio, or geometric mean, kept)",
+    "opsm_delta": "DeepSeek-V3.2's off-policy sequence mask: a token with A < 0 in a row whose mean log(pi_old / "
+                  "pi) exceeds it gets no policy loss (None = off)",
     "vespo_k_pos": "VESPO: power c1 of its kernel W^c1 e^(c2 (1 - W)) for a row with A >= 0",
     "vespo_lambda_pos": "VESPO: decay c2 of its kernel for a row with A >= 0",
     "vespo_k_neg": "VESPO: power c1 of its kernel for a row with A < 0",
@@ -107,7 +109,7 @@ class Algorithm:
         hp = {**self.defaults, **(hp or {})}
         if self.clip == "none":
             return ("beta",)
-        used = {"beta", "agg", "rollout_correction"} | set(CLIP_READS[self.clip]) | set(SELECT_READS.get(self.select, ()))
+        used = {"beta", "agg", "rollout_correction", "opsm_delta"} | set(CLIP_READS[self.clip]) | set(SELECT_READS.get(self.select, ()))
         if hp["beta"]:
             used.add("kl")
         if hp["agg"] == "seq_mean_token_sum_norm":
@@ -126,7 +128,7 @@ def _alg(name, ratio, clip, source, advantage="grpo", select=None, **defaults):
             "tau_pos": 1.0, "tau_neg": 1.05, "r_max": 10.0, "delta": None, "cap_mode": "relative",
             "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "cov_seed": 0,
             "kl_cov_ratio": 2e-3, "kl_cov_coef": 1.0,
-            "rollout_correction": None, "tis_cap": 2.0, "mis_low": 0.5, "mis_high": 5.0,
+            "rollout_correction": None, "tis_cap": 2.0, "mis_low": 0.5, "mis_high": 5.0, "opsm_delta": None,
             "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
     base.update(defaults)
     return Algorithm(name, ratio, clip, MappingProxyType(base), source, advantage, select)
@@ -205,6 +207,8 @@ PARTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
     "gdpo_advantage": MappingProxyType({"eps": 1e-6, "unbiased": True,
                                         "source": "GDPO, Liu et al. 2601.05242 (each reward standardised in its "
                                                   "group, their weighted sum standardised over the batch)"}),
+    "opsm": MappingProxyType({"source": "DeepSeek-V3.2 2512.02556 (Off-Policy Sequence Masking: M = 0 where A < 0 "
+                                        "and (1/|o|) sum_t log(pi_old / pi) > delta)"}),
     "rollout_correction": MappingProxyType({"source": "Yao et al. 2025 (truncated IS); IcePop (Ring-1T report, 2025, "
                                                       "masked IS); verl rollout_correction"}),
 })

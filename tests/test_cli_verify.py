@@ -17,7 +17,7 @@ def test_verify_json_names_every_algorithm_and_agrees(tmp_path):
     pairs = {(row["algorithm"], row["pair"]) for row in data["rows"]}
     parts = {"grpo_advantage", "dr_grpo_advantage", "rloo_advantage", "gdpo_advantage", "gpg_advantage",
              "reinforce_pp", "sas", "gae", "value_loss", "kl", "dcpo_bounds", "overlong", "dynamic_sampling"}
-    assert set(PARTS) - {"rollout_correction"} <= parts  # every part has its rows (rollout correction: options)
+    assert set(PARTS) - {"rollout_correction", "opsm"} <= parts  # every part has its rows (those two: options)
     assert all((name, pair) in pairs for name in set(ALGORITHMS) | parts for pair in PAIRS)
     rows = {(row["algorithm"], row["pair"]): row for row in data["rows"]}
     for pair in PAIRS:  # gradients measured where the layers give one, n/a (null) where they do not

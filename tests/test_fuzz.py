@@ -182,6 +182,7 @@ def hparams(name):
         "cov_seed": st.integers(0, 2**31), "kl_cov_ratio": st.floats(0.0, 1.0), "kl_cov_coef": st.floats(0.0, 5.0),
         "rollout_correction": st.sampled_from([None, *ROLLOUT_CORRECTIONS, "icepop"]),
         "tis_cap": st.floats(0.1, 10.0), "mis_low": st.floats(0.0, 2.0), "mis_high": st.floats(0.1, 10.0),
+        "opsm_delta": st.sampled_from([None, 0.0, 0.5, -1.0]),
         **{f"vespo_{c}_{s}": st.floats(0.0, 10.0) for c in ("k", "lambda") for s in ("pos", "neg")},
     }
     return st.fixed_dictionaries({}, optional={k: scalar(v) for k, v in good.items()})

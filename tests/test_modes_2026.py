@@ -203,3 +203,22 @@ def test_sequence_rejection_masks_whole_rows(layer, kind):
     assert loss == pytest.approx(-weight.sum() / 6, rel=1e-12)
     if stats is not None:
         assert stats["rc_cut_frac"] == pytest.approx((weight == 0).mean())
+
+
+# -- DeepSeek-V3.2's off-policy sequence mask (2512.02556, OPSM): drop A < 0 tokens of rows far from pi_old -------
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_off_policy_sequence_mask_drops_negative_tokens_of_stale_rows(layer):
+    # GPG (loss -A logp, token mean over 4 tokens), delta 0.3. Row 0: log(pi_old / pi) = 0.5 a token, mean 0.5 > 0.3:
+    # its A < 0 token is dropped, its A > 0 token kept (gradient -1/4). Row 1: mean 0.1 <= 0.3, both A < 0 tokens
+    # kept (gradient +1/4). Loss -(1 * -1.5 + -1 * -1.1 + -1 * -1.1) / 4 = -0.175.
+    old = np.full((2, 2), -1.0)
+    logp = np.array([[-1.5, -1.5], [-1.1, -1.1]])
+    adv = np.array([[-1.0, 1.0], [-1.0, -1.0]])
+    loss, grad, stats = run(layer, "gpg", logp, old, adv, np.ones((2, 2)), opsm_delta=0.3)
+    np.testing.assert_allclose(grad, [[0.0, -0.25], [0.25, 0.25]], rtol=1e-12)
+    assert loss == pytest.approx(-0.175, rel=1e-12)
+    if stats is not None:
+        assert stats["opsm_frac"] == 0.25
+    with pytest.raises(ValueError, match="opsm_delta: expected None or a number >= 0"):
+        run(layer, "gpg", logp, old, adv, np.ones((2, 2)), opsm_delta=-1.0)

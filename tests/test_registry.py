@@ -66,7 +66,7 @@ def test_unknown_name_lists_the_known_ones():
 OTHER = {"eps_low": 0.001, "eps_high": 0.01, "kl": "k1", "max_len": 7, "tau_pos": 3.0, "tau_neg": 0.3, "r_max": 2.0,
          "dual_clip": 1.5, "delta": 4.0, "cap_mode": "absolute", "clip_cov_ratio": 0.5, "clip_cov_lb": -5.0,
          "clip_cov_ub": 50.0, "cov_seed": 3, "kl_cov_ratio": 0.5, "kl_cov_coef": 3.0, "tis_cap": 1.1,
-         "mis_low": 0.9, "mis_high": 1.2, "vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5, "vespo_k_neg": 1.0,
+         "mis_low": 0.9, "mis_high": 1.2, "opsm_delta": 0.1, "vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5, "vespo_k_neg": 1.0,
          "vespo_lambda_neg": 0.5}
 
 

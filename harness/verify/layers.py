@@ -160,6 +160,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("rollout seq_mis [0.3, 3]", {"rollout_correction": "seq_mis", "mis_low": 0.3, "mis_high": 3.0}),
     Option("rollout seq_rs [0.3, 3]", {"rollout_correction": "seq_rs", "mis_low": 0.3, "mis_high": 3.0}),
     Option("rollout geo_rs [0.8, 1.25]", {"rollout_correction": "geo_rs", "mis_low": 0.8, "mis_high": 1.25}),
+    Option("opsm_delta=0.05", {"opsm_delta": 0.05}),
 )
 
 
