@@ -338,6 +338,39 @@ def vespo_kernel_is_one_on_policy_and_peaks_at_c1_over_c2() -> bool:
     return bool(ok)
 
 
+def geo_rs_is_seq_rs_with_the_band_to_the_length() -> bool:
+    """Rejection sampling (verl's rollout_rs): the geometric-mean mask the layers use (objectives.rollout_weight,
+    geo_rs) keeps a row of n tokens exactly where the sequence mask (seq_rs) with the band [lo^n, hi^n] does, as
+    prod_t rho = (geometric mean)^n: checked for n = 1, 3, 8 just inside and just outside both ends of [4/5, 5/4]."""
+    lo, hi, step = sp.Rational(4, 5), sp.Rational(5, 4), sp.Rational(1, 10**6)
+    ok = True
+    for n in (1, 3, 8):
+        geo = {"rollout_correction": "geo_rs", "mis_low": lo, "mis_high": hi}
+        seq = {"rollout_correction": "seq_rs", "mis_low": lo**n, "mis_high": hi**n}
+        for mean in (sp.log(hi) + step, sp.log(hi) - step, sp.log(lo) + step, sp.log(lo) - step, sp.Integer(0)):
+            at = ob.AtPoint({})
+            ok &= ob.rollout_weight(mean, geo, at) == ob.rollout_weight(n * mean, seq, at)
+        ok &= ob.rollout_weight(sp.log(hi) + step, geo, ob.AtPoint({})) == 0
+    return bool(ok)
+
+
+def opsm_masks_nothing_on_policy() -> bool:
+    """DeepSeek-V3.2's off-policy sequence mask (2512.02556): on policy (pi = pi_old, the mean log gap 0) the
+    implementation's GRPO objective with opsm_delta = 0 is GRPO's, for advantages of both signs, while a row whose
+    pi fell below pi_old loses its A < 0 tokens' policy terms."""
+    from .exact import symbolic_objective
+    plain, s = symbolic_objective("grpo", 1, 2, beta=0.0)
+    masked, _ = symbolic_objective("grpo", 1, 2, beta=0.0, opsm_delta=0.0)
+    at = {s["A"][0][0]: -1, s["A"][0][1]: 1}
+    on_policy = {**at, **{s[k][0][t]: s["old"][0][t] for k in ("lp", "sg") for t in range(2)}}
+    below = {**at, **{s[k][0][t]: s["old"][0][t] - 1 for k in ("lp", "sg") for t in range(2)}}
+    # r = e^-1 below PPO's clip: the A > 0 token keeps -r / 2 (unclipped for A > 0); the A < 0 token's clipped 0.8 / 2
+    # is dropped
+    kept_term = -sp.exp(sp.Integer(-1)) / 2
+    return bool(sp.simplify((masked - plain).xreplace(on_policy)) == 0
+                and sp.simplify(masked.xreplace(below) - kept_term) == 0)
+
+
 CHECKS.update({
     "cispo_gradient_is_truncated_reinforce": cispo_gradient_is_truncated_reinforce,
     "gmpo_bounded_by_arithmetic_mean": gmpo_bounded_by_arithmetic_mean,
@@ -349,4 +382,6 @@ CHECKS.update({
     "dppo_binary_kl_grows_away_from_mu": dppo_binary_kl_grows_away_from_mu,
     "luspo_is_gspo_scaled_by_length": luspo_is_gspo_scaled_by_length,
     "vespo_kernel_is_one_on_policy_and_peaks_at_c1_over_c2": vespo_kernel_is_one_on_policy_and_peaks_at_c1_over_c2,
+    "geo_rs_is_seq_rs_with_the_band_to_the_length": geo_rs_is_seq_rs_with_the_band_to_the_length,
+    "opsm_masks_nothing_on_policy": opsm_masks_nothing_on_policy,
 })
