@@ -187,3 +187,18 @@ def test_gmpo_gives_an_empty_completion_the_weight_1():
     loss, _, used = trl_run(TRAINERS[key])(b)
     assert exact("gmpo", used)[0] == pytest.approx(-np.exp(0.1), rel=1e-6)
     assert loss == pytest.approx((-np.exp(0.1) - 2) / 2, rel=1e-6)
+
+
+def test_sigmoid_dpo_agrees_with_the_reference_on_one_pair():
+    # chosen: sequence log-prob -1 (policy), -1.5 (reference); rejected: -2 and -1.5: the margin is 0.5 - (-0.5) = 1
+    # and DPO's loss -log sigmoid(beta * 1) with beta 0.1 is 0.6444; its gradient -beta * sigmoid(-0.1) = -0.0475 on
+    # each chosen token and +0.0475 on each rejected one
+    from harness.conform.targets.trl import dpo_run, make_dpo_trainer
+    mask = np.array([[1.0, 1.0], [1.0, 0.0]])
+    b = Batch(np.array([[-0.5, -0.5], [-2.0, 0.0]]), np.zeros((2, 2)), np.zeros((2, 2)), mask,
+              np.array([[-1.0, -0.5], [-1.5, 0.0]]), 2, {"ids": np.array([[4, 5], [6, 7]])})
+    loss, grad, _ = dpo_run(make_dpo_trainer())(b)
+    want = spec.dpo_loss([-1.0], [-2.0], [-1.5], [-1.5], beta=0.1)[0]
+    assert loss == pytest.approx(float(want)) == pytest.approx(-np.log(1 / (1 + np.exp(-0.1))))
+    g = 0.1 / (1 + np.exp(0.1))
+    assert grad == pytest.approx(np.array([[-g, -g], [g, 0.0]]))

@@ -168,6 +168,62 @@ def trl_batch(seed: int, family: str) -> Batch:
     return b
 
 
+DPO_READS = ("rows 2k (chosen) and 2k + 1 (rejected) of pair k: logp as the policy's per-token log-probs of the "
+             "completion, ref_logp summed over each row's mask as the precomputed reference log-probs")
+
+
+def make_dpo_trainer():
+    """A DPOTrainer on the tiny model at DPOConfig's defaults, CPU, no logging or saving; the reference log-probs
+    are read from the inputs (``precompute_ref_logps``), as a run with precompute_ref_log_probs=True passes them."""
+    trl = _import_trl()
+    from datasets import Dataset
+    prompt = " ".join(f"t{i}" for i in PROMPT)
+    data = Dataset.from_dict({"prompt": [prompt] * 2, "chosen": [" t4 t5"] * 2, "rejected": [" t6"] * 2})
+    args = trl.DPOConfig(output_dir=tempfile.mkdtemp(prefix="cliplab-trl-"), per_device_train_batch_size=2,
+                         report_to=[], use_cpu=True, bf16=False, save_strategy="no", logging_strategy="no")
+    trainer = trl.DPOTrainer(model=tiny_model(), args=args, train_dataset=data, processing_class=tiny_tokenizer())
+    trainer.precompute_ref_logps = True
+    return trainer
+
+
+def dpo_run(trainer):
+    """The trainer's loss on a batch of pairs as its collator lays them out (every chosen completion, then every
+    rejected one, each after the prompt), the model's per-token log-probs replaced by the batch's logp on the
+    completion tokens (0 elsewhere, as the fused LM head gives at labels -100); the gradient is d loss / d logp."""
+    def run(b: Batch):
+        order = np.r_[np.arange(0, len(b.mask), 2), np.arange(1, len(b.mask), 2)]
+        mask = torch.as_tensor(b.mask[order], dtype=torch.long)
+        n, width = mask.shape
+        prompt = torch.tensor([PROMPT] * n, dtype=torch.long)
+        ref_seq = t64((b.ref_logp * b.mask)[order].sum(1))
+        inputs = {"input_ids": torch.cat([prompt, torch.as_tensor(b.extra["ids"][order])], 1),
+                  "attention_mask": torch.cat([torch.ones_like(prompt), mask], 1),
+                  "completion_mask": torch.cat([torch.zeros_like(prompt), mask], 1),
+                  "ref_chosen_logps": ref_seq[: n // 2], "ref_rejected_logps": ref_seq[n // 2:]}
+        leaf = t64(b.logp[order], grad=True)
+
+        def model(**kw):
+            out = trainer.model(**kw)
+            laid = torch.where(mask > 0, leaf, torch.zeros((), dtype=leaf.dtype))
+            out.log_probs = torch.cat([torch.zeros((n, out.log_probs.shape[1] - width), dtype=leaf.dtype), laid], 1)
+            return out
+        trainer.model.train()
+        loss = trainer._compute_loss(model, inputs, return_outputs=False)
+        loss.backward()
+        grad = np.zeros(b.mask.shape)
+        grad[order] = leaf.grad.numpy()
+        return float(loss.detach()), grad, b
+    return run
+
+
+def dpo_batch(seed: int, family: str) -> Batch:
+    """A generated batch cut to an even number of rows, read as (chosen, rejected) pairs, with completion ids."""
+    from harness.conform.targets.openrlhf import pair_batch
+    b = pair_batch(seed, family)
+    b.extra["ids"] = np.random.default_rng(10_000 + seed).integers(0, VOCAB - 4, size=b.mask.shape)
+    return b
+
+
 class Target:
     name = "trl"
     tolerance = tolerance_of("float32")  # TRL computes log-probs in float32 (trl/kernels/chunked_logprob.py)
@@ -234,7 +290,15 @@ class Target:
             self._check("gspo", "loss_type='dr_grpo', importance_sampling_level='sequence', epsilon 3e-4/4e-4",
                         {"loss_type": "dr_grpo", **tg}, gspo, {"agg": aggs}, names=["gspo", "gspo_token"]),
             self.gmpo_check(),
+            self.dpo_check(),
         ]
+
+    def dpo_check(self) -> Check:
+        """DPOTrainer._compute_loss at DPOConfig's defaults (loss_type ['sigmoid'], beta 0.1)."""
+        trainer = make_dpo_trainer()
+        return Check("dpo", "DPOTrainer._compute_loss(loss_type=['sigmoid'])", "DPOConfig defaults (sigmoid, beta "
+                     "0.1)", dpo_run(trainer), ref.dpo(0.1), [ref.dpo(0.1, 0.1), ref.ipo(0.1)], dpo_batch,
+                     exact=ref.exact_dpo(0.1), reads=DPO_READS)
 
     def gmpo_check(self) -> Check:
         """trl.experimental.gmpo's GMPOTrainer._compute_loss at its defaults (epsilon 0.4 in log space, beta 0)."""
