@@ -138,3 +138,14 @@ def test_the_simulator_report_links_each_claim_to_its_details_and_folds_the_unme
     assert any(s.name == "bandit" and s.records[0].kind is Kind.REPRODUCED for s in run_sets)
     console = claims_text([tmp_path / "sweep"])
     assert "not measured or not testable here" in console and "`" not in console.replace("`cliplab report`", "")
+
+
+def test_a_hostile_label_in_a_claim_cell_stays_literal_text():
+    """A label reaches the claims' cells as it was named: it must stay one cell of plain text, no link, no HTML, no
+    code span, and read as typed (an arrow or a comparison is not turned into an entity)."""
+    from harness.reports.claim_render import cell, prose
+    hostile = "x|y<script>`z`*[a](b)\\ pi_old < 0.2 -> ok"
+    text = cell(hostile)
+    assert len(re.split(r"(?<!\\)\|", f"| {text} |")) == 3 and "<script" not in text
+    assert not re.search(r"(?<!\\)[`*]|(?<!\\)\]\(", text)
+    assert text.endswith("pi_old < 0.2 -> ok") and "|" in prose(hostile) and "\\|" not in prose(hostile)

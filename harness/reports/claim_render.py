@@ -21,9 +21,9 @@ FOLDED = (Kind.NOT_MEASURED, Kind.NOT_TESTABLE)
 
 
 def prose(text: str) -> str:
-    """``text`` as literal markdown outside a table: backslash, backtick and asterisk escaped, a ``<`` that could
-    open an HTML tag written as an entity; line breaks as spaces."""
-    out = str(text).replace("\\", "\\\\").replace("`", "\\`").replace("*", "\\*")
+    """``text`` as literal markdown outside a table: backslash, backtick and asterisk escaped, a ``](`` that would
+    close a link's text escaped, a ``<`` that could open an HTML tag written as an entity; line breaks as spaces."""
+    out = str(text).replace("\\", "\\\\").replace("`", "\\`").replace("*", "\\*").replace("](", "\\](")
     out = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", out)
     return " ".join(out.splitlines())
 
