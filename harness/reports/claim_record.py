@@ -136,10 +136,6 @@ class ClaimRecord:
     algorithm: str | None = None  # the algorithm a regime is of (clip-higher on GRPO or DAPO), where it is one
 
     @property
-    def failed(self) -> tuple[CardCheck, ...]:
-        return tuple(c for c in self.conditions if not c.holds)
-
-    @property
     def comparable(self) -> bool:
         """Whether the verdict can be compared with another tier's: measured, with a verdict of its own, on both
         seed sets where the run set has two."""
