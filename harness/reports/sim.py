@@ -1,4 +1,5 @@
-"""``cliplab report``: markdown with curves per algorithm (seed bands) and a table of the papers' claims.
+"""``cliplab report``: markdown with curves per algorithm (seed bands) and the papers' claims, one line each, their
+records (``claims.json``) and details (``claims.md``) beside it.
 
 Reads any folder of runs that ``harness.reports.rundirs`` understands (the simulator's sweeps; the real-model harness writes
 the same files), so the same report serves both.
