@@ -1,6 +1,7 @@
-"""The 2026 policy-loss modes (DPPO): values worked out by hand from the papers in every layer, the layers against
-each other on generated batches, and bad input. Expected values are literals with their arithmetic beside them,
-never taken from a layer."""
+"""The 2026 modes (DPPO, LUSPO, VESPO, GDPO's advantage, sequence rejection masks, DeepSeek-V3.2's off-policy
+sequence mask): values worked out by hand from the papers in every layer, and bad input. Expected values are literals
+with their arithmetic beside them, never taken from a layer; tests/test_differential.py holds the layers together
+on generated batches for every registry algorithm and option."""
 import math
 
 import numpy as np
@@ -10,8 +11,6 @@ import torch
 import gpu
 import sim
 import spec
-from harness.verify.cases import make_case
-from harness.verify.layers import policy_case
 
 LAYERS = ("spec", "sim", "gpu")
 
@@ -69,14 +68,6 @@ def test_dppo_kl_keeps_a_token_moving_against_its_advantage(layer):
     assert loss == pytest.approx(-5 / 9 * math.log(0.5), rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
-@pytest.mark.parametrize("seed", range(6))
-def test_dppo_layers_agree_on_generated_batches(name, seed):
-    for pair, (d_value, d_grad) in policy_case(name, make_case(seed, extreme=seed % 2 == 0),
-                                               exact=seed < 2).items():
-        assert d_value <= 1 and d_grad <= 1, (pair, d_value, d_grad)
-
-
 @pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
 def test_dppo_needs_old_probabilities(layer, name):
@@ -125,14 +116,6 @@ def test_vespo_reshapes_the_sequence_weight(layer):
     far = old + [[1e300, 0.0], [0.0, 0.0]]
     loss, grad, _ = run(layer, "vespo", far, old, adv, mask)
     assert (grad[0] == 0).all() and loss == pytest.approx(-(old[1].sum() * -1) / 4, rel=1e-12)
-
-
-@pytest.mark.parametrize("name", ["luspo", "vespo"])
-@pytest.mark.parametrize("seed", range(4))
-def test_sequence_modes_agree_on_generated_batches(name, seed):
-    for pair, (d_value, d_grad) in policy_case(name, make_case(seed, extreme=seed % 2 == 0),
-                                               exact=seed < 2).items():
-        assert d_value <= 1 and d_grad <= 1, (pair, d_value, d_grad)
 
 
 @pytest.mark.parametrize("layer", LAYERS)
