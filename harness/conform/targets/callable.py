@@ -1,7 +1,7 @@
 """A user callable computing a policy loss from torch tensors, called in a child process, each call within a time
 limit, so that whatever the code does (print, exit, change directory or grad mode, fork, hang or crash) stays there:
 ``module:function`` (``cliplab conform``) is imported, and a function object (``assert_conforms``) runs, in a fork of
-the caller's process.
+the caller's process (``module:function`` in a fresh process once the caller has initialised CUDA).
 An adapter maps the callable's parameters and names what it claims to implement, e.g.
 ``algorithm=dapo,agg=token_mean,logp=log_prob,old_logp=old_log_prob,adv=advantages,mask=response_mask,returns=0``.
 Parameters named like verl's, TRL's or OpenRLHF's are recognised without an adapter. ``kind=advantage``,
@@ -29,7 +29,7 @@ from harness.conform import kinds
 from harness.conform.cases import TOLERANCE, Check, batch_of, bind_params
 from harness.verify.layers import scaled_diff
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import TargetError, Worker
+from harness.conform.targets.remote import WORKERS, TargetError, Worker
 
 ALIASES = {
     "logp": ("logp", "log_prob", "log_probs", "logprobs", "per_token_logps"),
@@ -254,23 +254,27 @@ def _rebuilt(kind: str, message: str, place: str = "") -> Exception:
 
 
 class _Child:
-    """The callable in a worker process forked from this one, a time limit per call: ``module:function`` imported
-    there from this process's import path and working directory (torch is imported already: a fresh interpreter
-    would import it again, seconds of CPU), a function object (which may not be importable by name) taken as it is.
-    After the worker crashes or passes the limit, every later call fails at once with the same line; after
-    ``close``, a call starts it again."""
+    """The callable in a worker process, a time limit per call: a child forked from this process, where
+    ``module:function`` is imported from this process's import path and working directory (torch is imported
+    already: a fresh interpreter would import it again, seconds of CPU) and a function object (which may not be
+    importable by name) is taken as it is; but ``module:function`` is imported by a fresh process of cliplab's own
+    python once this process has initialised CUDA, which a fork cannot use. After the worker crashes or passes the
+    limit, every later call fails at once with the same line; after ``close``, a call starts it again."""
 
     def __init__(self, target, name: str, timeout_s: float):
         self.timeout_s = float(timeout_s)
         self.load_timeout_s = max(LOAD_TIMEOUT_S, self.timeout_s) if isinstance(target, str) else self.timeout_s
-        self.worker = Worker(name, handlers=_handlers(target))
+        if isinstance(target, str) and torch.cuda.is_initialized():
+            self.worker = Worker(name, script=WORKERS / "callable.py", python=sys.executable)
+        else:
+            self.worker = Worker(name, handlers=worker_ops(target))
         self.stopped = None
         weakref.finalize(self, self.worker.close)
 
     def load(self) -> dict:
         self.worker.timeout_s = self.load_timeout_s
         try:
-            out = self.worker.call("load", {"path": [*sys.path, os.getcwd()],
+            out = self.worker.call("load", {"target": self.worker.name, "path": [*sys.path, os.getcwd()],
                                             "cwd": os.getcwd()})  # the user's modules, as `python -m` finds them
         except TargetError as exc:
             raise ValueError(f"target: loading {exc}") from None
@@ -293,10 +297,11 @@ class _Child:
         self.worker.close()
 
 
-def _handlers(target) -> dict:
-    """The forked worker's ops: ``load`` (kw: the caller's import path and working directory) imports
-    ``module:function`` (or takes the function object) and answers its parameters, or an error line; ``call``
-    (kw: how to call, arrays: the batch) answers ``evaluate``'s result."""
+def worker_ops(target) -> dict:
+    """A worker's ops for ``target`` (forked, or in a fresh process: workers/callable.py): ``load`` (kw: the
+    caller's import path and working directory) imports ``module:function`` (or takes the function object) and
+    answers its parameters, or an error line; ``call`` (kw: how to call, arrays: the batch) answers ``evaluate``'s
+    result."""
     state = {}
 
     def load(kw):

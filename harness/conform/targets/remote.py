@@ -4,6 +4,7 @@ time limit per call. Whatever goes wrong inside it comes back as a ``TargetError
 workers run a user's function object, forked from the caller's process."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import selectors
@@ -147,6 +148,7 @@ class _Forked:
             code = 1
             try:
                 os.setsid()
+                faulthandler.disable()  # the caller's (pytest enables one) would write a crash on the caller's stderr
                 os.close(to_child)
                 os.close(from_child)
                 os.dup2(log.fileno(), 2)
