@@ -29,7 +29,10 @@ def _clip_runs(regime: dict, relevant_gain: float, total_noise: float, clip: dic
         for hi, rel in ((0.2, base_rel), (100, base_rel + relevant_gain + WIGGLE[seed])):
             total = 1.0 + total_noise * (-1) ** (seed // 2) * (1 if hi == 0.2 else -1)
             stats = clip if hi == 0.2 else {"clip_up_frac": 0.0, "freed_frac": 0.02, "freed_pold_median": 0.12}
-            records = [{"entropy": total, "entropy_relevant": rel, **stats} for _ in range(3)]
+            # the reward-relevant entropy starts at 1 and falls (the card's entropy_relevant_fall: the regime
+            # clip-higher needs), then ends at ``rel``
+            records = [{"entropy": total, "entropy_relevant": 1.0 if step == 0 else rel, **stats}
+                       for step in range(3)]
             params = {**regime, "beta": 0, "eps_high": hi}
             label = "grpo[" + ",".join(f"{k}={v}" for k, v in sorted(params.items())) + "]"
             runs.append(_run(label, params, seed, records))

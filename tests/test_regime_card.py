@@ -55,12 +55,12 @@ def test_card_averages_seeds_and_marks_clips_an_algorithm_cannot_have():
 
 
 def test_a_condition_names_the_value_that_fails_it():
-    runs = [_run("grpo", "grpo", clip_frac=[1e-4] * 10, malformed=[0.01] * 10),
+    runs = [_run("grpo", "grpo", clip_frac=[1e-5] * 10, malformed=[0.01] * 10),
             _run("dapo", "dapo", clip_frac=[0.01] * 10, malformed=[0.2] * 10)]
     cards = run_set_card(runs)
     got = failures([CLIP_BINDS, WELL_FORMED], cards, {"grpo": "grpo", "dapo": "dapo"})
-    assert got == ["grpo: needs clip_frac >= 0.003 (the clip must bind for a clipping rule to matter); measured "
-                   "0.0001", "dapo: needs malformed_max <= 0.03 (format collapse would drive the comparison "
+    assert got == ["grpo: needs clip_frac >= 0.0001 (the clip must bind for a clipping rule to matter); measured "
+                   "1e-05", "dapo: needs malformed_max <= 0.03 (format collapse would drive the comparison "
                    "instead); measured 0.2"]
     only_grpo = Condition("malformed_max", "<=", 0.03, "x", of="grpo")
     assert failures([only_grpo], cards, {"grpo": "grpo", "dapo": "dapo"}) == []

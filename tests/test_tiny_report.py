@@ -116,7 +116,7 @@ def _rec(claim: str, kind: Kind, regime: str = "", status: str = "both", seeds: 
     (_rec("c", Kind.REVERSED, replication=Kind.REPRODUCED), _rec("c", Kind.PARTLY, replication=Kind.REPRODUCED),
      "yes"),
     (_rec("c", Kind.NOT_MEASURED), _rec("c", Kind.REPRODUCED), None), (_rec("c", Kind.REPRODUCED), None, None),
-    (_rec("c", Kind.NOT_TESTABLE), _rec("c", Kind.NOT_TESTABLE), "yes"),
+    (_rec("c", Kind.NOT_TESTABLE), _rec("c", Kind.NOT_TESTABLE), None),  # neither tier can test it
     (_rec("c", Kind.REPRODUCED, status="discovery only"), _rec("c", Kind.REPRODUCED), None),
     (_rec("c", Kind.NA, "x: mechanism"), _rec("c", Kind.NA, "x: mechanism"), None),  # a mechanism row's numbers
 ])
@@ -128,13 +128,23 @@ RUR, GSPO = "DCPO's RUR is well above GRPO's: 71.8% vs 43.8%", "GSPO clips far m
     "orders of magnitude"
 
 
+def _gspo_at(kind: Kind, grpo_clip: float) -> ClaimRecord:
+    """GSPO's clipping claim measured where GRPO clips ``grpo_clip`` of its tokens (its regime card condition)."""
+    from dataclasses import replace
+
+    from harness.reports.claim_record import CardCheck
+    from spec.regime import CLIP_BINDS
+    return replace(_rec("gspo_clips", kind), conditions=(CardCheck(CLIP_BINDS, grpo_clip, "grpo"),))
+
+
 def _sim_dir(root: Path) -> Path:
     """A simulator report whose feature_lm records give DCPO's RUR "reproduced" and GSPO's clipping "not
-    reproduced"; its summary: GSPO clips 18%, GRPO 5%."""
+    reproduced" (where GRPO clips 0.08% of its tokens by its card, within a factor of 2 of this tier's 0.05%); its
+    summary: GSPO clips 18%, GRPO 5%."""
     sim = root / "sim"
     (sim / "summaries").mkdir(parents=True)
     (sim / "claims.json").write_text(json_text([
-        RunSet("feature_lm", (_rec("dcpo_rur", Kind.REPRODUCED), _rec("gspo_clips", Kind.NOT_REPRODUCED))),
+        RunSet("feature_lm", (_rec("dcpo_rur", Kind.REPRODUCED), _gspo_at(Kind.NOT_REPRODUCED, 0.0008))),
         RunSet("toy_lm", (_rec("gspo_clips", Kind.REPRODUCED),))]))
     (sim / "summaries" / "feature_lm_main.json").write_text(json.dumps(
         {"algorithms": {"gspo": {"clip_frac": 0.18}, "grpo": {"clip_frac": 0.05}}}))
@@ -165,7 +175,7 @@ def test_the_claims_table_compares_with_the_simulator_and_names_what_moved(tmp_p
     assert "DCPO with the +1/0/-1 reward, no SAS: RUR 59.5% ± " in rur.attribution  # (0.5 + 19 x 0.6) / 20
     assert _row(lines, GSPO).endswith("| **not reproduced** | no |") and "| **reproduced** |" in _row(lines, GSPO)
     text = "\n".join(lines)
-    assert "The simulator predicted 1 of the 2 verdicts both tiers measured (50%" in text
+    assert "The simulator predicted 1 of the 2 verdicts both tiers could test at a matching regime card (50%" in text
     # a claim without runs here names what it needs, not the simulator's command
     assert "cliplab sim" not in text and "not measured; needs clip_cov / kl_cov runs beside grpo with the same " \
         "settings; not in this tier's sweep (configs/tiny)" in text
@@ -287,3 +297,20 @@ def test_cispo_and_clip_higher_pair_the_tiny_configs_that_differ_only_by_the_com
     # sqrt 5) = 12.5, p < 0.001, significant after Holm's correction)
     assert rows["clip_higher", "grpo, beta=0.0"].kind is Kind.REPRODUCED
     assert ("clip_higher", "grpo, beta=0.0: mechanism") in rows
+
+
+def test_verdicts_are_compared_only_at_a_matching_regime_card():
+    from dataclasses import replace
+
+    from harness.reports.claim_record import CardCheck
+    from spec.regime import CLIP_BINDS, HEADROOM
+
+    def at(rec, clip, headroom):
+        return replace(rec, conditions=(CardCheck(CLIP_BINDS, clip, "grpo"), CardCheck(HEADROOM, headroom, "grpo")))
+    here, sim = _rec("c", Kind.REPRODUCED), _rec("c", Kind.PARTLY)
+    assert tiny.predicted(at(here, 0.01, 0.5), at(sim, 0.015, 0.45)) == "no"  # 1.5x and 0.05 apart: a match
+    far = at(sim, 0.05, 0.45)  # 5x the clip share: beyond a factor of 2
+    assert tiny.predicted(at(here, 0.01, 0.5), far) is None
+    assert tiny.not_compared(at(here, 0.01, 0.5), far) == ("regime cards differ: clip_frac 0.01 vs 0.05 (this "
+                                                            "tier, the simulator)")
+    assert "no regime card entry measured in both" in tiny.not_compared(at(here, 0.01, 0.5), sim)

@@ -161,6 +161,38 @@ def finding(regime: str, verdict: Verdict | Kind, reason: str, measured: str = "
                        algorithm=algorithm)
 
 
+def regime_checked(r: ClaimRecord) -> ClaimRecord:
+    """``r`` where its regime card meets the conditions the claim needs; else "not testable here", its reason
+    naming the measured value that fails (the first such condition). A condition whose entry the runs do not log
+    leaves the verdict as it is: the record lists it unmet, with no value, and nothing is claimed of it."""
+    if r.kind in (Kind.NOT_MEASURED, Kind.NA, Kind.NOT_TESTABLE) or r.mechanism:
+        return r
+    failed = [k for k in r.conditions if k.applicable and k.value is not None and not k.holds]
+    if not failed:
+        return r
+    k = failed[0]
+    reason = f"{k.label}'s {k.condition.entry} is {k.value:.3g}; the claim needs {k.condition.text()}"
+    return replace(r, kind=Kind.NOT_TESTABLE, reason=reason,
+                   discovery=replace(r.discovery, verdict=Verdict(Kind.NOT_TESTABLE)))
+
+
+def card_gap(a: ClaimRecord, b: ClaimRecord) -> str | None:
+    """Why two tiers' records of a claim were not measured at a matching regime card, in a phrase: the condition
+    entries whose values lie further apart than their tolerance (``harness.reports.regime.residual``), with both
+    values, or that one record carries no value of them; None where the cards match, or where the claim states no
+    condition on the card (it needs no particular regime)."""
+    from harness.reports.regime import TOLERANCES, residual
+    if not a.conditions and not b.conditions:
+        return None
+    ours = {k.condition.entry: k.value for k in a.conditions if k.applicable and k.value is not None}
+    theirs = {k.condition.entry: k.value for k in b.conditions if k.applicable and k.value is not None}
+    shared = [e for e in ours if e in theirs and e in TOLERANCES]
+    if not shared:
+        return "no regime card entry measured in both"
+    off = [e for e in shared if abs(residual(e, ours[e], theirs[e])) > 1]
+    return ("regime cards differ: " + "; ".join(f"{e} {ours[e]:.3g} vs {theirs[e]:.3g}" for e in off)) if off else None
+
+
 def not_measured(what: str, command: str, regime: str = "") -> ClaimRecord:
     """A claim the runs cannot measure: what it needs, and the simulator's command that measures it."""
     return finding(regime, Kind.NOT_MEASURED, f"needs {what}", command=command)

@@ -18,7 +18,7 @@ from spec.regime import (CLIP_BINDS, ENTROPY_FALLS, EXPLORATION, HEADROOM, OFF_P
 from spec.registry import ALGORITHMS, HPARAMS
 
 from harness.reports.claim_record import (CardCheck, Claim, ClaimRecord, Estimate, Kind, RunSet, Source, Verdict,
-                                          combine, finding, not_measured)
+                                          combine, finding, not_measured, regime_checked)
 from harness.reports.regime import label_card
 from harness.reports.rundirs import Groups, fmt, same
 from harness.reports.stats import Comparison, fit, holm, paired_test, t_interval, welch_test
@@ -50,8 +50,8 @@ def estimate(what: str, d: float, half: float, ok: "Tested", pct: bool = False) 
 
 
 #: Below this share of tokens a bound is not active: a claim about the tokens a clip (or CISPO's truncation) acts
-#: on has nothing to read, however large the ratio of two such shares.
-CLIP_ACTIVE = 1e-4
+#: on has nothing to read, however large the ratio of two such shares (the regime card's CLIP_BINDS).
+CLIP_ACTIVE = CLIP_BINDS.threshold
 
 
 def _clip_inactive(shares: dict) -> str:
@@ -958,7 +958,7 @@ def decide(groups: Groups, paired: bool) -> tuple[list[list[ClaimRecord]], int]:
         for _, fn in CLAIMS:  # first pass: every test's p-value
             fn(groups)
         family.adjust()
-        return [[replace(r, claim=claim) for r in fn(groups)] for claim, fn in CLAIMS], len(family.raw)
+        return [[regime_checked(replace(r, claim=claim)) for r in fn(groups)] for claim, fn in CLAIMS], len(family.raw)
     finally:
         FAMILY.reset(token)
 

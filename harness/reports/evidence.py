@@ -14,7 +14,8 @@ from sim.metrics import summarise_run
 from spec.records import read_json, read_jsonl, read_text
 from spec.regime import CLIP_BINDS, ENTROPY_FALLS, HEADROOM, OFF_POLICY, RATIOS_MOVE, UPPER_CLIP_BINDS
 
-from harness.reports.claim_record import CardCheck, ClaimRecord, Estimate, Kind, RunSet, SetResult, Verdict
+from harness.reports.claim_record import (CardCheck, ClaimRecord, Estimate, Kind, RunSet, SetResult, Verdict,
+                                          regime_checked)
 from harness.reports.claim_render import JSON_NAME, anchor, cell, effect, prose, read_claims
 from harness.reports.claims import CLAIMS as SIM_CLAIMS
 from harness.reports.regime import label_card
@@ -462,9 +463,9 @@ def real_records(ev: Evidence) -> RunSet:
         est = None if c is None or m.fixed else Estimate(m.what, float(c.diff), float(c.half) if t else None, c.kind,
                                                          float(p) if t else None, c.n_a, m.pct)
         claim = replace(SOURCES[cid], text=text)
-        records.append(ClaimRecord(claim, "", v.kind, m.why or REASONS.get(v.kind, ""), SetResult(v, est, m.text),
-                                   conditions=card_checks(ev, cid),
-                                   command=RUN_EVIDENCE if v.kind is Kind.NOT_MEASURED else None))
+        records.append(regime_checked(ClaimRecord(
+            claim, "", v.kind, m.why or REASONS.get(v.kind, ""), SetResult(v, est, m.text),
+            conditions=card_checks(ev, cid), command=RUN_EVIDENCE if v.kind is Kind.NOT_MEASURED else None)))
     return RunSet("", tuple(records), tests=(sum(tested), 0))
 
 

@@ -128,23 +128,28 @@ def card_lines(cards: dict[str, dict[str, CardValue]], title: str = "## Regime c
     return lines + [""]
 
 
-#: Card entries a fit or a comparison of two cards reads, and how each residual is scaled: ("log", factor) for shares and movements,
+#: How far two values of a card entry may lie apart and still match: ("log", factor) for shares and movements,
 #: ("linear", width) for quantities in [0, 1].
-FIT_ENTRIES = {"clip_frac": ("log", 2.0), "clip_up_frac": ("log", 2.0), "decision_dev_q50": ("log", 2.0),
-               "upclip_pold_lt02": ("linear", 0.1), "accuracy_start": ("linear", 0.1),
-               "accuracy_end": ("linear", 0.1), "entropy_fall": ("linear", 0.1),
-               "entropy_relevant_fall": ("linear", 0.1)}
+TOLERANCES = {"clip_frac": ("log", 2.0), "clip_up_frac": ("log", 2.0), "clip_low_frac": ("log", 2.0),
+              "decision_dev_q50": ("log", 2.0), "decision_dev_q90": ("log", 2.0), "trunc_frac": ("log", 2.0),
+              "upclip_pold_lt02": ("linear", 0.1), "lowclip_pold_lt02": ("linear", 0.1),
+              "accuracy_start": ("linear", 0.1), "accuracy_end": ("linear", 0.1), "headroom": ("linear", 0.1),
+              "entropy_fall": ("linear", 0.1), "entropy_relevant_fall": ("linear", 0.1),
+              "malformed_max": ("linear", 0.03), "on_policy_frac": ("linear", 0.1)}
+#: The entries a fit (``cliplab sim --match``) targets and a comparison of two labels' cards reads.
+FIT_ENTRIES = ("clip_frac", "clip_up_frac", "decision_dev_q50", "upclip_pold_lt02", "accuracy_start", "accuracy_end",
+               "entropy_fall", "entropy_relevant_fall")
 LOG_FLOOR = 1e-4  # a share below this reads as this: a clip that binds on under 0.01% of tokens does not bind
 MISSING = 3.0  # the residual of an entry the simulator's run did not produce (no up-clipped token, say)
 
 
 def residual(entry: str, fitted: float | None, target: float) -> float:
-    """``fitted`` against ``target`` in units of the entry's tolerance: a share or a ratio movement within a
-    factor of 2 of the target (log scale), an accuracy, a share of tokens below pi_old 0.2 or an entropy fall
-    within 0.1 (linear); |residual| <= 1 is a match."""
+    """``fitted`` against ``target`` in units of the entry's tolerance (``TOLERANCES``: a share or a ratio movement
+    within a factor of 2, an accuracy, a share of tokens below pi_old 0.2 or an entropy fall within 0.1, the
+    malformed share within 0.03); |residual| <= 1 is a match."""
     if fitted is None or not math.isfinite(fitted):
         return MISSING
-    scale, width = FIT_ENTRIES[entry]
+    scale, width = TOLERANCES[entry]
     if scale == "log":
         return math.log(max(fitted, LOG_FLOOR) / max(target, LOG_FLOOR)) / math.log(width)
     return (fitted - target) / width

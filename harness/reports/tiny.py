@@ -19,7 +19,7 @@ from sim.metrics import summarise_run
 from spec.records import read_json, write_text
 from spec.registry import ALGORITHMS
 
-from harness.reports.claim_record import ClaimRecord, Kind, RunSet
+from harness.reports.claim_record import ClaimRecord, Kind, RunSet, card_gap
 from harness.reports.claim_render import JSON_NAME, cell, prose, read_claims, summary_lines, write_claims
 from harness.reports.claims import run_claims
 from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file
@@ -155,11 +155,33 @@ def sim_record(sim: list[ClaimRecord], rec: ClaimRecord) -> ClaimRecord | None:
 
 
 def predicted(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
-    """"yes" / "no": does the simulator's verdict have this tier's kind; None where either did not measure it (or
-    measured it on its discovery seeds only, or the row has no verdict of its own)."""
-    if sim is None or not rec.comparable or not sim.comparable:
+    """"yes" / "no": does the simulator's verdict have this tier's kind, where both tiers can test the claim at a
+    matching regime card; None where either did not measure it (or measured it on its discovery seeds only, or the
+    row has no verdict of its own), either reads "not testable here", or their cards differ (``not_compared``)."""
+    if not_compared(rec, sim) is not None:
         return None
     return "yes" if rec.kind is sim.kind else "no"
+
+
+#: How the agreement rate counts.
+COMPARED = ("A prediction counts where the verdicts have the same kind (reproduced, partly, not reproduced, "
+            "reversed, not detectable, not replicated). Claims are compared only where both tiers measured them on "
+            "both seed sets, neither reads \"not testable here\", and the regime card entries both record lie "
+            "within their tolerances (a factor of 2 for shares and ratio movements, 0.1 for accuracies and "
+            "entropy falls); the table says why a claim is not compared.")
+
+
+def not_compared(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
+    """Why a claim's verdicts are not compared between this tier and the simulator; None where they are."""
+    if sim is None:
+        return "no simulator record"
+    if not rec.comparable or not sim.comparable:
+        return "not measured on both seed sets in both tiers"
+    if Kind.NOT_TESTABLE in (rec.kind, sim.kind):
+        return "not testable in " + ("both tiers" if rec.kind is sim.kind else
+                                     "this tier" if rec.kind is Kind.NOT_TESTABLE else "the simulator")
+    gap = card_gap(rec, sim)
+    return None if gap is None else f"{gap} (this tier, the simulator)"
 
 
 def sim_claims(sim_dir: Path) -> list[ClaimRecord]:
@@ -227,7 +249,7 @@ def claims_lines(rs: RunSet, runs: list[dict], sim_dir) -> list[str]:
         other = sim_record(sim, rec)
         said = predicted(rec, other)
         return [(f"**{cell(other.verdict_text())}**" + (f" ({cell(other.regime)})" if other.regime else "")
-                 if other else "no record"), said or "not compared"]
+                 if other else "no record"), said or f"not compared: {cell(not_compared(rec, other))}"]
     agree, disagree = [], []
     lines = [f"Discovery seeds {s_d} ({n_d} tests, Holm-adjusted together); replication seeds {s_r or 'none'} "
              f"({n_r} tests).", ""]
@@ -243,13 +265,12 @@ def claims_lines(rs: RunSet, runs: list[dict], sim_dir) -> list[str]:
     n = len(agree) + len(disagree)
     if n:
         lo, hi = proportion_interval(len(agree), n)
-        lines += [f"**The simulator predicted {len(agree)} of the {n} verdicts both tiers measured "
-                  f"({fmt(len(agree) / n, pct=True)}; exact 95% interval {fmt(lo, pct=True)} to "
-                  f"{fmt(hi, pct=True)}).** A prediction counts where the verdicts have the same kind (reproduced, "
-                  f"partly, not reproduced, reversed, not detectable, not testable here, not replicated); rows "
-                  f"either tier did not measure, or measured on its discovery seeds only, are not compared.", ""]
+        lines += [f"**The simulator predicted {len(agree)} of the {n} verdicts both tiers could test at a matching "
+                  f"regime card ({fmt(len(agree) / n, pct=True)}; exact 95% interval {fmt(lo, pct=True)} to "
+                  f"{fmt(hi, pct=True)}).** {COMPARED}", ""]
     else:
-        lines += ["No claim has a verdict on both seed sets in both tiers yet: nothing to compare.", ""]
+        lines += [f"**No claim could be compared: none was tested by both tiers at a matching regime card.** "
+                  f"{COMPARED}", ""]
     if disagree:
         lines += ["Disagreements, each with what moved (means over this tier's seeds against the simulator's "
                   f"summary in reports/sim/summaries/{SIM_ENV}_*.json; n/a: not logged, or no counterpart run):", ""]
