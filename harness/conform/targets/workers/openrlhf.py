@@ -1,6 +1,7 @@
 """OpenRLHF's losses (``openrlhf.models.loss``: PolicyLoss, DPOLoss), its KL estimators
 (``openrlhf.models.utils.compute_approx_kl``), its trainer's advantage estimators
-(``openrlhf.trainer.ppo_utils.experience_maker``) and loss normalisers (``openrlhf.utils.loss_utils``), served to cliplab's conformance target; float64 on the CPU."""
+(``openrlhf.trainer.ppo_utils.experience_maker``) and loss normalisers (``openrlhf.utils.loss_utils``), served to
+cliplab's conformance target; float64 on the CPU."""
 from __future__ import annotations
 
 import importlib
