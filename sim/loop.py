@@ -28,7 +28,7 @@ EXTRA_STATS = ("trunc_frac", "cov_frac", "rc_weight_mean", "rc_cut_frac")
 #: The settings each environment is built from (beyond n_prompts, the difficulty range and env_seed).
 ENV_KEYS = {"bandit": ("n_arms",), "toy_lm": ("max_len", "n_think", "n_answers"),
             "feature_lm": ("vocab", "answer_len", "max_len", "n_correct", "forks", "n_features", "zipf", "confidence",
-                           "offtrack_eos")}
+                           "offtrack_eos", "explore")}
 
 
 def build_env(env: str, cfg: dict, draws: tuple[int, ...] | None = None):
