@@ -10,6 +10,8 @@ from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS, ROLLOUT_READS
 from spec.schema import Rule, did_you_mean
 
+from .feature_lm import EXPLORE
+
 ENVS = ("bandit", "toy_lm", "feature_lm")
 REWARD_SCHEMES = {  # reward of (CORRECT, WRONG, MALFORMED)
     "binary": (1.0, 0.0, 0.0),  # Dr.GRPO, GRPO: 1 / 0
@@ -74,14 +76,20 @@ ENV_SETTINGS = {
                    "zipf": (1.1, "Zipf exponent of the prior over the vocabulary", Rule(float, ge=0, le=10)),
                    "confidence": (2.0, "prior logit of each context's dominant token (the Zipf head has 0)",
                                   Rule(float, ge=0, le=50)),
-                   "offtrack_eos": (1.0, "prior logit of EOS above the dominant token in the off-track context at "
+                   "offtrack_eos": (3.0, "prior logit of EOS above the dominant token in the off-track context at "
                                          "the answer's end (one more per later position): an instruct model's format",
-                                    Rule(float, ge=-50, le=50))},
+                                    Rule(float, ge=-50, le=50)),
+                   "explore": ("sharpening", "where the tokens RL must raise sit: exploration (the dominant token of "
+                                              "ordinary answer positions near-certain, the acceptable ones at forks "
+                                              "improbable: most up-clipped tokens have pi_old < 0.2, DAPO Fig. 3a) "
+                                              "or sharpening (ordinary positions about as sure of their dominant "
+                                              "token as of its runners-up: most up-clipped tokens are likely ones)",
+                               Rule(str, choices=EXPLORE))},
 }
 ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0), "feature_lm": (-8.0, 4.0)}
 ENV_DEFAULTS = {"bandit": {"eval_every": 1}, "toy_lm": {"eval_every": 1},
                 "feature_lm": {"n_prompts": 256, "eval_every": 10, "staleness": 2, "epochs": 1, "minibatches": 8,
-                               "overlong_cache": 2}}
+                               "overlong_cache": 2, "lr": 0.008}}
 ALGO_SETTINGS = {
     "ppo": {"reward": "binary", "adv": "gae"},
     "grpo": {"reward": "binary", "adv": "grpo"},
@@ -212,6 +220,9 @@ def _check_feature_lm(cfg):
         raise ValueError(f"n_correct: expected at most vocab - 2 ({cfg['vocab'] - 2}), got {cfg['n_correct']}")
     if cfg["forks"] > cfg["answer_len"]:
         raise ValueError(f"forks: expected at most answer_len ({cfg['answer_len']}), got {cfg['forks']}")
+    if cfg["explore"] == "exploration" and cfg["n_correct"] > (cfg["vocab"] - 2) // 2:
+        raise ValueError(f"n_correct: explore=exploration (forks accept 2 n_correct tokens) needs at most "
+                         f"(vocab - 2) // 2 ({(cfg['vocab'] - 2) // 2}), got {cfg['n_correct']}")
 
 
 def parse_value(text: str):

@@ -4,6 +4,17 @@
 (the log-linear / softmax policy of Cui et al. 2505.22617 Sec. 2, with features). An update from one prompt moves
 every context whose features overlap: the bias, the position, the on/off-track flag and random directions.
 
+The format decision, EOS or not, has its own parameters, as an instruct model's format is robust to what RL
+teaches about the task: pi(EOS | c) = sigmoid(f(c)) and the other tokens share 1 - pi(EOS) by the softmax of their
+logits (a two-level softmax, Morin and Bengio 2005). The format logit f(c) = f_0(c) + theta[slot(c), EOS] has one
+parameter per format slot (on track at position t, off track at position t), which the task features do not
+drive; the task features drive the other tokens only. As one softmax: z_EOS = f(c) + logsumexp_{v != EOS} z_v(c),
+so ``theta``'s EOS column is read on the slot features and its other columns on the task features (the rest of
+``theta`` stays 0: ``trained`` masks its gradient). ``f_0`` keeps the prior's EOS probability: at theta = 0 the
+policy is ``softmax(b)``. Without this split, the tokens RL pushes up through shared features (bias, position,
+random directions) rose in off-track contexts too, until a wrong answer no longer ended: 65-83% of responses were
+truncated by step 45 under a binary reward.
+
 A response is ``answer_len`` (K) answer tokens, then EOS. The prior is Zipfian over the vocabulary (token 0 is EOS;
 one global ranking of the other tokens) plus a confident dominant token per context, drawn from the Zipf head. Each
 answer position accepts ``n_correct`` tokens; any other keeps the response going off track. At an ordinary position
@@ -17,7 +28,8 @@ A wrong token leaves the answer: the response continues in off-track contexts (s
 until EOS (wrong) or ``max_len`` (truncated: malformed). EOS before position K ends a short, wrong answer. The
 policy starts as an instruct model does, well formatted: off track, EOS sits ``offtrack_eos`` nats above the
 dominant token at position K (one more per later position), so a wrong answer ends and almost none is truncated
-(``malformed_exact`` at step 0 about 0.01% at the defaults).
+(``malformed_exact`` at step 0 about 1e-8 at the defaults), and it stays so under RL: the format decision has its
+own parameters (above).
 
 Rows of the logit table: on-track context (p, t <= K) is row p (K + 1) + t; off-track position t is row
 P (K + 1) + t. Exact expectations come from a forward recursion over positions of the on- and off-track masses.
@@ -39,6 +51,14 @@ PHI_BITS = 12
 #: Kinds of context, for the entropy's attribution: answer positions (ordinary, forking), the EOS decision after
 #: the answer, and off-track contexts.
 PARTS = ("ordinary", "fork", "end", "offtrack")
+#: Where the tokens RL must raise sit (``explore``). "sharpening": ordinary answer positions start about as sure
+#: of their dominant token as of its runners-up, and a fork's first acceptable token carries its difficulty, so RL
+#: mostly raises tokens that are already likely. "exploration": the dominant token of ordinary positions is SURE
+#: nats surer (near-certain: it cannot clip up), and a fork accepts 2 n_correct pool tokens that share the mass of
+#: one at delta, so the tokens that rise are improbable ones (most up-clipped tokens have pi_old < 0.2, DAPO
+#: 2503.14476 Fig. 3a).
+EXPLORE = ("sharpening", "exploration")
+SURE = 3.0
 
 
 def fixed_point(x: np.ndarray, top: np.ndarray, bits: int) -> np.ndarray:
@@ -68,6 +88,12 @@ def combine(products: np.ndarray) -> np.ndarray:
     return products[:, :V] + products[:, V:]
 
 
+def logsumexp(z: np.ndarray) -> np.ndarray:
+    """log sum_v exp(z_v) of each row of ``z`` [n, V], stable (the row's maximum taken out first)."""
+    top = z.max(1)
+    return top + np.log(np.exp(z - top[:, None]).sum(1))
+
+
 def product_bits(inner: int) -> int:
     """Bits of a slice such that ``inner`` products of phi (2^-PHI_BITS grid, |phi| <= 1) with slice integers,
     and every partial sum of them, are integers below 2^53 in one quantum: exact in float64 whatever order BLAS
@@ -79,13 +105,19 @@ class FeatureLM:
     """The environment and its log-linear policy; ``theta`` is the trained parameter array."""
 
     def __init__(self, n_prompts=256, vocab=128, answer_len=4, max_len=8, n_correct=2, forks=2, n_features=32,
-                 zipf=1.1, confidence=2.0, offtrack_eos=1.0, difficulty_low=-8.0, difficulty_high=4.0, env_seed=0):
+                 zipf=1.1, confidence=2.0, offtrack_eos=3.0, difficulty_low=-8.0, difficulty_high=4.0,
+                 explore="sharpening", env_seed=0):
         if max_len < answer_len + 1:
             raise ValueError(f"max_len: expected at least answer_len + 1 ({answer_len + 1}), got {max_len}")
         if n_correct + 2 > vocab:
             raise ValueError(f"n_correct: expected at most vocab - 2 ({vocab - 2}), got {n_correct}")
         if forks > answer_len:
             raise ValueError(f"forks: expected at most answer_len ({answer_len}), got {forks}")
+        if explore not in EXPLORE:
+            raise ValueError(f"explore: expected one of {', '.join(EXPLORE)}, got {explore!r}")
+        if explore == "exploration" and n_correct > (vocab - 2) // 2:
+            raise ValueError(f"n_correct: explore=exploration (forks accept 2 n_correct tokens) needs at most "
+                             f"(vocab - 2) // 2 ({(vocab - 2) // 2}), got {n_correct}")
         rng = np.random.default_rng(env_seed)
         P, K, T, V = n_prompts, answer_len, max_len, vocab
         self.P, self.K, self.T, self.vocab = P, K, T, V
@@ -116,12 +148,19 @@ class FeatureLM:
             for k in range(K):
                 row = p * (K + 1) + k
                 if fork[p, k]:
-                    good = rng.choice(pool[pool != dominant[row]], size=n_correct, replace=False)
-                    base[row, good[0]] = confidence + self.delta[p]
+                    if explore == "exploration":  # twice as many, sharing the mass of one at delta
+                        good = rng.choice(pool[pool != dominant[row]], size=2 * n_correct, replace=False)
+                        base[row, good] = confidence + self.delta[p] - np.log(2 * n_correct)
+                    else:
+                        good = rng.choice(pool[pool != dominant[row]], size=n_correct, replace=False)
+                        base[row, good[0]] = confidence + self.delta[p]
                 else:
                     others = 1 + rng.choice(V - 1, size=n_correct, replace=False)
                     good = np.concatenate([[dominant[row]], others[others != dominant[row]][:n_correct - 1]])
                 self.accept[p, k, good] = 1.0
+        if explore == "exploration":
+            ordinary = np.flatnonzero(np.concatenate([~fork, np.zeros((P, 1), dtype=bool)], axis=1).reshape(-1))
+            base[ordinary, dominant[ordinary]] += SURE
         self.fork = fork
         self.base = base
         on_part = np.concatenate([fork.astype(np.int64), np.full((P, 1), 2)], axis=1).reshape(-1)
@@ -129,9 +168,17 @@ class FeatureLM:
         # features: bias, position one-hot, on-track flag, random unit directions
         rand = rng.standard_normal((self.n_rows, n_features))
         rand = np.rint(rand / np.linalg.norm(rand, axis=1, keepdims=True) * 2.0 ** PHI_BITS) / 2.0 ** PHI_BITS
-        self.phi = np.concatenate([np.ones((self.n_rows, 1)), np.eye(T)[pos], on_track[:, None].astype(float),
-                                   rand], axis=1)
+        task = np.concatenate([np.ones((self.n_rows, 1)), np.eye(T)[pos], on_track[:, None].astype(float), rand],
+                              axis=1)
+        # format slots: on track at position t (0..K), off track at position t (K + 1 + t)
+        slot = np.where(on_track, pos, K + 1 + pos)
+        self.phi = np.concatenate([task, np.eye(K + 1 + T)[slot]], axis=1)
         self.copies, self.n_states, self.n_features = 1, self.n_rows, self.phi.shape[1]
+        # theta's parameters (1): the task rows of the non-EOS columns and the slot rows of the EOS column
+        self.trained = np.zeros((self.n_features, V))
+        self.trained[:task.shape[1], EOS + 1:] = 1.0
+        self.trained[task.shape[1]:, EOS] = 1.0
+        self.lse_base = logsumexp(base[:, EOS + 1:])  # f_0(c) = b(c, EOS) - lse_base(c)
         # slices of theta (a product over the features) and of a gradient (a product over one copy's contexts)
         self.theta_bits, self.grad_bits = product_bits(self.n_features), product_bits(self.n_rows)
         self.init = np.zeros((self.n_features, V))
@@ -149,7 +196,7 @@ class FeatureLM:
             raise ValueError("draws: expected environment draws of the same sizes (" + ", ".join(sizes) + ")")
         out = cls.__new__(cls)
         out.__dict__.update(vars(first))
-        for name in ("base", "phi", "ref", "part", "accept", "delta", "fork"):
+        for name in ("base", "phi", "ref", "part", "accept", "delta", "fork", "trained", "lse_base"):
             setattr(out, name, np.concatenate([getattr(d, name) for d in draws]))
         out.copies, out.n_states = len(draws), len(draws) * first.n_rows
         out.init = np.zeros((len(draws) * first.n_features, first.vocab))
@@ -174,37 +221,46 @@ class FeatureLM:
     def _logits(self, theta, blocks) -> np.ndarray:
         """The logits of each (copy c of ``theta``, stacked context ids) of ``blocks``, one under the other, each
         copy with its own ``theta``: phi theta by fixed-point slices (``fixed_point``, split once for every copy,
-        one quantum per copy) with one BLAS product per copy, the same bits on every CPU."""
+        one quantum per copy) with one BLAS product per copy, the same bits on every CPU; then EOS's logit set from
+        the format logit, z_EOS = f + logsumexp of the other tokens' logits."""
         F = self.n_features
         top = np.abs(theta).reshape(len(theta) // F, -1).max(1)
         parts = fixed_point(theta, np.repeat(top, F), self.theta_bits)
         rows = np.concatenate([r for _, r in blocks])
         products = np.concatenate([self.phi[r] @ parts[c * F:(c + 1) * F] for c, r in blocks])
-        return self.base[rows] + combine(products)
+        z = self.base[rows] + combine(products)
+        z[:, EOS] += logsumexp(z[:, EOS + 1:]) - self.lse_base[rows]
+        return z
 
     def _stacked_logits(self, theta, ids):
         """``logits`` of sorted stacked context ids, each copy's with its own ``theta``."""
         return self._logits(theta, [(c, ids[part]) for c, part in self._by_copy(ids)])
 
     def rows(self, theta, states, tokens, mask):
-        """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi):
-        the softmax is computed once per distinct context, the logits copy by copy."""
+        """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi, the
+        softmax of their non-EOS logits): the softmax is computed once per distinct context, the logits copy by
+        copy."""
         on = mask > 0
         uniq, inv = distinct(states[on], self.n_states)
-        logp_u, pi_u = tables(self._stacked_logits(theta, uniq))
+        z = self._stacked_logits(theta, uniq)
+        logp_u, pi_u = tables(z)
         logp = np.zeros(mask.shape)
         logp[on] = logp_u[inv, tokens[on]]
-        return logp, (uniq, inv, pi_u)
+        return logp, (uniq, inv, pi_u, tables(z[:, EOS + 1:])[1])
 
     def grad(self, theta, states, tokens, mask, rows, grad_logp):
-        """d loss / d theta = sum_c phi(c)^T sum_{t: c_t = c} g_t (1[v = a_t] - pi(v|c)) (softmax and log-linear
-        chain rule), summed per distinct context ``c``, per copy; returned with rows None (every row of theta)."""
-        uniq, inv, pi_u = rows
+        """d loss / d theta = sum_c phi(c)^T dz(c), masked by ``trained``, summed per distinct context ``c``, per
+        copy; returned with rows None (every row of theta). With G(c) = sum_{t: c_t = c} g_t and n_v(c) the sum of
+        g_t over the tokens v there, the two-level softmax gives dz_EOS = n_EOS - G sigmoid(f) (the format
+        logit's Bernoulli gradient) and dz_v = n_v - (G - n_EOS) q_v for the other tokens, q their softmax."""
+        uniq, inv, pi_u, q_u = rows
         on = mask > 0
         g = grad_logp[on]
         n, V = len(uniq), self.vocab
         dz = np.bincount(inv * V + tokens[on], weights=g, minlength=n * V).reshape(n, V)
-        dz -= np.bincount(inv, weights=g, minlength=n)[:, None] * pi_u
+        total = np.bincount(inv, weights=g, minlength=n)
+        dz[:, EOS + 1:] -= (total - dz[:, EOS])[:, None] * q_u
+        dz[:, EOS] -= total * pi_u[:, EOS]
         phi_t = self.phi[uniq].T
         F, blocks = self.n_features, self._by_copy(uniq)
         # phi^T dz by fixed-point slices of dz (``fixed_point``), one quantum per copy: the same bits on every CPU
@@ -214,7 +270,9 @@ class FeatureLM:
         out = np.zeros((self.copies * F, 2 * V))  # copies without tokens here get no gradient
         for c, part in blocks:
             out[c * F:(c + 1) * F] = phi_t[:, part] @ parts[part]
-        return combine(out), None
+        out = combine(out)
+        out *= self.trained
+        return out, None
 
     def ref_logp(self, states, tokens, mask):
         return np.where(mask > 0, self.ref[states, tokens], 0.0)
