@@ -152,6 +152,7 @@ class Trainer:
             self.critic = optim.Adam(self.values, cfg["critic_lr"], blocks=self.copies)
         self.step_no, self.last_step = 0, None if steps is None else steps - 1
         self.history = deque(maxlen=cfg["staleness"] + 1)  # parameters at the start of the last steps
+        self.history_updates = deque(maxlen=cfg["staleness"] + 1)  # each copy's optimiser updates by then
         self.snaps = self.env.snapshots(self.params)
         orders = [np.argsort(snap.success, kind="stable") for snap in self.snaps]  # each copy's draw's prompts
         third = max(1, len(orders[0]) // 3)
@@ -237,6 +238,7 @@ class Trainer:
                     rec.update(entropy_law(old, snap), cov_interval=cov)
             self.snaps, self.cov_sum = snaps, np.zeros(self.copies)
         self.history.append(self.params.copy() if self.cfg["staleness"] else self.params)
+        self.history_updates.append(self.opt.t.copy())
         params = self._rollout_params()  # the policy ``staleness`` steps back, perturbed
         for rec, part in zip(recs, self._rl_step(params) if self.algo in POLICY_ALGORITHMS else
                              self._dpo_step(params)):
@@ -281,6 +283,7 @@ class Trainer:
         n_groups, trained = len(ro.prompts) // k, len(r) // k  # per copy
         clips = StepClips(self.algo, cfg["loss"], k)
         clip_sum, tok_sum, loss_sum = np.zeros((3, k))
+        lag = self.opt.t[copies] - self.history_updates[0][copies]  # updates between sampler and learner
         extra_sums: dict = {}  # token-weighted sums of the stats some losses add (trunc_frac, cov_frac, rc_*)
         updates = 0
         alg, in_group = ALGORITHMS[self.algo], np.arange(g)
@@ -297,7 +300,8 @@ class Trainer:
                 kept: dict = {}  # the token ratio (and DCPO's bounds) the loss computed, for StepClips
                 loss, grad, stats = policy_terms(alg, hp, logp, old, a, m, g, ref_lp[rows], rollout_lp[rows],
                                                  keep=kept, blocks=k)
-                zeroed = clips.add(logp, old, a, m, self.env.at_fork(st), **kept)  # PPO-zeroed tokens
+                on_policy = (lag == 0) & (updates == 0) & (cfg["rollout_noise"] == 0)  # r = 1 exactly
+                zeroed = clips.add(logp, old, a, m, self.env.at_fork(st), on_policy=on_policy, **kept)
                 for key in EXTRA_STATS:
                     if key in stats:
                         extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
@@ -312,7 +316,8 @@ class Trainer:
         rur = (np.abs(adv) > 1e-12).any(1).reshape(k, -1).mean(1)
         tok_n = np.maximum(tok_sum, 1.0)
         return [{"clip_frac": clip_sum[i] / tok_n[i], "rur": float(rur[i]), "loss": loss_sum[i] / updates,
-                 "trained": trained, "cov_logp_adv": covs[i], **clip_rec,
+                 "trained": trained, "cov_logp_adv": covs[i], "updates_per_batch": updates,
+                 "staleness": int(lag[i]), **clip_rec,
                  **{key: v[i] / tok_n[i] for key, v in extra_sums.items()}}
                 for i, clip_rec in enumerate(clips.summary())]
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from spec.registry import ALGORITHMS
+from spec.regime import DECISION_P_OLD, EXPLORATION_P_OLD, STEP_METRICS
 
 from .aggregation import block_count
 from .losses import check_dcpo_q, dcpo_bounds
@@ -17,18 +18,15 @@ PASS_K = (1, 8, 64)
 #: Every per-step metric, with its definition (also written into summary.json).
 DEFINITIONS = {
     "reward": "mean training reward (the algorithm's scheme, shaping included) over the responses generated",
-    "accuracy": "share of generated responses that are correct",
     "accuracy_exact": "exact probability of a correct response, prompt drawn uniformly from the pool",
     "entropy": "exact expected per-token entropy of the policy: sum_s d(s) H(pi(.|s)) / sum_s d(s)",
     "kl_ref": "exact expected per-token KL(pi || pi_ref), weighted like entropy",
-    "clip_frac": "token clipping ratio (TCR) averaged over the step's minibatch updates, token-weighted",
     "rur": "response utilisation ratio: share of trained responses with a non-zero advantage",
     "zero_grad_frac": "share of generated groups whose rewards are all equal",
     "resp_len": "mean response length (tokens, EOS included) of the generated responses",
     "len_correct": "mean length of the correct generated responses",
     "len_wrong": "mean length of the incorrect (wrong or malformed) generated responses",
     "len_wrong_exact": "exact expected length of an incorrect response, prompt drawn uniformly from the pool",
-    "malformed": "share of generated responses that break the format (truncation included)",
     "truncated": "share of generated responses still running at max_len",
     "gen_per_trained": "responses generated per response trained on (DAPO dynamic sampling > 1)",
     "loss": "mean policy loss over the step's updates",
@@ -47,14 +45,13 @@ DEFINITIONS = {
     "entropy_hard": "exact per-token entropy of the responses to the third of prompts hardest at the start",
     "entropy_easy": "same for the easiest third",
     **{f"pass@{k}": f"exact pass@{k}: mean over the pool of 1 - (1 - success_p)^{k}" for k in PASS_K},
-    "clip_up_frac": "share of trained tokens with A > 0 and ratio above the upper bound, over the step's updates",
-    "clip_low_frac": "share of trained tokens with A < 0 and ratio below the lower bound, over the step's updates",
-    "upclip_pold_median": "median sampling probability pi_old of the up-clipped tokens (DAPO Fig. 3a)",
-    "upclip_pold_lt02": "share of the up-clipped tokens with pi_old < 0.2 (DAPO Fig. 3a)",
     "upclip_fork_share": "feature_lm: share of the up-clipped tokens that sit at forking positions",
     "freed_frac": "share of trained tokens with A > 0 and 1.2 < ratio <= upper bound (what eps_high > 0.2 frees)",
     "freed_pold_median": "median pi_old of those tokens",
     "ratio_dev_median": "median |ratio - 1| of the trained tokens with A != 0 over the step's updates",
+    # the regime card's metrics, as spec.regime defines them for every layer (the simulator's entropy and
+    # entropy_relevant are exact expectations, defined above)
+    **{k: v for k, v in STEP_METRICS.items() if k not in ("entropy", "entropy_relevant")},
     "cov_logp_adv": "Cov(log pi_old(y_t), A_t) over the trained batch's tokens (Cui et al. 2505.22617 Eq. 4)",
     "cov_interval": "sum of cov_logp_adv over the steps since the previous exact evaluation",
     "entropy_change": "measured change of the exact entropy since the previous exact evaluation",
@@ -65,8 +62,10 @@ DEFINITIONS = {
 FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_ordinary", "entropy_fork",
               "entropy_end", "entropy_offtrack", "entropy_relevant", "entropy_hard", "entropy_easy",
               "malformed_exact")
-STEP_MEANS = ("ratio_dev_median", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
-              "upclip_fork_share", "freed_frac", "freed_pold_median")
+STEP_MEANS = ("ratio_dev_median", "decision_dev_q50", "decision_dev_q90", "zero_adv_frac", "clip_frac_active",
+              "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02", "lowclip_pold_median",
+              "lowclip_pold_lt02", "upclip_fork_share", "freed_frac", "freed_pold_median", "trunc_frac",
+              "updates_per_batch", "on_policy_frac", "staleness")
 SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac",
                 "gen_per_trained", "kl_ref_final", "resp_len", "len_wrong", "entropy_initial", "entropy_half_step",
                 *(k + "_final" for k in FINAL_KEYS), *(f"pass@{k}_{w}" for k in PASS_K for w in ("peak", "final",
@@ -139,20 +138,29 @@ def batch_cov(logp: np.ndarray, adv: np.ndarray, mask: np.ndarray) -> float | No
     return float(np.add.reduce(x) / n)
 
 
-class StepClips:
-    """Which side clipped each trained token, over a step's updates (DAPO Fig. 3a).
+#: The clip statistics of the regime card, None for an algorithm without a hard clip (SAPO's soft gate, CISPO's
+#: truncated weight, GMPO's log-space clip, KL-Cov, GPG): not defined there, and never 0.
+CLIP_KEYS = ("clip_frac_active", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
+             "lowclip_pold_median", "lowclip_pold_lt02", "upclip_fork_share", "freed_frac", "freed_pold_median")
 
-    Upper: A > 0 and ratio > hi; lower: A < 0 and ratio < lo, with the algorithm's ratio (token or sequence) and
-    bounds (fixed, or DCPO's dynamic ones). Soft-gated algorithms (SAPO) clip nothing: the shares are None.
-    Algorithms with other clips (added to the registry later) get only the ratio's spread. ``blocks``: the updates'
+
+class StepClips:
+    """The regime card's ratio and clip statistics over a step's updates (spec.regime.STEP_METRICS; DAPO Fig. 3a).
+
+    Upper: A > 0 and ratio > hi; lower: A < 0 and ratio < lo, with the algorithm's ratio (token, or GSPO's
+    sequence ratio on every token of the row) and bounds (fixed, or DCPO's dynamic ones). Decision tokens:
+    pi_old < DECISION_P_OLD and A != 0 (the tokens at pi_old near 1 move by round-off only). Algorithms without a
+    hard clip get None for ``CLIP_KEYS``; CISPO's trunc_frac is its loss's own statistic, None for the others. A
+    token update is on-policy when the policy still equals the sampler (``on_policy``). ``blocks``: the updates'
     rows are that many stacked runs of equal size (the simulator's seeds), each counted on its own.
     """
 
     def __init__(self, algo: str, hp: dict, blocks: int = 1):
         self.alg, self.hp, self.blocks = ALGORITHMS[algo], hp, blocks
         self.fixed = self.alg.clip in ("fixed", "dynamic")
-        self.tokens, self.up, self.low, self.freed, self.up_fork = np.zeros((5, blocks))
-        self.up_p, self.freed_p, self.dev = ([[] for _ in range(blocks)] for _ in range(3))
+        self.tokens, self.zero_adv, self.on_policy, self.up, self.low, self.freed, self.up_fork = \
+            np.zeros((7, blocks))
+        self.up_p, self.low_p, self.freed_p, self.dev, self.dev_p = ([[] for _ in range(blocks)] for _ in range(5))
         self.has_fork = False
 
     def _count(self, x):
@@ -168,8 +176,10 @@ class StepClips:
         for kept, a, b in zip(lists, [0] + ends, ends):
             kept.append(picked[a:b])
 
-    def add(self, logp, old_logp, adv, mask, fork=None, token_ratio=None, bounds=None) -> np.ndarray:
-        """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions. Returns, per block,
+    def add(self, logp, old_logp, adv, mask, fork=None, token_ratio=None, bounds=None,
+            on_policy=False) -> np.ndarray:
+        """One update's tokens; ``fork`` [B, T] (optional) marks tokens at forking positions; ``on_policy`` (one
+        flag, or one per block): the policy trained still equals the one that sampled them. Returns, per block,
         how many tokens PPO-clip with eps 0.2 would give no gradient (A > 0 and r > 1.2, or A < 0 and r < 0.8,
         token ratio): the tokens CISPO keeps learning from (MiniMax-M1 Sec. 3.1). ``token_ratio`` and ``bounds``
         (optional) are what ``policy_terms`` keeps of the same update, so as not to compute them again."""
@@ -187,7 +197,13 @@ class StepClips:
         else:
             lens = np.maximum(mask.sum(1, keepdims=True), 1.0)
             ratio = np.repeat(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape[1], axis=1)
-        self._keep(self.dev, ratio, on & (adv != 0))  # |ratio - 1| taken in summary
+        active = on & (adv != 0)
+        n_on = self._count(on)
+        self.tokens += n_on
+        self.zero_adv += n_on - self._count(active)
+        self.on_policy += n_on * np.asarray(on_policy)
+        self._keep(self.dev, ratio, active)  # |ratio - 1| taken in summary
+        self._keep(self.dev_p, old_logp, active)  # which of them are decision tokens, by pi_old, in summary
         if not self.fixed:
             return zeroed
         if bounds is not None:  # DCPO's from policy_terms, q checked as dcpo_bounds checks it
@@ -200,11 +216,11 @@ class StepClips:
             lo, hi = 1 - self.hp["eps_low"], 1 + self.hp["eps_high"]
         up, low = pos & (ratio > hi), neg & (ratio < lo)
         freed = pos & (ratio > 1.2) & (ratio <= hi)
-        self.tokens += self._count(on)
         self.up += self._count(up)
         self.low += self._count(low)
         self.freed += self._count(freed)
         self._keep(self.up_p, old_logp, up)  # pi_old = exp(old_logp) taken in summary
+        self._keep(self.low_p, old_logp, low)
         if fork is not None:
             self.has_fork = True
             self.up_fork += self._count(up & fork)
@@ -217,19 +233,32 @@ class StepClips:
 
     def _summary(self, i: int) -> dict:
         dev = np.abs(np.concatenate(self.dev[i]) - 1.0) if self.dev[i] else np.zeros(0)
-        out = {"ratio_dev_median": _median(dev) if dev.size else None}
-        tokens, up = self.tokens[i], self.up[i]
+        decision = dev[np.exp(np.concatenate(self.dev_p[i])) < DECISION_P_OLD] if self.dev_p[i] else dev
+        tokens, up, low = self.tokens[i], self.up[i], self.low[i]
+        active = tokens - self.zero_adv[i]
+        out = {"ratio_dev_median": _median(dev) if dev.size else None,
+               "decision_dev_q50": _median(decision) if decision.size else None,
+               "decision_dev_q90": float(np.quantile(decision, 0.9)) if decision.size else None,
+               "zero_adv_frac": _ratio(self.zero_adv[i], tokens), "on_policy_frac": _ratio(self.on_policy[i], tokens)}
+        if self.alg.clip != "truncated":
+            out["trunc_frac"] = None
         if not self.fixed or not tokens:
-            return out | {"clip_up_frac": None, "clip_low_frac": None, "upclip_pold_median": None,
-                          "upclip_pold_lt02": None, "upclip_fork_share": None, "freed_frac": None,
-                          "freed_pold_median": None}
-        up_p, freed_p = np.exp(np.concatenate(self.up_p[i])), np.exp(np.concatenate(self.freed_p[i]))
-        return out | {"clip_up_frac": float(up / tokens), "clip_low_frac": float(self.low[i] / tokens),
-                "upclip_pold_median": _median(up_p) if up_p.size else None,
-                "upclip_pold_lt02": float(np.count_nonzero(up_p < 0.2) / up_p.size) if up_p.size else None,
-                "upclip_fork_share": float(self.up_fork[i] / up) if self.has_fork and up else None,
-                "freed_frac": float(self.freed[i] / tokens),
-                "freed_pold_median": _median(freed_p) if freed_p.size else None}
+            return out | dict.fromkeys(CLIP_KEYS)
+        up_p, low_p, freed_p = (np.exp(np.concatenate(x[i])) for x in (self.up_p, self.low_p, self.freed_p))
+        return out | {"clip_frac_active": _ratio(up + low, active),
+                      "clip_up_frac": float(up / tokens), "clip_low_frac": float(low / tokens),
+                      "upclip_pold_median": _median(up_p) if up_p.size else None,
+                      "upclip_pold_lt02": _share_below(up_p, EXPLORATION_P_OLD),
+                      "lowclip_pold_median": _median(low_p) if low_p.size else None,
+                      "lowclip_pold_lt02": _share_below(low_p, EXPLORATION_P_OLD),
+                      "upclip_fork_share": float(self.up_fork[i] / up) if self.has_fork and up else None,
+                      "freed_frac": float(self.freed[i] / tokens),
+                      "freed_pold_median": _median(freed_p) if freed_p.size else None}
+
+
+def _share_below(x: np.ndarray, bound: float) -> float | None:
+    """Share of ``x`` below ``bound``, None if empty."""
+    return _ratio(np.count_nonzero(x < bound), x.size)
 
 
 def _median(x) -> float:
