@@ -298,7 +298,8 @@ def test_random_reward_ignores_the_answer():
     ({"confidence": -1.0}, "confidence"), ({"confidence": float("inf")}, "confidence"),
     ({"staleness": -1}, "staleness"), ({"staleness": 1.5}, "staleness"), ({"eval_every": 0}, "eval_every"),
     ({"answer_len": 8}, "max_len"), ({"forks": 5}, "forks"), ({"n_correct": 200}, "n_correct"),
-    ({"n_features": True}, "n_features"), ({"reward": "gold"}, "reward"),
+    ({"n_features": True}, "n_features"), ({"reward": "gold"}, "reward"), ({"explore": "wander"}, "explore"),
+    ({"explore": "exploration", "vocab": 8, "n_correct": 4}, "n_correct"),
 ])
 def test_bad_feature_lm_settings_name_the_key(over, field):
     with pytest.raises(ValueError, match=rf"^{field}\b"):
