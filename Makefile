@@ -64,10 +64,11 @@ reports: $(STAMP) targets
 	$(PY) -m harness.reports.tiny
 	$(PY) -m harness.cli conform all --out reports/conformance || test $$? = 1  # 1: the frameworks differ, as the pages say
 
-# The tiny character-level model (configs/tiny/model.yaml, gpu/tiny_char.py), pretrained here into the model cache
-# (~/.cache/cliplab or $CLIPLAB_CACHE) under a hash of its recipe and code when it is missing; a no-op when present.
+# The tiny character-level models (configs/tiny/model.yaml and model_sharpening.yaml, gpu/tiny_char.py), pretrained
+# here into the model cache (~/.cache/cliplab or $CLIPLAB_CACHE) under a hash of their recipe and code when missing;
+# a no-op when present.
 tiny-model: $(STAMP)
-	$(PY) -c "from gpu.models import tiny_char_path; print(tiny_char_path(build=True))"
+	$(PY) -c "from gpu.models import TINY_CHAR_RECIPES, tiny_char_path; [print(tiny_char_path(recipe=r, build=True)) for r in TINY_CHAR_RECIPES.values()]"
 
 # Re-resolve pyproject.toml's pins in a scratch environment and write requirements.lock from it.
 lock:

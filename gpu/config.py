@@ -53,7 +53,8 @@ class RunCfg:
 
 @dataclass
 class ModelCfg:
-    name: str = setting("smollm2", Rule(str))  # 'smollm2', 'tiny', 'tiny_char' or a local checkpoint folder
+    # 'smollm2', 'tiny', 'tiny_char', 'tiny_char_sharpening' or a local checkpoint folder
+    name: str = setting("smollm2", Rule(str))
     tiny: dict = setting({}, Rule(dict))  # tiny-model sizes (gpu.models.TINY_DEFAULTS)
     # train only the top N transformer blocks and the final norm
     train_top_layers: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
@@ -87,7 +88,10 @@ class RolloutCfg:
     temperature: float = setting(1.0, Rule(float, ge=1e-3, le=1e3))  # logits / T stay finite
     # truncated importance-sampling correction (None = off)
     vllm_kv_cache_mb: int = setting(64, Rule(int, ge=1, le=2 ** 24))
-    max_rounds: int = setting(3, Rule(int, ge=1, le=10 ** 4))  # generation rounds per step for DAPO dynamic sampling
+    # DAPO dynamic sampling as its verl recipe runs it: rounds of gen_batch_factor x prompts_per_step prompts
+    # (gen_batch_size), at most max_rounds of them (max_num_gen_batches)
+    max_rounds: int = setting(10, Rule(int, ge=1, le=10 ** 4))
+    gen_batch_factor: int = setting(3, Rule(int, ge=1, le=10 ** 4))
 
 
 @dataclass
@@ -118,6 +122,12 @@ class TrainCfg:
     epochs: int = setting(1, Rule(int, ge=1, le=10 ** 4))
     minibatch_size: int = setting(0, Rule(int, ge=0, le=BIG))  # sequences per optimiser step; 0 = the whole batch
     grad_accum: int = setting(1, Rule(int, ge=1, le=BIG))
+    # rollouts sampled by the policy this many optimiser updates behind the batch's first update (at most the
+    # updates of a batch, epochs x minibatches); pi_old is that sampler's
+    staleness: int = setting(0, Rule(int, ge=0, le=BIG))
+    # pi_old: the sampler's log-probs, or the policy's at the batch's first update (recomputed, as verl does: with
+    # staleness, the engine's log-probs then differ from pi_old, the mismatch a rollout correction (TIS/MIS) weighs)
+    old_logp: str = setting("sampler", Rule(str, choices=("sampler", "policy")))
     max_grad_norm: float = setting(1.0, Rule(float, gt=0))
     # output-layer tile of logprob_chunk x vocab logits (None: about 2**22)
     logprob_chunk: Optional[int] = setting(None, Rule(int, ge=1, le=BIG, optional=True))
@@ -143,6 +153,13 @@ class Config:
         """The reward function in use."""
         r = self.algo.reward
         return AUTO_REWARD.get(self.algo.name, "accuracy") if r == "auto" else r
+
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimiser updates per full rollout batch: train.epochs x its minibatches."""
+        t, r = self.train, self.rollout
+        per_mb = t.minibatch_size // r.group_size if t.minibatch_size else r.prompts_per_step
+        return t.epochs * -(-r.prompts_per_step // per_mb)
 
     def loss_hparams(self) -> dict:
         """Hyper-parameters for policy_loss (Dr.GRPO's max_len defaults to the generation budget)."""
@@ -192,8 +209,8 @@ def validate(cfg: Config) -> Config:
     _check_fields(cfg)
     r, a, t, d, m = cfg.rollout, cfg.algo, cfg.train, cfg.data, cfg.model
     models.check_model_name(m.name)
-    if m.name == "tiny_char":
-        models.tiny_char_path(m.cache_dir)  # pretrained? else the error names the make target
+    if m.name in models.TINY_CHAR_RECIPES:  # pretrained? else the error names the make target
+        models.tiny_char_path(m.cache_dir, models.TINY_CHAR_RECIPES[m.name])
     models.check_device(m.device)
     models.check_tiny(m.tiny)
     if m.lora is not None:
@@ -239,6 +256,9 @@ def validate(cfg: Config) -> Config:
     if not t.minibatch_size and r.prompts_per_step % t.grad_accum:
         raise ValueError(f"train.grad_accum: expected to divide rollout.prompts_per_step ({r.prompts_per_step}), "
                          f"got {t.grad_accum}")
+    if t.staleness > cfg.updates_per_batch:
+        raise ValueError(f"train.staleness: expected at most the optimiser updates of a batch, train.epochs x "
+                         f"minibatches = {cfg.updates_per_batch}, got {t.staleness}")
     try:
         get_reward(cfg.reward)
     except ValueError as e:

@@ -15,6 +15,9 @@ from spec.schema import show
 from .rewards import last_boxed
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
+#: The characters of a source's completions that decide its reward (the regime card's entropy_relevant): the
+#: addition task's digits, in its scratchpad and its answer, and not its format (\\boxed{, }, <eos>).
+RELEVANT_CHARS = {"addition": "0123456789"}
 SOURCES = ("arithmetic", "addition", "gsm8k", "math", "champ")
 BOXED_ONLY = ("addition",)  # sources whose answer counts only in \\boxed{} (a scratchpad's numbers are no answer)
 
@@ -47,17 +50,21 @@ def arithmetic(n: int = 256, digits: int = 1, terms: int = 2, ops: str = "+", se
     return out
 
 
-def column_addition(a: int, b: int, digits: int, writes_carry=None) -> str:
+def column_addition(a: int, b: int, digits: int, writes_carry=None, digit_slip=None) -> str:
     """The worked completion of ``a + b`` (``digits``-digit operands): a scratchpad of the columns from the units
     up, each as its sum digit and the carry it passes on ('347+285': '21', '31', '60'), then the answer read off
     the written columns, in \\boxed{}: '213160\\boxed{632}'. ``writes_carry(s)`` says whether a column whose sum s
     (carry in included) is 10 or more writes its carry (default: always, the correct working); a dropped carry is
-    missing from the next column and so from the answer, as in the schoolbook slip."""
+    missing from the next column and so from the answer, as in the schoolbook slip. ``digit_slip(x, y)`` is what a
+    column of operand digits x and y adds to its written sum digit (mod 10; default 0, the correct digit): a slip
+    of that column's digit alone, its carry unchanged."""
     scratch, carry = "", 0
     for i in range(digits):
-        s = (a // 10 ** i) % 10 + (b // 10 ** i) % 10 + carry
+        x, y = (a // 10 ** i) % 10, (b // 10 ** i) % 10
+        s = x + y + carry
         carry = int(s >= 10 and (writes_carry is None or writes_carry(s)))
-        scratch += f"{s % 10}{carry}"
+        written = (s + (digit_slip(x, y) if digit_slip else 0)) % 10
+        scratch += f"{written}{carry}"
     answer = ("1" if carry else "") + scratch[-2::-2]
     return f"{scratch}\\boxed{{{answer.lstrip('0') or '0'}}}"
 
@@ -187,6 +194,17 @@ def check_alphabet(tokenizer, problems: list[Problem], source: str) -> None:
         raise ValueError(f"data.source: {show(source)} has {n} of its {total} prompt characters ({n / total:.0%}) "
                          f"outside the model's tokenizer's alphabet (read as {tokenizer.unk_token}), such as "
                          f"{show(common)}; expected prompts the tokenizer can spell (tiny_char: data.source addition)")
+
+
+def relevant_token_ids(tokenizer, source: str):
+    """The token ids [K] of ``source``'s reward-relevant characters (RELEVANT_CHARS) that the tokenizer spells as one
+    token each, or None for a source without them."""
+    import torch
+    chars = RELEVANT_CHARS.get(source)
+    if chars is None:
+        return None
+    ids = [tokenizer.convert_tokens_to_ids(ch) for ch in chars]
+    return torch.tensor([i for i in ids if i is not None and i != tokenizer.unk_token_id])
 
 
 def prompt_ids(tokenizer, problem: Problem, system: str | None, max_tokens: int) -> list[int]:

@@ -33,7 +33,11 @@ TINY_RULES = {"hidden": Rule(int, ge=16, le=8192), "layers": Rule(int, ge=1, le=
 LORA_RULES = {"r": Rule(int, ge=1, le=65536), "lora_alpha": Rule(float, gt=0), "lora_dropout": Rule(float, ge=0, lt=1),
               "bias": Rule(str, choices=("none", "all", "lora_only"))}
 DEVICES = ("cpu", "cuda", "mps")
-NAMED = ("smollm2", "tiny", "tiny_char")  # the models resolve_model builds or finds by name
+#: The tiny tier's two priors, by model name: where the tokens RL must raise sit (gpu.tiny_char.slip_table), below
+#: pi_old 0.2 ("exploration", DAPO Fig. 3a) or above it ("sharpening").
+TINY_CHAR_RECIPES = {"tiny_char": tiny_char.RECIPE,
+                     "tiny_char_sharpening": tiny_char.RECIPE.with_name("model_sharpening.yaml")}
+NAMED = ("smollm2", "tiny", *TINY_CHAR_RECIPES)  # the models resolve_model builds or finds by name
 
 
 def _cache_root(path: str | os.PathLike | None = None) -> tuple[Path, str]:
@@ -136,7 +140,8 @@ def check_device(device: str) -> None:
 
 
 def check_model_name(name: str) -> None:
-    """'smollm2', 'tiny', 'tiny_char', a checkpoint folder (with config.json) or, when online, a hub id 'org/name'."""
+    """'smollm2', 'tiny', 'tiny_char', 'tiny_char_sharpening', a checkpoint folder (with config.json) or, when
+    online, a hub id 'org/name'."""
     if name in NAMED:
         return
     path = Path(name).expanduser()
@@ -146,7 +151,7 @@ def check_model_name(name: str) -> None:
         return
     hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~")) and not path.exists()
     if not hub_id or os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise ValueError(f"model.name: no checkpoint folder {name!r}; expected 'smollm2', 'tiny', 'tiny_char', a "
+        raise ValueError(f"model.name: no checkpoint folder {name!r}; expected one of {', '.join(NAMED)}, a "
                          "folder with config.json, or (online) a hub id 'org/name'")
 
 
@@ -254,13 +259,13 @@ def _drop_gguf_quantization(config_json: Path) -> None:
 
 
 def resolve_model(name: str, cache: str | os.PathLike | None = None, tiny: dict | None = None) -> Path | str:
-    """'smollm2', 'tiny', 'tiny_char' or a checkpoint folder / hub id; returns what ``from_pretrained`` accepts."""
+    """A name of NAMED or a checkpoint folder / hub id; returns what ``from_pretrained`` accepts."""
     if name == "smollm2":
         return smollm2_path(cache)
     if name == "tiny":
         return tiny_model(cache, **(tiny or {}))
-    if name == "tiny_char":
-        return tiny_char_path(cache)
+    if name in TINY_CHAR_RECIPES:
+        return tiny_char_path(cache, TINY_CHAR_RECIPES[name])
     check_model_name(name)
     return name
 

@@ -1,6 +1,6 @@
-"""Per-step metrics of a real-model step under the simulator's names and definitions (sim/metrics.py DEFINITIONS),
-computed here in torch: which side clipped each token, pass@k from the group, lengths of wrong answers,
-Cov(log pi, A)."""
+"""Per-step metrics of a real-model step under the simulator's names and the regime card's (sim/metrics.py
+DEFINITIONS, spec/regime.py STEP_METRICS), computed here in torch: which side clipped each token and how likely it
+was, how far decision tokens' ratios moved, pass@k from the group, lengths of wrong answers, Cov(log pi, A)."""
 from __future__ import annotations
 
 import math
@@ -8,6 +8,7 @@ import math
 import numpy as np
 import torch
 
+from spec.regime import DECISION_P_OLD, EXPLORATION_P_OLD
 from spec.registry import ALGORITHMS
 
 from .losses import dcpo_bounds
@@ -20,7 +21,8 @@ DEFINITIONS = {
     "upclip_pold_lt02": "share of the up-clipped tokens with pi_old < 0.2 (DAPO Fig. 3a)",
     "freed_frac": "share of trained tokens with A > 0 and 1.2 < ratio <= upper bound (what eps_high > 0.2 frees)",
     "freed_pold_median": "median pi_old of those tokens",
-    "ratio_dev_median": "median |ratio - 1| of the trained tokens with A != 0 over the step's updates",
+    "ratio_dev_median": "median |ratio - 1| of the trained tokens with A != 0 over the step's updates (mostly float "
+                        "round-off on near-certain tokens: the card reads decision_dev_q50)",
     "cov_logp_adv": "Cov(log pi_old(y_t), A_t) over the trained batch's tokens (Cui et al. 2505.22617 Eq. 4)",
     "pass@k": "pass@k estimated from each group of G samples (Chen et al. 2107.03374 Eq. 1: 1 - C(G-c, k)/C(G, k)), "
               "averaged over the step's prompts; k = 1 and k = G",
@@ -67,26 +69,45 @@ def batch_cov(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> floa
     return float(((x - x.mean()) * (a - a.mean())).mean())
 
 
-def _median(parts: list) -> float | None:
-    x = torch.cat(parts) if parts else torch.zeros(0)
-    return float(np.median(x.double().numpy())) if x.numel() else None
+def _cat(parts: list) -> torch.Tensor:
+    return torch.cat(parts).double() if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def _quantile(parts: list, q: float) -> float | None:
+    x = _cat(parts)
+    return float(np.quantile(x.numpy(), q)) if x.numel() else None
+
+
+def _share_below(parts: list, bound: float) -> float | None:
+    x = _cat(parts)
+    return float((x < bound).double().mean()) if x.numel() else None
+
+
+#: The clip statistics of the regime card, logged as None for an algorithm without a hard clip (SAPO's soft gate,
+#: CISPO's truncated weight, KL-Cov, GPG, GMPO's log-space clip): not defined there, and never 0.
+CLIP_KEYS = ("clip_frac", "clip_frac_active", "clip_up_frac", "clip_low_frac", "upclip_pold_median",
+             "upclip_pold_lt02", "lowclip_pold_median", "lowclip_pold_lt02", "freed_frac", "freed_pold_median")
 
 
 class StepClips:
-    """Which side clipped each trained token over a step's updates (DAPO Fig. 3a).
+    """The regime card's ratio and clip statistics over a step's updates (spec.regime.STEP_METRICS; DAPO Fig. 3a).
 
-    Upper: A > 0 and ratio > hi; lower: A < 0 and ratio < lo, with the algorithm's ratio (token, or GSPO's
-    sequence ratio on every token of the row) and bounds (fixed, or DCPO's dynamic ones from pi_old). Algorithms
-    without a fixed or dynamic clip (SAPO's soft gate, CISPO's truncated weight) get only the ratio's spread.
+    Every update's micro-batch is added with the log-probs it was trained with and those of the sampler (pi_old).
+    Upper clip: A > 0 and ratio > hi; lower: A < 0 and ratio < lo, with the algorithm's ratio (token, or GSPO's
+    sequence ratio on every token of the row) and bounds (fixed, or DCPO's dynamic ones from pi_old); the clip
+    holds exactly those tokens (no dual clip). Decision tokens: pi_old < DECISION_P_OLD and A != 0. CISPO's
+    truncation: its weight's bounds [1 - eps_low, 1 + eps_high] (relative cap) or [0, eps_high] (absolute), MiniMax-M1
+    2506.13585 Eq. 5. A token update is on-policy when the policy still equals the sampler (``on_policy``).
     """
 
     def __init__(self, algo: str, hp: dict):
         self.alg, self.hp = ALGORITHMS[algo], hp
-        self.fixed = self.alg.clip in ("fixed", "dynamic")
-        self.tokens, self.up, self.low, self.freed = 0, 0, 0, 0
-        self.up_p, self.freed_p, self.dev = [], [], []
+        self.hard = self.alg.clip in ("fixed", "dynamic")
+        self.truncates = self.alg.clip == "truncated"
+        self.tokens = self.zero_adv = self.up = self.low = self.freed = self.truncated = self.on_policy = 0
+        self.up_p, self.low_p, self.freed_p, self.dev, self.decision_dev = [], [], [], [], []
 
-    def add(self, logp, old_logp, adv, mask) -> None:
+    def add(self, logp, old_logp, adv, mask, on_policy: bool = False) -> None:
         """One update's micro-batch: current and old log-probs, advantages, mask ([B, T] each)."""
         logp, old_logp, adv = logp.detach().double(), old_logp.detach().double(), adv.detach().double()
         on = mask > 0
@@ -96,28 +117,50 @@ class StepClips:
         else:
             lens = mask.sum(1, keepdim=True).clamp(min=1).double()
             ratio = torch.exp(log_ratio.sum(1, keepdim=True) / lens).expand_as(log_ratio)
-        self.dev.append((ratio[on & (adv != 0)] - 1.0).abs())
-        if not self.fixed:
-            return
         p_old = torch.exp(torch.where(on, old_logp, torch.zeros_like(old_logp)))
+        active = on & (adv != 0)
+        n = int(on.sum())
+        self.tokens += n
+        self.zero_adv += n - int(active.sum())
+        self.on_policy += n if on_policy else 0
+        dev = (ratio - 1.0).abs()
+        self.dev.append(dev[active])
+        self.decision_dev.append(dev[active & (p_old < DECISION_P_OLD)])
+        if self.truncates:
+            rel = self.hp["cap_mode"] == "relative"
+            lo, hi = (1 - self.hp["eps_low"], 1 + self.hp["eps_high"]) if rel else (0.0, self.hp["eps_high"])
+            self.truncated += int((on & ((ratio < lo) | (ratio > hi))).sum())
+        if not self.hard:
+            return
         if self.alg.clip == "dynamic":
             lo, hi = dcpo_bounds(p_old, self.hp["eps_low"], self.hp["eps_high"], self.hp["r_max"])
         else:
             lo, hi = 1 - self.hp["eps_low"], 1 + self.hp["eps_high"]
         up, low = on & (adv > 0) & (ratio > hi), on & (adv < 0) & (ratio < lo)
         freed = on & (adv > 0) & (ratio > 1.2) & (ratio <= hi)
-        self.tokens += int(on.sum())
         self.up, self.low, self.freed = self.up + int(up.sum()), self.low + int(low.sum()), self.freed + int(
             freed.sum())
         self.up_p.append(p_old[up])
+        self.low_p.append(p_old[low])
         self.freed_p.append(p_old[freed])
 
     def summary(self) -> dict:
-        out = {"ratio_dev_median": _median(self.dev)}
-        if not self.fixed or not self.tokens:
+        """The step's values under spec.regime's names (None where undefined: no token, no clip, no such token)."""
+        n, active = self.tokens, self.tokens - self.zero_adv
+        out = {"zero_adv_frac": self.zero_adv / n if n else None,
+               "decision_dev_q50": _quantile(self.decision_dev, 0.5),
+               "decision_dev_q90": _quantile(self.decision_dev, 0.9),
+               "ratio_dev_median": _quantile(self.dev, 0.5),
+               "on_policy_frac": self.on_policy / n if n else None,
+               "trunc_frac": self.truncated / n if self.truncates and n else None,
+               **dict.fromkeys(CLIP_KEYS)}
+        if not self.hard or not n:
             return out
-        up_p = torch.cat(self.up_p)
-        return out | {"clip_up_frac": self.up / self.tokens, "clip_low_frac": self.low / self.tokens,
-                      "upclip_pold_median": _median(self.up_p),
-                      "upclip_pold_lt02": float((up_p < 0.2).double().mean()) if up_p.numel() else None,
-                      "freed_frac": self.freed / self.tokens, "freed_pold_median": _median(self.freed_p)}
+        return out | {"clip_frac": (self.up + self.low) / n,
+                      "clip_frac_active": (self.up + self.low) / active if active else None,
+                      "clip_up_frac": self.up / n, "clip_low_frac": self.low / n,
+                      "upclip_pold_median": _quantile(self.up_p, 0.5),
+                      "upclip_pold_lt02": _share_below(self.up_p, EXPLORATION_P_OLD),
+                      "lowclip_pold_median": _quantile(self.low_p, 0.5),
+                      "lowclip_pold_lt02": _share_below(self.low_p, EXPLORATION_P_OLD),
+                      "freed_frac": self.freed / n, "freed_pold_median": _quantile(self.freed_p, 0.5)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -31,7 +32,8 @@ RULES = {
     "sft": {"seed": Rule(int, ge=0, le=2 ** 32 - 1), "steps": Rule(int, ge=1, le=10 ** 7),
             "batch": Rule(int, ge=1, le=2 ** 20), "lr": Rule(float, gt=0, le=1), "warmup": Rule(int, ge=0, le=10 ** 7),
             "weight_decay": Rule(float, ge=0, le=1), "threads": Rule(int, ge=1, le=4096),
-            "malformed": Rule(float, ge=0, lt=1), "carry_slip": Rule(dict)},
+            "malformed": Rule(float, ge=0, lt=1), "carry_slip": Rule(dict), "slip_pairs": Rule(int, ge=0, le=100),
+            "slip_right": Rule(list)},
 }
 
 
@@ -50,7 +52,8 @@ def load_recipe(path=RECIPE) -> dict:
 
 def check_recipe(raw) -> dict:
     """A recipe mapping with every section and field of RULES, checked; carry_slip maps a column sum (10..19) to
-    the probability that the demonstrations drop that column's carry."""
+    the probability that the demonstrations drop that column's carry; slip_pairs operand-digit pairs write their
+    sum digit right with a probability in slip_right = [low, high] (``slip_table``)."""
     if not isinstance(raw, dict) or set(raw) != set(RULES):
         got = sorted(raw) if isinstance(raw, dict) else raw
         raise ValueError(f"expected the sections {', '.join(RULES)}, got {show(got)}")
@@ -71,7 +74,24 @@ def check_recipe(raw) -> dict:
     if not all(isinstance(s, int) and 10 <= s <= 19 for s in slip):
         raise ValueError(f"sft.carry_slip: expected column sums 10..19 as keys, got {sorted(map(str, slip))}")
     out["sft"]["carry_slip"] = {s: Rule(float, ge=0, le=1).check(f"sft.carry_slip.{s}", p) for s, p in slip.items()}
+    right = out["sft"]["slip_right"]
+    if len(right) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in right) \
+            or not 0 < right[0] <= right[1] <= 1:
+        raise ValueError(f"sft.slip_right: expected [low, high] with 0 < low <= high <= 1, got {show(right)}")
+    out["sft"]["slip_right"] = [float(x) for x in right]
     return out
+
+
+def slip_table(sft: dict) -> dict:
+    """The slip pairs of a recipe's ``sft`` section: {(x, y): (p_right, offset)} for ``slip_pairs`` operand-digit
+    pairs drawn (seeded by sft.seed) from the 100, each writing its column's sum digit right with a probability
+    log-uniform in ``slip_right`` and else the digit ``offset`` (1..9) above it. The pairs are independent of each
+    other, so where the right digit sits (p_right: below 0.2, an exploration token of DAPO Fig. 3a, or above it, a
+    token RL sharpens) is a knob of the recipe, and prompts differ by which pairs their columns hold."""
+    rng = random.Random(sft["seed"] * 7919 + 1)
+    pairs = rng.sample([(x, y) for x in range(10) for y in range(10)], sft["slip_pairs"])
+    lo, hi = (math.log(p) for p in sft["slip_right"])
+    return {pair: (math.exp(rng.uniform(lo, hi)), rng.randint(1, 9)) for pair in pairs}
 
 
 def recipe_key(recipe: dict) -> str:
@@ -115,11 +135,19 @@ def build_model(recipe: dict, tok):
     return model
 
 
-def demonstration(a: int, b: int, digits: int, rng: random.Random, carry_slip: dict, malformed: float) -> str:
+def demonstration(a: int, b: int, digits: int, rng: random.Random, carry_slip: dict, malformed: float,
+                  slips: dict | None = None) -> str:
     """One SFT completion of a + b: the worked columns, where a column of sum s drops its carry with probability
     ``carry_slip[s]`` (the learner's systematic slip, so hard prompts are confidently wrong at their carries with
-    the right carry a minority); with probability ``malformed`` it stops after the scratchpad, giving no answer."""
-    text = column_addition(a, b, digits, lambda s: rng.random() >= carry_slip.get(s, 0.0))
+    the right carry a minority) and a column of a slip pair (``slip_table``) writes its digit right with
+    probability p_right, else off by the pair's offset; with probability ``malformed`` it stops after the
+    scratchpad, giving no answer."""
+    slips = slips or {}
+
+    def digit_slip(x, y):
+        p_right, offset = slips.get((x, y), (1.0, 0))
+        return 0 if rng.random() < p_right else offset
+    text = column_addition(a, b, digits, lambda s: rng.random() >= carry_slip.get(s, 0.0), digit_slip)
     return text[:text.index("\\boxed")] if rng.random() < malformed else text
 
 
@@ -128,11 +156,11 @@ def sft_batch(recipe: dict, tok, rng: random.Random):
     labels are -100 on the prompt and the padding, so the loss is on completions (and their <eos>) only."""
     digits, sft = recipe["task"]["digits"], recipe["sft"]
     lo, hi = 10 ** (digits - 1), 10 ** digits - 1
-    rows = []
+    rows, slips = [], slip_table(sft)
     for _ in range(sft["batch"]):
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
         prompt = encode_prompt(tok, f"{a}+{b}")
-        completion = tok(demonstration(a, b, digits, rng, sft["carry_slip"], sft["malformed"])).input_ids
+        completion = tok(demonstration(a, b, digits, rng, sft["carry_slip"], sft["malformed"], slips)).input_ids
         rows.append((prompt, completion + [tok.eos_token_id]))
     width = max(len(p) + len(c) for p, c in rows)
     ids = torch.full((len(rows), width), tok.pad_token_id)

@@ -3,6 +3,8 @@ checkpoints and exact resume."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import os
 import random
 import resource
@@ -23,10 +25,10 @@ from spec.registry import ALGORITHMS
 from spec.records import writable_folder
 
 from .config import Config
-from .data import BOXED_ONLY, PromptStream, check_alphabet, load_problems, prompt_ids
+from .data import BOXED_ONLY, PromptStream, check_alphabet, load_problems, prompt_ids, relevant_token_ids
 from .loggers import StepLoggers
 from .models import ValueModel, load_policy, load_reference, load_tokenizer, resolve_model
-from .rewards import VERIFIER, overlong_filter_mask, score
+from .rewards import VERIFIER, extract_answer, overlong_filter_mask, score
 from .rollout import Rollouts, logprob_gap, make_engine
 from .step_metrics import StepClips, batch_cov, rollout_metrics
 
@@ -77,8 +79,19 @@ class Trainer:
                     if c.algo.name == "dpo" or beta > 0 or c.algo.kl_reward_coef > 0 else None)
         self.value = ValueModel(self.path, device=c.model.device) if c.algo.name == "ppo" else None
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=c.train.lr, weight_decay=c.train.weight_decay)
-        self.vopt = (torch.optim.AdamW(self.value.parameters(), lr=c.train.value_lr) if self.value else None)
+        fused = {"fused": True} if self.dev.type in ("cpu", "cuda") else {}  # one kernel for every tensor
+        self.opt = torch.optim.AdamW(params, lr=c.train.lr, weight_decay=c.train.weight_decay, **fused)
+        self.vopt = (torch.optim.AdamW(self.value.parameters(), lr=c.train.value_lr, **fused)
+                     if self.value else None)
+        # the sampling policy: the trained model itself, or with train.staleness k a copy holding its weights of k
+        # optimiser updates ago (the rollouts' pi_old); updates counts them, sampler_at is the sampler's count
+        self.sampler = copy.deepcopy(self.model).eval() if c.train.staleness else self.model
+        self.updates, self.sampler_at = 0, 0
+        if c.algo.name != "dpo" and c.updates_per_batch == 1 and not c.train.staleness:
+            logging.getLogger(__name__).warning(
+                "train.epochs / train.minibatch_size: one optimiser update per rollout batch and train.staleness 0: "
+                "every ratio is 1, so no clip binds (set train.epochs > 1, a train.minibatch_size below the batch, "
+                "or train.staleness > 0)")
         data_kw = ({"n": c.data.n, "digits": c.data.digits, "terms": c.data.terms, "ops": c.data.ops,
                     "seed": c.run.seed} if c.data.source == "arithmetic" else
                    {"n": c.data.n, "digits": c.data.digits, "seed": c.run.seed} if c.data.source == "addition" else
@@ -86,6 +99,7 @@ class Trainer:
                    {"limit": c.data.limit})
         self.stream = PromptStream(load_problems(c.data.source, **data_kw), seed=c.run.seed)
         check_alphabet(self.tok, self.stream.problems, c.data.source)
+        self.relevant = relevant_token_ids(self.tok, c.data.source)
         self.sas = gpu.SmoothAdvantage()
         self.verifier = VERIFIER  # one long-lived answer checker per process
         self.step = 0
@@ -93,7 +107,7 @@ class Trainer:
                          if c.model.dtype != "float32" else contextlib.nullcontext())
         shared = engine is not None
         if not shared:
-            engine = make_engine(c.rollout.engine, self.model, self.tok, self.path,
+            engine = make_engine(c.rollout.engine, self.sampler, self.tok, self.path,
                                  **({"kv_cache_bytes": c.rollout.vllm_kv_cache_mb << 20, "seed": c.run.seed,
                                      "dtype": "float32"} if c.rollout.engine == "vllm" else {}))
         self.engine = engine
@@ -108,7 +122,7 @@ class Trainer:
         else:
             ckpt.start_over(self.out)
         if shared or found:
-            engine.update(self.model)
+            engine.update(self.sampler)
         if change:
             ckpt.record(self.out, change)
         resolved = {"reward": c.reward, "advantage": c.advantage,
@@ -119,7 +133,8 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def _modules(self):
-        return {"policy": self.model, **({"value": self.value} if self.value else {})}
+        return {"policy": self.model, **({"value": self.value} if self.value else {}),
+                **({"sampler": self.sampler} if self.sampler is not self.model else {})}
 
     def _optims(self):
         return {"policy": self.opt, **({"value": self.vopt} if self.vopt else {})}
@@ -127,11 +142,14 @@ class Trainer:
     def save(self):
         """Checkpoint everything resume needs."""
         ckpt.save(self.out, self.step, self._modules(), self._optims(),
-                  {"stream": self.stream.state_dict(), "sas": self.sas.state_dict()}, self.cfg.to_dict())
+                  {"stream": self.stream.state_dict(), "sas": self.sas.state_dict(),
+                   "updates": {"done": self.updates, "sampler_at": self.sampler_at}}, self.cfg.to_dict())
 
     def _restore(self, found):
         state = ckpt.load(found, self._modules(), self._optims())
         self.step = state["step"]
+        updates = state.get("updates", {"done": 0, "sampler_at": 0})
+        self.updates, self.sampler_at = updates["done"], updates["sampler_at"]
         self.stream.load_state_dict(state["stream"], found / "state.json")
         try:
             self.sas.load_state_dict(state["sas"])
@@ -147,46 +165,57 @@ class Trainer:
 
     # -- rollout and reward -----------------------------------------------------------------------------------
     def _score(self, ro: Rollouts, probs):
+        """(rewards, correct, malformed) of the rollouts: malformed when no answer can be read (with
+        BOXED_ONLY sources, none in \\boxed{}) or the response ran out of budget."""
         G = self.cfg.rollout.group_size
         texts = self.tok.batch_decode(ro.completion_ids, skip_special_tokens=True)
         golds = [p.answer for p in probs for _ in range(G)]
+        boxed_only = self.cfg.data.source in BOXED_ONLY
         rewards, correct = score(texts, golds, self.cfg.reward, self.verifier,  # each completion verified once
-                                 boxed_only=self.cfg.data.source in BOXED_ONLY)
+                                 boxed_only=boxed_only)
+        malformed = torch.tensor([t or extract_answer(x, boxed_only) is None for x, t in zip(texts, ro.truncated)],
+                                 dtype=torch.float32)
         a = self.cfg.algo
         if a.overlong_max_len is not None:
             lengths = torch.tensor([len(c) for c in ro.completion_ids], dtype=torch.float32)
             rewards = rewards + gpu.overlong_penalty(lengths, a.overlong_max_len, a.overlong_cache_len)
-        return rewards, correct
+        return rewards, correct, malformed
 
     def _rollout(self):
-        """Sample groups; with dynamic sampling keep refilling until enough groups have 0 < #correct < G."""
+        """Sample groups from the sampler. With dynamic sampling (DAPO 2503.14476 Sec. 3.2, Eq. 11, as its verl
+        recipe runs it) each round samples rollout.gen_batch_factor x the step's prompts and keeps the groups with
+        0 < #correct < G, until the step's prompts are filled (the surplus dropped) or rollout.max_rounds have
+        run: a full batch but when every round is used up."""
         c = self.cfg
         P, G = c.rollout.prompts_per_step, c.rollout.group_size
+        dynamic = c.algo.dynamic_sampling
         kept, probs_kept, rewards, correct = Rollouts([], [], [], []), [], [], []
-        generated, all_correct, all_rewards, all_lens, timeouts0 = 0, [], [], [], self.verifier.timeouts
-        rounds = c.rollout.max_rounds if c.algo.dynamic_sampling else 1
+        generated, all_correct, all_rewards, all_lens, all_bad = 0, [], [], [], []
+        timeouts0 = self.verifier.timeouts
+        rounds = c.rollout.max_rounds if dynamic else 1
         for rnd in range(rounds):
-            need = P - len(probs_kept)
-            probs = self.stream.next(need if c.algo.dynamic_sampling else P)
+            probs = self.stream.next(c.rollout.gen_batch_factor * P if dynamic else P)
             prompts = [prompt_ids(self.tok, p, c.data.system, self.prompt_budget) for p in probs]
             ro = self.engine.generate(prompts, G, c.rollout.max_new_tokens, c.rollout.temperature,
                                       seed=c.run.seed * 1_000_003 + self.step * 101 + rnd)
-            r, ok = self._score(ro, probs)
+            r, ok, bad = self._score(ro, probs)
             generated += len(ro)
             all_correct.append(ok)
             all_rewards.append(r)
+            all_bad.append(bad)
             all_lens.append(torch.tensor([len(x) for x in ro.completion_ids], dtype=torch.float32))
             # DAPO Eq. 11 keeps a group iff 0 < #correct < G: filter on correctness, not the overlong-shaped reward
-            keep = gpu.dynamic_sampling_filter(ok, G) if c.algo.dynamic_sampling else torch.ones(len(probs), dtype=bool)
-            for g in torch.nonzero(keep).squeeze(1).tolist():
+            keep = gpu.dynamic_sampling_filter(ok, G) if dynamic else torch.ones(len(probs), dtype=bool)
+            for g in torch.nonzero(keep).squeeze(1).tolist()[:P - len(probs_kept)]:
                 kept.extend(ro.select(range(g * G, (g + 1) * G)))
                 probs_kept.append(probs[g])
                 rewards.append(r[g * G:(g + 1) * G])
                 correct.append(ok[g * G:(g + 1) * G])
             if len(probs_kept) >= P:
                 break
-        info = {"generated": generated, "sampled_accuracy": float(torch.cat(all_correct).mean()),
+        info = {"generated": generated, "rounds": rnd + 1, "sampled_accuracy": float(torch.cat(all_correct).mean()),
                 "sampled_reward": float(torch.cat(all_rewards).mean()),
+                "malformed": float(torch.cat(all_bad).mean()),
                 "verify_timeouts": self.verifier.timeouts - timeouts0,
                 **rollout_metrics(torch.cat(all_lens), torch.cat(all_correct), torch.cat(all_rewards), G,
                                   len(probs_kept) * G)}
@@ -219,14 +248,11 @@ class Trainer:
         return seq[:, None] * batch.mask, None, None
 
     # -- forward passes ---------------------------------------------------------------------------------------
-    def _no_grad_pass(self, model, batch, micro):
-        outs = []
+    def _no_grad_pass(self, model, batch):
+        """(logp, entropy) [B, L-1] of the whole batch under ``model``, in one forward pass."""
         with torch.no_grad(), self.autocast:
-            for idx in micro:
-                lp, _ = token_logprobs(model, batch.rows(idx), self.cfg.train.logprob_chunk,
-                                       self.cfg.rollout.temperature)
-                outs.append((idx, lp))
-        return _scatter(outs, batch.mask)
+            lp, ent = token_logprobs(model, batch, self.cfg.train.logprob_chunk, self.cfg.rollout.temperature)
+        return lp.float(), ent.float()
 
     def _groups_split(self, n_groups, gen):
         """Minibatches (lists of micro-batches of row indices) over a shuffled group order."""
@@ -256,7 +282,7 @@ class Trainer:
         t_train = time.perf_counter() - t0 - t_roll
         if probs:
             t1 = time.perf_counter()
-            self.engine.update(self.model)
+            self.engine.update(self.sampler)
             m["weight_sync_s"] = time.perf_counter() - t1
         self.step += 1
         dt = time.perf_counter() - t0
@@ -271,6 +297,10 @@ class Trainer:
         return m
 
     def _update(self, ro, probs, rewards, correct) -> dict:
+        """train.epochs passes over the batch in minibatches, one optimiser update each. pi_old is the sampler's
+        (or with train.old_logp 'policy', the policy's before its first update): one forward pass over the batch,
+        skipped when the only update is made by that policy itself, whose log-probs it then reads from that
+        update's own pass."""
         c, G = self.cfg, self.cfg.rollout.group_size
         batch = build_batch(ro, self.tok.pad_token_id, self.dev)
         if c.algo.overlong_filter:
@@ -278,20 +308,29 @@ class Trainer:
         n_groups = len(probs)
         gen = torch.Generator().manual_seed(c.run.seed * 7919 + self.step)
         plan = [self._groups_split(n_groups, gen) for _ in range(c.train.epochs)]
-        all_rows = [idx for mb in plan[0] for idx in mb]
-        single_update = c.train.epochs == 1 and len(plan[0]) == 1
-        old_logp = None if single_update else self._no_grad_pass(self.model, batch, all_rows)
-        ref_logp = self._no_grad_pass(self.ref, batch, all_rows) if self.ref is not None else None
+        n_updates = sum(map(len, plan))
+        old_model = self.sampler if c.train.old_logp == "sampler" else self.model
+        single_update = n_updates == 1 and old_model is self.model
+        old_logp, old_ent = (None, None) if single_update else self._no_grad_pass(old_model, batch)
+        ref_logp = self._no_grad_pass(self.ref, batch)[0] if self.ref is not None else None
         if c.algo.name == "dpo":
             return self._dpo_update(batch, rewards, correct, ref_logp)
         if old_logp is None and (c.advantage == "gae" or c.advantage.startswith("reinforce_pp")):
-            old_logp = self._no_grad_pass(self.model, batch, all_rows)
+            old_logp, old_ent = self._no_grad_pass(self.model, batch)
         adv, old_values, returns = self._advantages(rewards, probs, batch, old_logp, ref_logp)
-        stats, ent, first_logp = [], [], torch.zeros_like(batch.mask)
+        stats, first_logp, first_ent = [], torch.zeros_like(batch.mask), torch.zeros_like(batch.mask)
         hp = resolve_hparams(c.algo.name, self.hp)
         clips, agg = StepClips(c.algo.name, hp), hp["agg"]
+        if self.sampler is self.model:
+            self.sampler_at = self.updates
+        start, staleness = self.updates, self.updates - self.sampler_at
+        # the sampler of the next batch: the policy train.staleness updates behind this batch's last one
+        snapshot_at = n_updates - min(c.train.staleness, n_updates)
+        if self.sampler is not self.model and snapshot_at == 0:
+            self._sync_sampler()
         for epoch, mbs in enumerate(plan):
             for micro in mbs:
+                on_policy = self.updates == start and staleness == 0  # the policy is still this batch's sampler
                 # each micro-batch weighs its share of the minibatch's aggregation units: exact accumulation
                 mb_mask = batch.mask[torch.cat(micro)]
                 total = agg_units(mb_mask, agg, G).clamp(min=1.0)
@@ -322,16 +361,27 @@ class Trainer:
                         weighted = weighted + vloss * agg_units(sub.mask, "token_mean") / v_total
                         loss = loss + vloss
                     weighted.backward()
-                    clips.add(logp, old, adv[idx, :T], sub.mask)
+                    clips.add(logp, old, adv[idx, :T], sub.mask, on_policy=on_policy)
                     st["loss"] = float(loss.detach())
                     stats.append(st)
                     if epoch == 0:
                         first_logp[idx, :T] = logp.detach()
-                        ent.append(float((entropy.detach() * sub.mask).sum() / sub.mask.sum().clamp(min=1)))
+                        first_ent[idx, :T] = entropy.detach().float()
                 st = self._optim_step()
                 stats[-1].update(st)
+                self.updates += 1
+                if self.sampler is not self.model and self.updates - start == snapshot_at:
+                    self._sync_sampler()
+        ent = first_ent if old_ent is None else old_ent
         return {**self._step_metrics(batch, ro, rewards, correct, adv, stats, ent, first_logp, old_logp, ref_logp),
-                **clips.summary()}
+                **clips.summary(), "updates_per_batch": n_updates, "staleness": staleness}
+
+    def _sync_sampler(self) -> None:
+        """The sampler takes the trained model's current weights (train.staleness > 0)."""
+        with torch.no_grad():
+            for dst, src in zip(self.sampler.parameters(), self.model.parameters()):
+                dst.copy_(src)
+        self.sampler_at = self.updates
 
     def _optim_step(self) -> dict:
         c = self.cfg
@@ -376,12 +426,15 @@ class Trainer:
         return m
 
     def _step_metrics(self, batch, ro, rewards, correct, adv, stats, ent, first_logp, old_logp, ref_logp) -> dict:
+        """``ent``: the sampler's per-token entropy [B, T] on the step's responses."""
         mask = batch.mask
         old = first_logp if old_logp is None else old_logp
         lens = torch.tensor([len(x) for x in ro.completion_ids], dtype=torch.float32)
         seq_adv = (adv.abs() * mask).sum(1)
         m = {"reward_mean": float(rewards.mean()), "accuracy_trained": float(correct.mean()),
-             "rur": float((seq_adv > 1e-8).float().mean()), "entropy": _mean(ent),
+             "rur": float((seq_adv > 1e-8).float().mean()), "entropy": _masked_mean(ent, mask),
+             "entropy_relevant": (None if self.relevant is None else
+                                  _masked_mean(ent, mask * torch.isin(batch.input_ids[:, 1:], self.relevant))),
              "len_mean": float(lens.mean()), "len_max": float(lens.max()),
              "truncated_frac": float(np.mean(ro.truncated)), "tokens": int(mask.sum())}
         n_tok = [s["tokens"] for s in stats if "clip_frac" in s]
@@ -441,11 +494,12 @@ def prompt_budget(cfg: Config, context: int | None) -> int:
     return room if limit is None else limit
 
 
-def _scatter(outs, like):
-    full = torch.zeros_like(like)
-    for idx, lp in outs:
-        full[idx, :lp.shape[1]] = lp.float()
-    return full
+def _masked_mean(x, mask) -> float | None:
+    """The mean of ``x`` over the tokens ``mask`` holds (None when it holds none)."""
+    n = float(mask.sum())
+    return float((x * mask).sum()) / n if n else None
+
+
 
 
 def train(cfg: Config, engine=None, allow_config_change: bool = False) -> Path:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpu.config import from_dict
-from gpu.step_metrics import StepClips, batch_cov, pass_at_k, rollout_metrics
+from gpu.step_metrics import CLIP_KEYS, StepClips, batch_cov, pass_at_k, rollout_metrics
 from gpu.train import Trainer
 from gpu_helpers import tiny_config
 
@@ -63,8 +63,46 @@ def test_clip_sides_by_hand():
     seq = (1.5 * 1.25 * 0.5 * 0.5) ** 0.25  # 0.827: below 1 - 3e-4, so tokens with A < 0 are low-clipped
     assert g.summary()["clip_low_frac"] == 0.25 and g.summary()["clip_up_frac"] == 0.0
     assert g.summary()["ratio_dev_median"] == pytest.approx(1 - seq)
-    # SAPO's soft gate clips nothing: only the spread is reported
-    assert set(StepClips("sapo", {}).summary()) == {"ratio_dev_median"}
+    # SAPO's soft gate has no hard clip: its clip statistics are undefined (None), never 0
+    sapo = StepClips("sapo", {})
+    sapo.add(old + torch.log(ratio), old, adv, mask)
+    assert all(sapo.summary()[k] is None for k in CLIP_KEYS) and sapo.summary()["trunc_frac"] is None
+    assert sapo.summary()["ratio_dev_median"] == pytest.approx(0.5)
+
+
+def test_the_regime_card_statistics_by_hand():
+    # six tokens (and padding): pi_old, ratio, A. GRPO's bounds 0.8 / 1.2.
+    #   0.10, 1.5,   +1: up-clipped, a decision token, |r-1| 0.5
+    #   0.30, 1.25,  +1: up-clipped, decision, 0.25
+    #   0.50, 0.5,   -1: down-clipped, decision, 0.5
+    #   0.95, 1.001, +1: inside; pi_old >= 0.9: no decision token
+    #   0.40, 0.5,    0: A = 0: neither clipped nor a decision token
+    #   0.05, 1.0,   -1: inside, decision, 0
+    old = torch.log(torch.tensor([[0.1, 0.3, 0.5, 0.95, 0.4, 0.05, 0.5]]))
+    ratio = torch.tensor([[1.5, 1.25, 0.5, 1.001, 0.5, 1.0, 9.0]])
+    adv = torch.tensor([[1.0, 1.0, -1.0, 1.0, 0.0, -1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1, 1, 1, 1, 1, 0]])
+    c = StepClips("grpo", {"eps_low": 0.2, "eps_high": 0.2})
+    c.add(old + torch.log(ratio), old, adv, mask)
+    # a second update's micro-batch, still on-policy: two tokens at r = 1 exactly (A != 0, pi_old 0.6: decisions)
+    c.add(torch.log(torch.tensor([[0.6, 0.6]])), torch.log(torch.tensor([[0.6, 0.6]])), torch.tensor([[1.0, -1.0]]),
+          torch.ones(1, 2), on_policy=True)
+    s = c.summary()
+    assert s["zero_adv_frac"] == pytest.approx(1 / 8) and s["on_policy_frac"] == pytest.approx(2 / 8)
+    assert s["clip_frac"] == pytest.approx(3 / 8) and s["clip_frac_active"] == pytest.approx(3 / 7)
+    assert s["clip_up_frac"] == pytest.approx(2 / 8) and s["clip_low_frac"] == pytest.approx(1 / 8)
+    assert s["upclip_pold_median"] == pytest.approx(0.2) and s["upclip_pold_lt02"] == 0.5
+    assert s["lowclip_pold_median"] == pytest.approx(0.5) and s["lowclip_pold_lt02"] == 0.0
+    # decision |r - 1|: 0.5, 0.25, 0.5, 0, 0, 0 -> sorted 0, 0, 0, 0.25, 0.5, 0.5: median 0.125, q90 at 4.5 -> 0.5
+    assert s["decision_dev_q50"] == pytest.approx(0.125) and s["decision_dev_q90"] == pytest.approx(0.5)
+    assert s["trunc_frac"] is None
+    # CISPO truncates its weight to [1 - eps_low, 1 + eps_high] = [0, 5] (relative cap), or [0, eps_high] = [0, 4]
+    for mode, truncated in (("relative", 1 / 3), ("absolute", 2 / 3)):
+        cispo = StepClips("cispo", {"eps_low": 1.0, "eps_high": 4.0, "cap_mode": mode})
+        r = torch.tensor([[6.0, 4.5, 0.5]])
+        cispo.add(torch.log(r * 0.1), torch.log(torch.full((1, 3), 0.1)), torch.ones(1, 3), torch.ones(1, 3))
+        assert cispo.summary()["trunc_frac"] == pytest.approx(truncated), mode
+        assert all(cispo.summary()[k] is None for k in CLIP_KEYS)
 
 
 def test_dcpo_bounds_widen_for_rare_tokens():

@@ -203,3 +203,74 @@ def test_an_exponent_without_a_dot_is_a_number_in_a_config_and_in_set(tmp_path):
     assert cfg.algo.hp["eps_high"] == 1e6 and cfg.train.lr == 2e-5
     cfg = load_config(path, ["algo.hp.eps_high=1e6", "algo.hp.eps_low=1.5e-1", "run.out_dir=1e6x"])
     assert cfg.algo.hp["eps_high"] == 1e6 and cfg.algo.hp["eps_low"] == 0.15 and cfg.run.out_dir == "1e6x"
+
+
+def test_the_schedule_counts_updates_and_on_policy_tokens(tmp_path, tiny_path):
+    """2 epochs x 2 minibatches: 4 updates a batch; the first is made by the sampler itself (r = 1), so the on-policy
+    share of token updates is the first minibatch's tokens over twice the batch's, strictly between 0 and 1/2."""
+    raw = tiny_config(tmp_path / "r", "grpo", steps=1, train={"epochs": 2, "minibatch_size": 4})
+    m = Trainer(from_dict(raw)).train_step()
+    assert m["updates_per_batch"] == 4 and m["staleness"] == 0 and 0 < m["on_policy_frac"] < 0.5
+    assert m["decision_dev_q50"] is not None and m["zero_adv_frac"] is not None
+
+
+def test_a_schedule_that_cannot_clip_warns_naming_its_keys(tmp_path, tiny_path, caplog):
+    Trainer(from_dict(tiny_config(tmp_path / "r", "grpo", steps=1)))
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert line.startswith("train.epochs / train.minibatch_size: one optimiser update per rollout") and "\n" not in line
+    caplog.clear()
+    Trainer(from_dict(tiny_config(tmp_path / "q", "grpo", steps=1, train={"staleness": 1})))
+    assert not caplog.records
+    with pytest.raises(ValueError, match=r"^train.staleness: expected at most .* = 2, got 3"):
+        from_dict(tiny_config(tmp_path / "s", "grpo", train={"minibatch_size": 4, "staleness": 3}))
+
+
+def test_staleness_samples_from_the_policy_k_updates_old_and_resumes_exactly(tmp_path, tiny_path):
+    """train.staleness 1 with 2 updates a batch: each batch after the first is sampled by the weights the model had
+    after the previous batch's first update, and pi_old is that sampler's (the engine's log-probs match it, the
+    current policy's ratios do not start at 1). Resumed from a checkpoint, the run continues exactly."""
+    raw = tiny_config(tmp_path / "run", "grpo", steps=3, run={"save_every": 1},
+                      train={"minibatch_size": 4, "staleness": 1}, algo={"hp": {"beta": 0.0}})
+    tr = Trainer(from_dict(raw))
+    assert tr.engine.model is tr.sampler and tr.sampler is not tr.model
+    after, sampled = [], []
+    step, generate = tr._optim_step, tr.engine.generate
+
+    def record_update():
+        out = step()
+        after.append([p.detach().clone() for p in tr.model.parameters()])
+        return out
+
+    def record_sampler(*args, **kwargs):
+        sampled.append([p.detach().clone() for p in tr.engine.model.parameters()])
+        return generate(*args, **kwargs)
+    tr._optim_step, tr.engine.generate = record_update, record_sampler
+    tr.fit()
+    ms = _metrics(tmp_path / "run")
+    assert len(after) == 6 and [m["staleness"] for m in ms] == [0, 1, 1]
+    for k in (1, 2):  # batch k's sampler: the weights after update 2k - 1 (the previous batch's first)
+        assert all(torch.equal(a, b) for a, b in zip(sampled[k], after[2 * k - 2]))
+        assert not all(torch.equal(a, b) for a, b in zip(sampled[k], after[2 * k - 1]))
+    assert ms[0]["on_policy_frac"] > 0 and ms[1]["on_policy_frac"] == ms[2]["on_policy_frac"] == 0
+    assert all(m["gap_mean_abs"] < 1e-4 for m in ms)  # pi_old is the sampler's, as the engine sampled
+    assert ms[1]["ratio_dev_median"] > 1e-4  # the policy one update ahead of its sampler
+    short = {**raw, "run": {**raw["run"], "out_dir": str(tmp_path / "resumed"), "steps": 1, "resume": True}}
+    Trainer(from_dict(short)).fit()
+    Trainer(from_dict({**short, "run": {**short["run"], "steps": 3}})).fit()
+    for x, y in zip(ms, _metrics(tmp_path / "resumed")):
+        for k in ("reward", "loss", "ratio_dev_median", "grad_norm", "staleness"):
+            assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-7), (x["step"], k)
+
+
+def test_pi_old_recomputed_by_the_policy_leaves_a_stale_samplers_mismatch_to_a_rollout_correction(tmp_path, tiny_path):
+    """train.old_logp 'policy' (verl's recompute): the engine's log-probs are the stale sampler's, pi_old the policy's
+    at the batch's first update, so the two differ and TIS weighs the difference; 'sampler' leaves none."""
+    gaps = {}
+    for old in ("policy", "sampler"):
+        raw = tiny_config(tmp_path / old, "grpo", steps=2, train={"minibatch_size": 4, "staleness": 1, "old_logp": old},
+                          algo={"hp": {"beta": 0.0, "rollout_correction": "tis"}})
+        Trainer(from_dict(raw)).fit()
+        ms = _metrics(tmp_path / old)
+        assert ms[1]["staleness"] == 1 and "rc_weight_mean" in ms[1]
+        gaps[old] = ms[1]["gap_mean_abs"]
+    assert gaps["policy"] > 1e-3 > 1e-4 > gaps["sampler"]
