@@ -76,7 +76,7 @@ ENV_SETTINGS = {
                    "zipf": (1.1, "Zipf exponent of the prior over the vocabulary", Rule(float, ge=0, le=10)),
                    "confidence": (2.0, "prior logit of each context's dominant token (the Zipf head has 0)",
                                   Rule(float, ge=0, le=50)),
-                   "offtrack_eos": (3.0, "prior logit of EOS above the dominant token in the off-track context at "
+                   "offtrack_eos": (4.0, "prior logit of EOS above the dominant token in the off-track context at "
                                          "the answer's end (one more per later position): an instruct model's format",
                                     Rule(float, ge=-50, le=50)),
                    "explore": ("sharpening", "where the tokens RL must raise sit: exploration (the dominant token of "

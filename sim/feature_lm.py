@@ -28,7 +28,7 @@ A wrong token leaves the answer: the response continues in off-track contexts (s
 until EOS (wrong) or ``max_len`` (truncated: malformed). EOS before position K ends a short, wrong answer. The
 policy starts as an instruct model does, well formatted: off track, EOS sits ``offtrack_eos`` nats above the
 dominant token at position K (one more per later position), so a wrong answer ends and almost none is truncated
-(``malformed_exact`` at step 0 about 1e-8 at the defaults), and it stays so under RL: the format decision has its
+(``malformed_exact`` at step 0 about 5e-10 at the defaults), and it stays so under RL: the format decision has its
 own parameters (above).
 
 Rows of the logit table: on-track context (p, t <= K) is row p (K + 1) + t; off-track position t is row
@@ -105,7 +105,7 @@ class FeatureLM:
     """The environment and its log-linear policy; ``theta`` is the trained parameter array."""
 
     def __init__(self, n_prompts=256, vocab=128, answer_len=4, max_len=8, n_correct=2, forks=2, n_features=32,
-                 zipf=1.1, confidence=2.0, offtrack_eos=3.0, difficulty_low=-8.0, difficulty_high=4.0,
+                 zipf=1.1, confidence=2.0, offtrack_eos=4.0, difficulty_low=-8.0, difficulty_high=4.0,
                  explore="sharpening", env_seed=0):
         if max_len < answer_len + 1:
             raise ValueError(f"max_len: expected at least answer_len + 1 ({answer_len + 1}), got {max_len}")

@@ -171,7 +171,7 @@ ENV_TEXT = {
                    "tokens come from a pool of 8 improbable tokens shared by all prompts (Zipf ranks 8-15); the "
                    "first sits delta nats from the dominant one (delta from -8, hopeless, to +4, easy). A wrong "
                    "token sends the response into off-track contexts until EOS or max_len 8 (truncated); off "
-                   "track EOS is the likeliest token, as in an instruct model, so about 1e-8 of responses are "
+                   "track EOS is the likeliest token, as in an instruct model, so about 5e-10 of responses are "
                    "malformed at step 0, and the EOS decision has its own parameters (one per on/off-track "
                    "position) that the task features do not drive, so the format holds under RL. The random "
                    "features sit on a 2^-12 grid and the products are exact fixed-point sums, so every number is "
