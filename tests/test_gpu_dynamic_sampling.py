@@ -100,7 +100,8 @@ def test_each_round_samples_three_batches_and_the_step_trains_a_full_one(tmp_pat
     for every, max_rounds, rounds, trained in ((6, 10, 2, 8), (6, 1, 1, 4), (1, 10, 1, 8)):
         raw = tiny_config(tmp_path / f"run{every}{max_rounds}", "dapo", steps=1,
                           data={"source": "gsm8k", "path": str(data)}, rollout={"max_rounds": max_rounds},
-                          algo={"reward": "dapo", "dynamic_sampling": True}, train={"minibatch_size": 4})
+                          algo={"reward": "dapo", "dynamic_sampling": True}, train={"minibatch_size": 4},
+                          run={"threads": 1})
         cfg = from_dict(raw)
         assert cfg.rollout.gen_batch_factor == 3 and from_dict(tiny_config(tmp_path, "dapo")).rollout.max_rounds == 10
         m = Trainer(cfg, engine=EveryKth(tok, every)).train_step()

@@ -208,18 +208,18 @@ def test_an_exponent_without_a_dot_is_a_number_in_a_config_and_in_set(tmp_path):
 def test_the_schedule_counts_updates_and_on_policy_tokens(tmp_path, tiny_path):
     """2 epochs x 2 minibatches: 4 updates a batch; the first is made by the sampler itself (r = 1), so the on-policy
     share of token updates is the first minibatch's tokens over twice the batch's, strictly between 0 and 1/2."""
-    raw = tiny_config(tmp_path / "r", "grpo", steps=1, train={"epochs": 2, "minibatch_size": 4})
+    raw = tiny_config(tmp_path / "r", "grpo", steps=1, train={"epochs": 2, "minibatch_size": 4}, run={"threads": 1})
     m = Trainer(from_dict(raw)).train_step()
     assert m["updates_per_batch"] == 4 and m["staleness"] == 0 and 0 < m["on_policy_frac"] < 0.5
     assert m["decision_dev_q50"] is not None and m["zero_adv_frac"] is not None
 
 
 def test_a_schedule_that_cannot_clip_warns_naming_its_keys(tmp_path, tiny_path, caplog):
-    Trainer(from_dict(tiny_config(tmp_path / "r", "grpo", steps=1)))
+    Trainer(from_dict(tiny_config(tmp_path / "r", "grpo", steps=1, run={"threads": 1})))
     [line] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert line.startswith("train.epochs / train.minibatch_size: one optimiser update per rollout") and "\n" not in line
     caplog.clear()
-    Trainer(from_dict(tiny_config(tmp_path / "q", "grpo", steps=1, train={"staleness": 1})))
+    Trainer(from_dict(tiny_config(tmp_path / "q", "grpo", steps=1, train={"staleness": 1}, run={"threads": 1})))
     assert not caplog.records
     with pytest.raises(ValueError, match=r"^train.staleness: expected at most .* = 2, got 3"):
         from_dict(tiny_config(tmp_path / "s", "grpo", train={"minibatch_size": 4, "staleness": 3}))
@@ -229,7 +229,7 @@ def test_staleness_samples_from_the_policy_k_updates_old_and_resumes_exactly(tmp
     """train.staleness 1 with 2 updates a batch: each batch after the first is sampled by the weights the model had
     after the previous batch's first update, and pi_old is that sampler's (the engine's log-probs match it, the
     current policy's ratios do not start at 1). Resumed from a checkpoint, the run continues exactly."""
-    raw = tiny_config(tmp_path / "run", "grpo", steps=3, run={"save_every": 1},
+    raw = tiny_config(tmp_path / "run", "grpo", steps=3, run={"save_every": 1, "threads": 1},
                       train={"minibatch_size": 4, "staleness": 1}, algo={"hp": {"beta": 0.0}})
     tr = Trainer(from_dict(raw))
     assert tr.engine.model is tr.sampler and tr.sampler is not tr.model
@@ -268,7 +268,7 @@ def test_pi_old_recomputed_by_the_policy_leaves_a_stale_samplers_mismatch_to_a_r
     gaps = {}
     for old in ("policy", "sampler"):
         raw = tiny_config(tmp_path / old, "grpo", steps=2, train={"minibatch_size": 4, "staleness": 1, "old_logp": old},
-                          algo={"hp": {"beta": 0.0, "rollout_correction": "tis"}})
+                          algo={"hp": {"beta": 0.0, "rollout_correction": "tis"}}, run={"threads": 1})
         Trainer(from_dict(raw)).fit()
         ms = _metrics(tmp_path / old)
         assert ms[1]["staleness"] == 1 and "rc_weight_mean" in ms[1]
