@@ -78,7 +78,9 @@ def test_an_unknown_set_key_names_the_closest_and_lists_only_the_sweeps_keys(tmp
     assert not {"tau_pos", "tau_neg", "r_max", "clip_cov_ratio", "kl_cov_coef", "cap_mode"} & set(loss + run)
     assert sorted(loss + run) == sorted(set(known_keys("toy_lm")) - {"tau_pos", "tau_neg", "r_max", "cap_mode",
                                                                       "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
-                                                                      "cov_seed", "kl_cov_ratio", "kl_cov_coef"})
+                                                                      "cov_seed", "kl_cov_ratio", "kl_cov_coef",
+                                                                      "vespo_k_pos", "vespo_lambda_pos",
+                                                                      "vespo_k_neg", "vespo_lambda_neg"})
     line = one_line_error(["sim", "--algos", "grpo,dpo", "--set", "dpo.eps_high=0.3", "--steps", "2", "--out",
                            tmp_path / "s"])
     assert "algorithm 'dpo' has no setting 'eps_high'" in line and "the loss settings of dpo (beta)" in line

@@ -269,7 +269,7 @@ def test_entropy_law_is_first_order():
     d = np.random.default_rng(1).standard_normal(theta.shape)
     old = env.snapshot(theta)
     errs = []
-    for eps in (1e-2, 1e-3):
+    for eps in (1e-3, 1e-4):  # (the EOS decision's logsumexp curves the logits: at 1e-2 the error is ~11%)
         law = entropy_law(old, env.snapshot(theta + eps * d))
         errs.append(abs(law["entropy_change_pred"] - law["entropy_change_rows"]))
         assert law["entropy_change_pred"] == pytest.approx(law["entropy_change_rows"], rel=0.05)

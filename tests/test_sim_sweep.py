@@ -107,7 +107,7 @@ def test_sim_command_json_and_report(tmp_path, capsys):
     out = tmp_path / "sweep"
     sim_command("toy_lm", "grpo,dcpo,gspo", 2, 12, [], str(out), json_out=True, workers=1, progress=False)
     printed = json.loads(capsys.readouterr().out)
-    assert set(printed) == {"grpo", "dcpo", "gspo"}
+    assert set(printed) == {"algorithms", "ranking"} and set(printed["algorithms"]) == {"grpo", "dcpo", "gspo"}
     md = write_report([out], tmp_path / "report" / "report.md", bandit=False)
     text = md.read_text()
     for claim, _ in CLAIMS:
