@@ -98,12 +98,9 @@ def hygiene(text: str) -> list[str]:
     return found
 
 
-#: Every committed report (run folders' notes aside); the simulator's predates write_report's claim records.
-OLD_LAYOUT = pytest.mark.xfail(strict=True, reason="the committed simulator report predates write_report's claim "
-                                                   "records: rerun reports/sim/regenerate.sh, then drop this mark")
-COMMITTED = [pytest.param(name, marks=OLD_LAYOUT) if name == "sim/report.md" else name
-             for name in sorted(p.relative_to(REPORTS).as_posix() for p in REPORTS.rglob("*.md")
-                                if not {"runs", "runs_vllm", "evidence"} & set(p.relative_to(REPORTS).parts))]
+#: Every committed report (run folders' notes aside).
+COMMITTED = sorted(p.relative_to(REPORTS).as_posix() for p in REPORTS.rglob("*.md")
+                   if not {"runs", "runs_vllm", "evidence"} & set(p.relative_to(REPORTS).parts))
 
 
 @pytest.mark.parametrize("name", COMMITTED)
