@@ -9,9 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
+from harness.reports.claim_record import SCHEMA
 from harness.reports.claims import CLAIMS
 from harness.reports.sim import write_report
 from harness.runs.sim import parse_algos, sim_command
@@ -107,7 +109,9 @@ def test_sim_command_json_and_report(tmp_path, capsys):
     out = tmp_path / "sweep"
     sim_command("toy_lm", "grpo,dcpo,gspo", 2, 12, [], str(out), json_out=True, workers=1, progress=False)
     printed = json.loads(capsys.readouterr().out)
-    assert set(printed) == {"algorithms", "ranking"} and set(printed["algorithms"]) == {"grpo", "dcpo", "gspo"}
+    assert set(printed) == {"algorithms", "ranking", "claims"} and set(printed["algorithms"]) == {"grpo", "dcpo", "gspo"}
+    jsonschema.validate(printed["claims"], SCHEMA)  # the claim records, as claims.json holds them
+    assert {c["claim"] for s in printed["claims"]["run_sets"] for c in s["claims"]} == {c.id for c, _ in CLAIMS}
     md = write_report([out], tmp_path / "report" / "report.md", bandit=False)
     text = md.read_text()
     for claim, _ in CLAIMS:

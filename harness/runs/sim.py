@@ -84,10 +84,13 @@ def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[
     summary = run_sweep_on(backend, env, names, seeds, steps, parse_sets(sets), out, workers=workers,
                            progress=progress, address=address, on_run=on_run)
     if json_out:
+        from harness.reports.claim_record import to_json
         from harness.reports.ranking import as_json, rankings
         from harness.reports.rundirs import load_runs
-        print(json.dumps({"algorithms": summary["algorithms"], "ranking": as_json(rankings(load_runs([out])))},
-                         indent=1, sort_keys=True))
+        from harness.reports.sim import claim_sets
+        runs = load_runs([out])
+        print(json.dumps({"algorithms": summary["algorithms"], "ranking": as_json(rankings(runs)),
+                          "claims": to_json(claim_sets(runs))}, indent=1, sort_keys=True))
     else:
         print(format_ranking(out))
         print("summary at the end of each run (equal steps; means over seeds):\n" + format_table(summary))
