@@ -145,7 +145,8 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
                                                             "reached."),
         match_label: Optional[str] = typer.Option(None, help="The label of the --match runs to fit (needed when they "
                                                              "hold several)."),
-        match_budget: int = typer.Option(60, help="Simulator runs the --match fit may spend (3 seeds each).")):
+        match_budget: int = typer.Option(240, help="Simulator runs the --match fit may spend (3 seeds each; about 3 "
+                                                  "minutes on 2 cores at 100 steps).")):
     """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular, or feature_lm with
     shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
     seeds. With --match, first fit feature_lm's learning rate, schedule and prior to the regime card of your own

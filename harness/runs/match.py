@@ -45,11 +45,13 @@ class Knob:
     choices: tuple = ()
 
     def value(self, x: float):
+        """The setting at ``x``; a real value to 4 significant digits, so that the ablation's labels stay readable
+        and run exactly the settings fitted."""
         if self.choices:
             return self.choices[int(round(x))]
-        if self.log:
-            return float(10 ** x)
-        return int(round(x)) if self.integer else float(x)
+        if self.integer:
+            return int(round(x))
+        return float(f"{10 ** x if self.log else x:.4g}")
 
     def bounds(self) -> tuple[float, float]:
         if self.choices:
@@ -165,7 +167,7 @@ def _short(v) -> str:
 
 
 def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3, steps: int | None = None,
-        budget: int = 60, workers: int = 2, fixed: dict | None = None) -> Fit:
+        budget: int = 240, workers: int = 2, fixed: dict | None = None) -> Fit:
     """Fit ``KNOBS`` to the target's card within ``budget`` simulator runs (of ``seeds`` stacked seeds and
     ``steps`` steps: by default the target's logged steps, at most 300)."""
     from scipy.optimize import differential_evolution
