@@ -56,6 +56,22 @@ def importable_module(folder, name: str, source: str):
         sys.modules.pop(name, None)
 
 
+def conform_report(fn, adapter: str, seeds: int) -> dict:
+    """The settled conformance report of a user callable ``fn`` checked as ``adapter`` says; its worker closed."""
+    from harness.conform.engine import conform, settle
+    from harness.conform.targets.callable import CallableTarget
+    target = CallableTarget(fn, adapter)
+    try:
+        return settle(target, conform(target, seeds=seeds))
+    finally:
+        target.close()
+
+
+def failing(report) -> dict:
+    """(knob, family) -> the row, for each row of a conformance report that differs or raises."""
+    return {(r["knob"], r["family"]): r for r in report["rows"] if r["outcome"] in ("differs", "raises")}
+
+
 def engine_row(target_cls, pick, seeds: int) -> dict:
     """The conformance engine's row for the first check of a remote target that ``pick(check)`` selects; the
     target's worker is closed afterwards."""

@@ -3,10 +3,10 @@ its buggy and its fixed form, differ with the convention they follow named, and 
 import textwrap
 
 import pytest
-from conftest import importable_module
+from conftest import conform_report, failing, importable_module
 
-from harness.conform.engine import conform, conform_command, settle
-from harness.conform.targets.callable import CallableTarget, parse_adapter
+from harness.conform.engine import conform_command
+from harness.conform.targets.callable import parse_adapter
 
 MODULE = textwrap.dedent('''
     import torch
@@ -134,16 +134,7 @@ def user():
 
 
 def report_of(fn, adapter: str, seeds: int = 3) -> dict:
-    target = CallableTarget(fn, adapter)
-    try:
-        return settle(target, conform(target, seeds=seeds))
-    finally:
-        target.close()
-
-
-def failing(report) -> dict:
-    """(knob, family) -> the row, for each row that differs or raises."""
-    return {(r["knob"], r["family"]): r for r in report["rows"] if r["outcome"] in ("differs", "raises")}
+    return conform_report(fn, adapter, seeds)
 
 
 def test_rloo_with_lone_responses_zeroed_is_named_and_the_loop_form_agrees(user):

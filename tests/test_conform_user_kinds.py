@@ -4,9 +4,9 @@ fixed form: the buggy one differs with a finding (or a matched step) that names 
 import textwrap
 
 import pytest
-from conftest import importable_module
+from conftest import conform_report, failing, importable_module
 
-from harness.conform.engine import conform, run_check, settle
+from harness.conform.engine import run_check
 from harness.conform.targets.callable import CallableTarget, parse_adapter
 
 MODULE = textwrap.dedent('''
@@ -114,16 +114,7 @@ def user():
 
 
 def report_of(fn, adapter: str, seeds: int = 2) -> dict:
-    target = CallableTarget(fn, adapter)
-    try:
-        return settle(target, conform(target, seeds=seeds))
-    finally:
-        target.close()
-
-
-def failing(report) -> dict:
-    """(knob, family) -> the row, for each row that differs or raises."""
-    return {(r["knob"], r["family"]): r for r in report["rows"] if r["outcome"] in ("differs", "raises")}
+    return conform_report(fn, adapter, seeds)
 
 
 SEQ_MIS = "kind=rollout_correction,correction=seq_mis"
