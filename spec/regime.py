@@ -166,8 +166,3 @@ OFF_POLICY = Condition("on_policy_frac", "<", 1.0, "an update that is exactly on
 EXPLORATION = Condition("upclip_pold_lt02", ">=", 0.5,
                         "DAPO's clip-higher argument is about up-clipped exploration tokens (pi_old < 0.2)")
 SHARPENING = Condition("upclip_pold_lt02", "<", 0.5, "most up-clipped tokens are already likely (pi_old >= 0.2)")
-
-
-def check(conditions, card_of) -> list[str]:
-    """The failures of ``conditions`` on a card: ``card_of(label, entry)`` gives the measured value."""
-    return [c.failure(v) for c in conditions if not c.holds(v := card_of(c.of, c.entry))]
