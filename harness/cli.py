@@ -151,8 +151,8 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
     shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
     seeds. With --match, first fit feature_lm's learning rate, schedule and prior to the regime card of your own
     runs, then ablate there."""
+    from harness.runs.sim import match_command, sim_command  # first: importing sim keeps BLAS to one thread
     from harness.reports.rundirs import shell_line
-    from harness.runs.sim import match_command, sim_command
     if match:
         if not _user_errors(match_command, match, match_label, match_budget, env, algos, seeds, steps, set_,
                             str(out), json_out, workers):

@@ -375,3 +375,29 @@ def test_plots_have_at_most_six_panels_none_empty_at_100_dpi(tmp_path):
     for path in paths:
         with Image.open(path) as im:
             assert im.info["dpi"][0] >= 99
+
+
+def test_cliplab_sim_imports_numpy_with_one_blas_thread():
+    """`cliplab sim` loads NumPy only after ``sim`` has set OPENBLAS_NUM_THREADS=1: OpenBLAS reads it once, when NumPy
+    loads, and a second thread per worker process only spins against the sweep's other workers (a 5-seed feature_lm
+    sweep took three times the CPU)."""
+    code = """if True:
+        import os, sys
+        seen = []
+
+        class FirstNumpy:  # records the setting when NumPy's import starts
+            def find_spec(self, name, path=None, target=None):
+                if name == "numpy" and not seen:
+                    seen.append(os.environ.get("OPENBLAS_NUM_THREADS"))
+
+        sys.meta_path.insert(0, FirstNumpy())
+        from harness.cli import app
+        try:
+            app(["sim", "--env", "nowhere"], standalone_mode=False)
+        except BaseException:
+            pass
+        print(seen)
+    """
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip().splitlines()[-1] == "['1']", done.stdout + done.stderr
