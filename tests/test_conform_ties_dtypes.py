@@ -219,3 +219,85 @@ def test_the_closest_convention_stays_in_the_claimed_algorithms_family():
     closest = [r["closest"] for r in report["rows"] if r.get("closest")]
     assert closest and all(c.startswith("none close in gspo's family") or c.split("[")[0] in
                            FAMILIES["sequence ratio"] for c in closest), closest
+
+
+DTYPES = ("float64", "float32", "bfloat16")
+
+
+def dppo_tv_loss(dtype, masked_at_the_threshold):
+    """DPPO-Binary-TV (delta 0.15) in ``dtype``, token mean: the reference keeps a token whose pi - mu equals the
+    threshold, the other one-sided convention masks it."""
+    def fn(logp, old_logp, adv, mask):
+        lp, old, a, m = (x.to(getattr(torch, dtype)) for x in (logp, old_logp, adv, mask))
+        moved = torch.exp(lp.detach()) - torch.exp(old)
+        if masked_at_the_threshold:
+            keep = torch.where(a > 0, moved < 0.15, moved > -0.15)
+        else:
+            keep = torch.where(a > 0, ~(moved > 0.15), ~(moved < -0.15))
+        coef = torch.where(keep & (a != 0), torch.exp(torch.clamp(lp.detach() - old, max=80.0)) * a, 0.0)
+        return -(coef * lp * m).sum() / m.sum().clamp(min=1)
+    return fn
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("masked_at_the_threshold", [False, True])
+def test_dppo_either_side_of_its_threshold_agrees_in_each_dtype(dtype, masked_at_the_threshold):
+    rows = _rows(dppo_tv_loss(dtype, masked_at_the_threshold), "algorithm=dppo_tv", seeds=9)
+    assert rows["typical"]["kind"] == rows["ties"]["kind"] == "agrees", {f: r["findings"] for f, r in rows.items()}
+    assert rows["ties"]["cases"] == 3
+    if dtype == "float64":  # the other convention is named as a tie-break, not a difference
+        assert bool(rows["ties"].get("tie_break")) == masked_at_the_threshold
+
+
+def test_dppo_thresholds_are_placed_on_the_divergence_and_a_wrong_mask_still_differs():
+    conv = ref.policy("dppo_tv")
+    b = at_ties(batch_of(1, "typical"), conv.ties, 1)
+    sides, at = tie_sides(conv.ties, b, TOLERANCE)
+    moved = np.exp(b.logp) - np.exp(b.old_logp)
+    assert at.any() and np.allclose(np.abs(moved[at]), 0.15, rtol=0, atol=1e-12)
+
+    def ratio_clip_mask(logp, old_logp, adv, mask):  # PPO's ratio bounds 0.85 / 1.15 in place of the TV threshold
+        r = torch.exp(logp.detach() - old_logp)
+        keep = torch.where(adv > 0, r <= 1.15, r >= 0.85)
+        return -(torch.where(keep, r * adv, 0.0) * logp * mask).sum() / mask.sum().clamp(min=1)
+    assert _rows(ratio_clip_mask, "algorithm=dppo_tv", seeds=9)["typical"]["kind"] == "differs"
+
+
+def rejection_run(dtype, statistic, low, high, rejected_at_the_edge):
+    """GRPO (beta 0, token mean) with a rejection band on each row's weight (the product of rho, or its geometric
+    mean) in ``dtype``: kept on the band's edge (the reference) or rejected there (the other convention)."""
+    def run(b):
+        t = lambda x: torch.tensor(np.asarray(x, dtype=float), dtype=getattr(torch, dtype))  # noqa: E731
+        logp = t(b.logp).requires_grad_(True)
+        old, adv, mask, rollout = t(b.old_logp), t(b.adv), t(b.mask), t(b.extra["rollout_logp"])
+        log_w = ((old - rollout) * mask).sum(1, keepdim=True)
+        if statistic == "geometric_mean":
+            log_w = log_w / mask.sum(1, keepdim=True).clamp(min=1)
+        w = torch.exp(log_w)
+        keep = (w > low) & (w < high) if rejected_at_the_edge else (w >= low) & (w <= high)
+        r = torch.exp(logp - old)
+        loss = (-torch.min(r * adv, torch.clamp(r, 0.8, 1.2) * adv) * keep * mask).sum() / mask.sum().clamp(min=1)
+        loss.backward()
+        return float(loss.detach().double()), logp.grad.double().numpy(), b
+    return run
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("correction,low,high", [("seq_rs", 0.5, 2.0), ("geo_rs", 0.8, 1.25)])
+def test_a_rejection_band_either_side_of_its_edges_agrees_in_each_dtype(dtype, correction, low, high):
+    from harness.conform.cases import Check, rollout_batch
+    from harness.conform.engine import run_check
+    from spec.registry import ROLLOUT_ROW_STATISTIC
+    conv = ref.policy("grpo", beta=0.0, agg="token_mean", rollout_correction=correction, mis_low=low, mis_high=high)
+    assert conv.ties["rollout_row"] == (ROLLOUT_ROW_STATISTIC[correction], low, high)
+    for edge in (False, True):
+        check = Check("grpo", "f", "k", rejection_run(dtype, ROLLOUT_ROW_STATISTIC[correction], low, high, edge),
+                      conv, [], rollout_batch, families=("typical", "ties"), dtype=dtype)
+        rows = {r["family"]: r for r in run_check(check, seeds=12)}
+        assert {r["kind"] for r in rows.values()} == {"agrees"}, {f: r["findings"] for f, r in rows.items()}
+        assert rows["ties"]["cases"] == 4
+        if dtype == "float64":
+            assert bool(rows["ties"].get("tie_break")) == edge
+    wrong = Check("grpo", "f", "k", rejection_run(dtype, ROLLOUT_ROW_STATISTIC[correction], low / 2, high, False),
+                  conv, [], rollout_batch, families=("typical",), dtype=dtype)
+    assert dtype == "bfloat16" or run_check(wrong, seeds=12)[0]["kind"] == "differs"

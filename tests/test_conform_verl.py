@@ -266,3 +266,63 @@ def test_grpo_vectorized_computes_in_float32_whatever_the_dtype():
     # takes the mean and std in float32, a std of about 1e-8 against eps = 1e-6, so the advantage is not 0
     assert estimator("grpo", [0.3] * 3, [0] * 3) == pytest.approx([0.0] * 3, abs=1e-12)
     assert np.abs(estimator("grpo_vectorized", [0.3] * 3, [0] * 3)).max() > 1e-3
+
+
+def _dppo(name, logp, old, adv, mask, **cfg):
+    lp = t(logp).requires_grad_(True)
+    loss, _ = ca.get_policy_loss_fn(name)(t(old), lp, t(adv), t(mask), "token-mean",
+                                          actor_config(loss_agg_mode="token-mean", **cfg))
+    loss.backward()
+    return float(loss.detach()), lp.grad.numpy()
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
+def test_dppo_truncates_the_ratio_in_its_weight_at_clip_ratio_c(name):
+    # mu = e^-5 = 0.0067, pi = 4 mu = 0.027: inside both trust regions for A = 1 (pi - mu = 0.02 < 0.15; the binary
+    # KL 0.027 < 0.05); DPPO's gradient is -r A = -4. verl weighs with min(r, clip_ratio_c), 3 by default
+    logp, old = [[-5.0 + math.log(4.0)]], [[-5.0]]
+    delta = {"dppo_tv": 0.15, "dppo_kl": 0.05}[name]
+    exact, exact_grad = spec.policy_loss(name, logp, old, [[1.0]], [[1.0]])
+    assert float(exact_grad[0, 0]) == pytest.approx(-4.0)
+    loss, grad = _dppo(name, logp, old, [[1.0]], [[1.0]], clip_ratio_low=delta, clip_ratio_high=delta)
+    assert grad[0, 0] == pytest.approx(-3.0) and loss == pytest.approx(-3.0 * logp[0][0])
+    loss, grad = _dppo(name, logp, old, [[1.0]], [[1.0]], clip_ratio_low=delta, clip_ratio_high=delta,
+                       clip_ratio_c=1e9)
+    assert grad[0, 0] == pytest.approx(-4.0) and loss == pytest.approx(float(exact))
+
+
+def _rejected(rollout_rs, threshold, log_rho, mask):
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+    kept, _ = compute_rollout_rejection_mask(t(log_rho), t(mask), rollout_rs=rollout_rs,
+                                             rollout_rs_threshold=threshold)
+    return kept.numpy()
+
+
+def test_rollout_rs_k1_bands_bound_the_inverse_weight_and_leave_rows_out_of_the_mask():
+    # rows with prod rho = 3 and 1: seq_rs [0.5, 5] keeps both; verl's seq_sum_k1 '0.5_5.0' bounds
+    # -log prod rho = log(pi_rollout / pi_old), so it keeps 1/rho in [0.5, 5], rho in [0.2, 2], and drops the first
+    mask = [[1.0, 1.0], [1.0, 1.0]]
+    log_rho = [[math.log(3.0), 0.0], [0.0, 0.0]]
+    np.testing.assert_array_equal(_rejected("seq_sum_k1", "0.5_5.0", log_rho, mask), [[0, 0], [1, 1]])
+    old = [[-1.0, -1.0], [-1.0, -1.0]]
+    rollout = (np.array(old) - np.array(log_rho)).tolist()
+    adv = [[1.0, 1.0], [-1.0, -1.0]]
+    kw = {"beta": 0.0, "agg": "token_mean", "rollout_correction": "seq_rs", "rollout_logp": rollout}
+    assert float(spec.policy_loss("grpo", old, old, adv, mask, mis_low=0.5, mis_high=5.0, **kw)[0]) == 0.0
+    assert float(spec.policy_loss("grpo", old, old, adv, mask, mis_low=0.2, mis_high=2.0, **kw)[0]) == 0.5
+    # the trainer then averages over the kept tokens only: 1 (row 2's -r A) where the reference's weight 0 keeps
+    # row 1's two tokens in the token mean, 2 / 4 = 0.5
+    loss, _ = _loss_fn("vanilla", old, old, adv, _rejected("seq_sum_k1", "0.5_5.0", log_rho, mask), clip_ratio_c=1e9)
+    assert loss == pytest.approx(1.0)
+    # the geometric mode keeps a row whose mean log rho lies in [log 0.8, log 1.25]: geo_rs's band, 1.25 = 1 / 0.8
+    log_rho = [[math.log(1.2), math.log(1.2)], [math.log(1.5), math.log(1.5)]]
+    np.testing.assert_array_equal(_rejected("seq_mean_k1", "0.8_1.25", log_rho, mask), [[1, 1], [0, 0]])
+
+
+def test_rollout_rs_gives_nan_when_every_row_is_rejected():
+    # a row of rho = 3 outside [0.5, 2]: the reference's loss is 0, verl's token mean over no kept token 0 / 0
+    kept = _rejected("seq_sum_k1", "0.5_2.0", [[math.log(3.0)]], [[1.0]])
+    assert math.isnan(_loss_fn("vanilla", [[-1.0]], [[-1.0]], [[1.0]], kept.tolist(), clip_ratio_c=1e9)[0])
+    assert float(spec.policy_loss("grpo", [[-1.0]], [[-1.0]], [[1.0]], [[1.0]], beta=0.0, agg="token_mean",
+                                  rollout_correction="seq_rs", mis_low=0.5, mis_high=2.0,
+                                  rollout_logp=[[-1.0 - math.log(3.0)]])[0]) == 0.0

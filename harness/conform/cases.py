@@ -50,8 +50,9 @@ FAMILY_TEXT = {
     "far_ref": "typical batches (a third as many) with the reference log-probs 5, 12, 25 or 30 nats above or below "
                "the policy's on 40% of the tokens (checks that read ref_logp)",
     "ties": "typical batches (a third as many) with half the tokens exactly at a bound of the reference (r = 1 - "
-            "eps_low or 1 + eps_high, DCPO's bounds at the token's q, the dual clip c, the two-sided clip delta, "
-            "CISPO's cap, GMPO's log-space bounds, the rollout weight at the TIS cap or the MIS bounds), equal in "
+            "eps_low or 1 + eps_high, DCPO's bounds at the token's q, DPPO's thresholds at the token's mu, the dual "
+            "clip c, the two-sided clip delta, CISPO's cap, GMPO's log-space bounds, the rollout weight at the TIS "
+            "cap or the MIS bounds; half the rows' weight at a sequence MIS or rejection band's edge), equal in "
             "float64",
     "lone": "prompts with a single response",
     "groups": "advantages: 2 to 4 groups of G = 8, 3, 5 or 2 responses, 0/1 and continuous rewards, a constant "
@@ -145,23 +146,110 @@ def lay_log_ratio(logp, log_ratio) -> np.ndarray:
     return exact_offset(logp, torch.exp(torch.as_tensor(np.asarray(log_ratio, dtype=float))).numpy())
 
 
+def dppo_ratio_bounds(old_logp, kind: str, eps_low: float, eps_high: float) -> tuple[np.ndarray, np.ndarray]:
+    """The ratios pi / mu (mu = exp(old_logp)) at which DPPO's trust-region mask switches (Qi et al. 2602.04879):
+    Binary-TV at pi - mu = -eps_low and +eps_high; Binary-KL where KL(Bern(mu) || Bern(pi)) reaches eps_low below
+    mu and eps_high above it (bisection on log pi, the inside end kept). NaN where no probability pi reaches the
+    bound: mu + eps_high >= 1 or mu <= eps_low (TV), mu = 1, or a KL bound past pi = mu e^-60."""
+    y = np.minimum(np.asarray(old_logp, dtype=float), 0.0)
+    mu = np.exp(y)
+    if kind == "binary_tv":
+        with np.errstate(divide="ignore"):
+            return (np.where(mu > eps_low, 1.0 - eps_low / mu, np.nan),
+                    np.where(mu + eps_high < 1.0, 1.0 + eps_high / mu, np.nan))
+
+    def kl(x):  # KL(Bern(mu) || Bern(e^x)), x <= 0; +inf at x = 0 for mu < 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rest = np.where(mu < 1, (1 - mu) * (np.log1p(-mu) - np.log1p(-np.exp(x))), 0.0)
+        return mu * (y - x) + rest
+
+    def crossing(out, eps):  # kl(out) > eps >= kl(y) = 0: the ratio at the inside end of the crossing
+        inside = y.copy()
+        for _ in range(80):
+            mid = (out + inside) / 2
+            over = kl(mid) > eps
+            out, inside = np.where(over, mid, out), np.where(over, inside, mid)
+        return np.exp(inside - y)
+    far = y - 60.0
+    lo = np.where((y < 0) & (kl(far) > eps_low), crossing(far, eps_low), np.nan)
+    hi = np.where(y < 0, crossing(np.full_like(y, -1e-300), eps_high), np.nan)
+    return lo, hi
+
+
+def _on_threshold(logp, old_logp, above, kind: str, eps_low: float, eps_high: float) -> tuple:
+    """(logp, old_logp), each moved by at most 8 ulps, where DPPO's divergence, as the gpu layer computes it
+    (pi - mu, or the binary KL), equals its threshold exactly (eps_high above mu, -eps_low or eps_low below), where
+    such a pair is found; unchanged elsewhere."""
+    import torch
+
+    from gpu.losses import _binary_kl
+
+    def ulps(v, k):
+        for _ in range(abs(k)):
+            v = np.nextafter(v, np.inf if k > 0 else -np.inf)
+        return v
+    if kind == "binary_tv":
+        div, goal = lambda x, y: torch.exp(x) - torch.exp(y), np.where(above, eps_high, -eps_low)  # noqa: E731
+    else:
+        div, goal = _binary_kl, np.where(above, eps_high, eps_low)
+    x0, y0 = np.asarray(logp, dtype=float), np.asarray(old_logp, dtype=float)
+    out_x, out_y, found = x0.copy(), y0.copy(), np.zeros(x0.shape, dtype=bool)
+    steps = (0, *(s * k for k in range(1, 9) for s in (1, -1)))
+    for i, j in itertools.product(steps, steps):
+        x, y = np.minimum(ulps(x0, i), 0.0), np.minimum(ulps(y0, j), 0.0)
+        with np.errstate(invalid="ignore"):
+            hit = ~found & (div(torch.from_numpy(x), torch.from_numpy(y)).numpy() == goal)
+        out_x[hit], out_y[hit], found = x[hit], y[hit], found | hit
+    return out_x, out_y
+
+
+def _row_log_rho(b: Batch, statistic: str) -> np.ndarray:
+    """Each row's log sequence weight over its unmasked tokens, broadcast to [B, T]: the sum of log rho
+    (``product``) or its mean (``geometric_mean``), rho = exp(old_logp - rollout_logp)."""
+    on = b.mask > 0
+    row = np.where(on, b.old_logp - b.extra["rollout_logp"], 0.0).sum(1, keepdims=True)
+    if statistic == "geometric_mean":
+        row = row / np.maximum(on.sum(1, keepdims=True), 1)
+    return np.broadcast_to(row, b.mask.shape)
+
+
 def at_ties(b: Batch, ties: dict, seed: int) -> Batch:
     """``b`` with about half of its unmasked tokens moved exactly onto a bound in ``ties`` (see Convention): the
     old log-probs for "ratio" and "log_ratio", the rollout log-probs for "rollout" (when the batch has them), the
-    policy's log-probs for "dcpo" (whose bounds depend on the old probability q)."""
+    policy's log-probs for "dcpo" and "dppo" (whose bounds depend on the old probability); for "rollout_row", about
+    half of the rows with tokens, their rollout log-probs moved evenly so that the row's weight sits on a bound."""
     rng = np.random.default_rng(80_000 + seed)
     out = replace(b, extra=dict(b.extra))
     for quantity, values in ties.items():
-        if quantity == "rollout" and "rollout_logp" not in b.extra:
+        if quantity in ("rollout", "rollout_row") and "rollout_logp" not in b.extra:
             continue
         pick = (rng.random(b.mask.shape) < 0.5) & (b.mask > 0)
-        if quantity == "dcpo":
-            import torch
+        if quantity == "rollout_row":
+            statistic, *bounds = values
+            on = b.mask > 0
+            rows = (rng.random((len(b.mask), 1)) < 0.5) & on.any(1, keepdims=True)
+            target = np.log(rng.choice(np.asarray(bounds, dtype=float), (len(b.mask), 1)))
+            per_token = 1.0 if statistic == "geometric_mean" else 1.0 / np.maximum(on.sum(1, keepdims=True), 1)
+            shift = (_row_log_rho(out, statistic)[:, :1] - target) * per_token
+            out.extra["rollout_logp"] = np.where(rows & on, out.extra["rollout_logp"] + shift,
+                                                 out.extra["rollout_logp"])
+            continue
+        if quantity in ("dcpo", "dppo"):
+            if quantity == "dcpo":
+                import torch
 
-            import gpu
-            bounds = [t.numpy() for t in gpu.dcpo_bounds(torch.from_numpy(np.exp(out.old_logp)), *values)]
-            value = np.where(rng.random(b.mask.shape) < 0.5, *bounds)
-            out.logp = np.where(pick, -exact_offset(-out.old_logp, value), out.logp)  # exp(logp - old) == bound
+                import gpu
+                bounds = [t.numpy() for t in gpu.dcpo_bounds(torch.from_numpy(np.exp(out.old_logp)), *values)]
+            else:
+                bounds = list(dppo_ratio_bounds(out.old_logp, *values))
+            low = rng.random(b.mask.shape) < 0.5
+            value = np.where(np.isnan(bounds[0]) | ~low & ~np.isnan(bounds[1]), bounds[1], bounds[0])
+            pick &= ~np.isnan(value)
+            value = np.where(pick, value, 1.0)
+            logp, old = -exact_offset(-out.old_logp, value), out.old_logp  # exp(logp - old) == bound
+            if quantity == "dppo":  # then on the threshold itself, as the mask compares it, where ulps get there
+                logp, old = _on_threshold(logp, old, value > 1, *values)
+            out.logp, out.old_logp = np.where(pick, logp, out.logp), np.where(pick, old, out.old_logp)
             continue
         value = rng.choice(np.asarray(values, dtype=float), b.mask.shape)
         if quantity == "rollout":
@@ -180,42 +268,55 @@ TIE_STEP = 1e-9
 def tie_sides(ties: dict | None, b: Batch, rho: float, per_row: bool = False) -> tuple[list[Batch], np.ndarray]:
     """The one-sided limits of ``b`` at its ties, and where they are: every token whose quantity in ``ties`` (see
     Convention) lies within a relative ``rho`` of one of its bounds (with ``per_row``, every token of a row whose
-    sequence ratio exp(mean log-ratio) does) put TIE_STEP inside that bound (towards a ratio of 1, inside every
-    bound's range), then TIE_STEP outside, by the policy's log-probs for ratio, log_ratio and dcpo, by the rollout
-    log-probs for rollout, each combination once; ([], no token) when none is at a bound. At a bound the branches
-    agree in value, not in gradient: a target may take either (a comparison, ``torch.min`` or ``torch.where``,
-    breaks by rounding) or split it (``torch.min`` of two equal values halves the gradient between the surrogate
-    and its clip), and a float tie may not be representable at all (a log-ratio rounded to float32, a sequence
-    mean)."""
+    sequence ratio exp(mean log-ratio) does; for rollout_row, every token of a row whose weight does) put TIE_STEP
+    inside that bound (towards a ratio of 1, inside every bound's range), then TIE_STEP outside, by the policy's
+    log-probs for ratio, log_ratio, dcpo and dppo, by the rollout log-probs for rollout and rollout_row (evenly over
+    the row), each combination once; ([], no token) when none is at a bound. At a clip bound the branches agree in
+    value, not in gradient; at DPPO's thresholds and the MIS and rejection bands the value jumps too. A target may
+    take either side (a comparison, ``torch.min`` or ``torch.where``, breaks by rounding, tie by tie) or split it
+    (``torch.min`` of two equal values halves the gradient between the surrogate and its clip), and a float tie may
+    not be representable at all in the dtype it computes in (a log-ratio rounded to float32, a sequence mean, a
+    probability difference): ``rho`` is that dtype's tolerance."""
     at = np.zeros(b.mask.shape, bool)
     if not ties or not b.mask.size:
         return [], at
     on, lr = b.mask > 0, b.logp - b.old_logp
+    lens = np.maximum(on.sum(1, keepdims=True), 1)
     if per_row:
-        lens = np.maximum(on.sum(1, keepdims=True), 1)
         lr = np.broadcast_to(np.where(on, lr, 0.0).sum(1, keepdims=True) / lens, lr.shape)
     # per kind: the log-space move onto the nearest bound, the way inside (sign towards 0), where there is a tie
     moves = {kind: [np.zeros(lr.shape), np.zeros(lr.shape), at.copy()] for kind in ("policy", "rollout")}
 
-    def land(kind, log_q, log_bound):
+    def land(kind, log_q, log_bound, per_token=1.0):
         move, inward, hit = moves[kind]
         near = on & ~hit & (np.abs(log_q - log_bound) <= rho)
-        move[near], inward[near], hit[near] = (log_bound - log_q)[near], -np.sign(log_bound)[near], True
+        move[near] = ((log_bound - log_q) * per_token)[near]
+        inward[near] = np.broadcast_to(-np.sign(log_bound) * per_token, lr.shape)[near]
+        hit[near] = True
 
     for quantity, values in ties.items():
+        per_token = 1.0
         if quantity == "dcpo":
             import torch
 
             import gpu
             values = [np.log(t.numpy()) for t in gpu.dcpo_bounds(torch.from_numpy(np.exp(b.old_logp)), *values)]
+        elif quantity == "dppo":
+            values = [np.log(v) for v in dppo_ratio_bounds(b.old_logp, *values)]
+        elif quantity == "rollout_row":
+            statistic, *values = values
+            values = [np.log(v) for v in values]
+            per_token = 1.0 if statistic == "geometric_mean" else 1.0 / lens
         elif quantity in ("ratio", "rollout"):
             values = [np.log(v) for v in values]
         for log_bound in values:
             log_bound = np.broadcast_to(log_bound, lr.shape)
-            if quantity != "rollout":
+            if quantity not in ("rollout", "rollout_row"):
                 land("policy", lr, log_bound)
             elif "rollout_logp" in b.extra:
-                land("rollout", b.old_logp - b.extra["rollout_logp"], log_bound)
+                log_q = (b.old_logp - b.extra["rollout_logp"] if quantity == "rollout" else
+                         _row_log_rho(b, statistic))
+                land("rollout", log_q, log_bound, per_token)
     step = lambda kind, side: np.where(moves[kind][2], moves[kind][0] + side * TIE_STEP * moves[kind][1], 0.0)  # noqa: E731
     sides = []
     for mine, out in itertools.product(*((1, -1) if moves[k][2].any() else (0,) for k in ("policy", "rollout"))):
@@ -250,10 +351,14 @@ class Convention:
 
     ``ties``: the values at which the convention switches branch, by quantity ("ratio" exp(logp - old_logp),
     "log_ratio" logp - old_logp, "rollout" exp(old_logp - rollout_logp); "dcpo": (eps_low, eps_high, r_max) of
-    DCPO's bounds of the ratio, which depend on each token's q), for the ties family; ``far_ref``: whether
+    DCPO's bounds of the ratio, which depend on each token's q; "dppo": (binary_tv or binary_kl, eps_low,
+    eps_high) of DPPO's thresholds, which depend on each token's mu; "rollout_row": (product or geometric_mean,
+    low, high), the band of a row's weight), for the ties family; ``far_ref``: whether
     it reads ref_logp (for the far_ref family); ``policy``: (algorithm, hp, rows_counted) of a policy-loss
     convention, which the clamp variants rebuild; ``base`` and ``part``: a variant is ``base`` with one change,
-    ``part``, named in words (e.g. "clamps the log-ratio at +-20")."""
+    ``part``, named in words (e.g. "clamps the log-ratio at +-20"); ``linear``: its loss is sum_t c_t logp_t with
+    c_t held constant, so that its value is its gradient times logp token by token, plus a term continuous at every
+    bound (CISPO, DPPO, VESPO, GPG)."""
 
     label: str
     fn: Callable
@@ -263,6 +368,7 @@ class Convention:
     policy: tuple | None = None
     base: "Convention | None" = None
     part: str = ""
+    linear: bool = False
 
 
 @dataclass

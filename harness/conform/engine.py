@@ -4,6 +4,7 @@ distinct finding: the named convention the target matches instead, a clamp found
 exception, each with its largest difference and a minimal input."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import traceback
@@ -41,19 +42,76 @@ def _expect(check: Check, conv: Convention, used: Batch):
     """The convention's (value, gradient) on ``used`` and, where a token sits at one of its bounds within the
     check's tolerance, the band that a tie-break may give there (None elsewhere): between the one-sided limits,
     and, for the gradient at the tied tokens, between them and 0 (the gradient of the clipped surrogate, which
-    torch.min of two equal values averages in)."""
+    torch.min of two equal values averages in). Each tie may fall on its own side (a float tie falls either way
+    tie by tie): where the value jumps at a bound (DPPO's mask, MIS), the value's band adds up each tie's jump
+    (``_value_band``), and rows tied on a rollout band are taken in their combinations (``_row_sides``)."""
     from harness.conform.targets.reference import per_row_ratio
     want = conv.fn(used)
     sides, at = tie_sides(conv.ties, used, check.tolerance, per_row=per_row_ratio(conv))
     if not sides:
         return want, None
-    every = [want, *(conv.fn(side) for side in sides)]
+    values = [conv.fn(side) for side in sides]
+    rows, combined = _row_sides(conv, used, sides, at, want)
+    every = [want, *values, *rows]
     stack = lambda k, pick: pick([np.asarray(w[k], dtype=float) for w in every], axis=0)  # noqa: E731
+    value_band = (stack(0, np.min), stack(0, np.max)) if combined else _value_band(check, conv, used, want,
+                                                                                   values, at)
     if want[1] is None or any(w[1] is None for w in every):
-        return want, ((stack(0, np.min), None), (stack(0, np.max), None))
+        return want, ((value_band[0], None), (value_band[1], None))
     low, high = stack(1, np.min), stack(1, np.max)
-    return want, ((stack(0, np.min), np.where(at, np.minimum(low, 0.0), low)),
-                  (stack(0, np.max), np.where(at, np.maximum(high, 0.0), high)))
+    return want, ((value_band[0], np.where(at, np.minimum(low, 0.0), low)),
+                  (value_band[1], np.where(at, np.maximum(high, 0.0), high)))
+
+
+#: At most 2^ROW_TIES combinations of the sides of rows tied on a rollout band are evaluated; past that, each row
+#: is moved alone and the jumps are added up.
+ROW_TIES = 6
+
+
+def _row_sides(conv: Convention, used: Batch, sides: list, at, want) -> tuple[list, bool]:
+    """For rows tied on a rollout band (seq_mis, seq_rs, geo_rs): the convention with each tied row's rollout
+    log-probs on either side, in every combination (a row's side may change every other row's part, as in a mean
+    over the rows kept), and True; past 2^ROW_TIES combinations, each row moved alone and the sums of their jumps
+    in value (the rows' parts then add up), and False. ([], False) without such ties."""
+    tied = np.flatnonzero((at & (used.mask > 0)).any(1)) if "rollout_row" in (conv.ties or {}) else []
+    versions = {s.extra["rollout_logp"].tobytes(): s.extra["rollout_logp"] for s in sides
+                if "rollout_logp" in s.extra and s.extra["rollout_logp"] is not used.extra.get("rollout_logp")}
+    versions = list(versions.values())
+    if not len(tied) or not versions:
+        return [], False
+
+    def moved(choice):
+        out = replace(used, extra=dict(used.extra))
+        out.extra["rollout_logp"] = used.extra["rollout_logp"].copy()
+        for i, k in choice:
+            out.extra["rollout_logp"][i] = versions[k][i]
+        return conv.fn(out)
+    if len(versions) ** len(tied) <= 2 ** ROW_TIES:
+        return [moved(zip(tied, c)) for c in itertools.product(range(len(versions)), repeat=len(tied))], True
+    alone = [moved([(i, k)]) for i in tied for k in range(len(versions))]
+    jumps = np.array([float(v[0]) - float(want[0]) for v in alone]).reshape(len(tied), len(versions))
+    low, high = np.minimum(jumps.min(1), 0.0).sum(), np.maximum(jumps.max(1), 0.0).sum()
+    return alone + [(float(want[0]) + low, want[1]), (float(want[0]) + high, want[1])], False
+
+
+def _value_band(check: Check, conv: Convention, used: Batch, want, values: list, at) -> tuple:
+    """The loss values a tie-break may give: between the one-sided limits where the value is continuous at the
+    bounds; where it jumps, for a loss linear in logp (DPPO, CISPO, VESPO, GPG: value sum_t g_t logp_t, g its
+    gradient), the reference's value plus each tie's jump (a token's, or a row's for a sequence ratio) in either
+    direction that its other side gives, each tie on its own side."""
+    from harness.conform.targets.reference import per_row_ratio
+    ends = [np.asarray(v[0], dtype=float) for v in values]
+    plain = (np.min([want[0], *ends], axis=0), np.max([want[0], *ends], axis=0))
+    if np.ndim(want[0]) != 0 or not conv.linear or want[1] is None:
+        return plain
+    value = float(want[0])
+    if all(abs(float(e) - value) <= check.tolerance * max(1.0, abs(value)) for e in ends):
+        return plain
+    jumps = [(np.asarray(v[1], dtype=float) - want[1]) * used.logp * at for v in values]
+    jumps = [j.sum(1) if per_row_ratio(conv) else j for j in jumps]
+    down = np.minimum.reduce([np.minimum(j, 0.0) for j in jumps]).sum()
+    up = np.maximum.reduce([np.maximum(j, 0.0) for j in jumps]).sum()
+    return min(plain[0], value + down), max(plain[1], value + up)
 
 
 def _differs(check: Check, batch: Batch, conv: Convention) -> bool:
@@ -665,7 +723,8 @@ CHOICES = {"agg": tuple(AGG_MODES), "kl": KL_KINDS, "cap_mode": CAP_MODES,
 #: The clamps, caps and floors (targets.reference.VARIANTS), by their name in --accept and in findings' words.
 CLAMPS = {"log_ratio_clamp": re.compile(r"clamps the log-ratio at \+-(\S+) "),
           "seq_log_ratio_cap": re.compile(r"caps the log of the sequence ratio at (\S+) "),
-          "k3_cap": re.compile(r"caps each token's k3 term at (\S+) ")}
+          "k3_cap": re.compile(r"caps each token's k3 term at (\S+) "),
+          "ratio_truncation": re.compile(r"truncates the ratio in its weight at (\S+) ")}
 NUMERIC = (*(k for k in HPARAMS if k not in CHOICES and k != "cov_seed"), *CLAMPS)
 EXCEPTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 

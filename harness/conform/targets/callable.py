@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from spec.contract import resolve_hparams
-from spec.registry import AGG_MODES, GROUP_AGG_MODES, HPARAMS, POLICY_ALGORITHMS
+from spec.registry import AGG_MODES, GROUP_AGG_MODES, HPARAMS, POLICY_ALGORITHMS, get_algorithm
 from spec.schema import did_you_mean
 
 from harness.conform import kinds
@@ -416,9 +416,11 @@ class CallableTarget:
         return self._checks
 
     def _check(self) -> Check:
-        aggs, grid = ref.TOKEN_AGG, {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
+        aggs, grid = ref.TOKEN_AGG, {"agg": ref.TOKEN_AGG}
         conv, cands, notes = None, [], []
         if self.algorithm is not None:
+            if "dual_clip" in get_algorithm(self.algorithm).reads():  # PPO-clip losses: the dual clip too
+                grid["dual_clip"] = [None, 3.0]
             conv = ref.policy(self.algorithm, **self.hp)
             cands = ref.policy_grid([self.algorithm], self.hp, grid, rows_counted=True,
                                     exclude=(self.algorithm, self.hp))

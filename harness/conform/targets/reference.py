@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -12,7 +13,8 @@ import gpu
 import spec
 from gpu.aggregation import agg_weights
 from spec.contract import cispo_bounds, resolve_hparams
-from spec.registry import AGG_MODES, GROUP_AGG_MODES, PARTS, RELEASED, get_algorithm
+from spec.registry import (AGG_MODES, DIVERGENCE_CLIPS, GROUP_AGG_MODES, PARTS, RELEASED, ROLLOUT_REJECTION,
+                           ROLLOUT_ROW_STATISTIC, get_algorithm)
 
 from harness.conform.cases import Convention
 
@@ -104,7 +106,7 @@ def policy(name: str, **hp) -> Convention:
 
 def _policy_convention(name, hp, text, rows_counted=False, named=True):
     return Convention(text, lambda b: policy_value(name, hp, b, rows_counted), named, ties=policy_ties(name, hp),
-                      far_ref=_beta(name, hp) > 0, policy=(name, hp, rows_counted))
+                      far_ref=_beta(name, hp) > 0, policy=(name, hp, rows_counted), linear=linear_in_logp(name))
 
 
 def _resolved(name, hp):
@@ -120,7 +122,9 @@ def policy_ties(name: str, hp: dict) -> dict:
     """Where the loss of ``name`` with ``hp`` switches branch (see Convention.ties): the clip range 1 - eps_low,
     1 + eps_high (PPO Eq. 7), DCPO's bounds at each token's q (Eq. 21-27), the dual clip c (1912.09729 Eq. 5), the
     two-sided clip delta, CISPO's cap (MiniMax-M1 Eq. 5, or eps_high itself with cap_mode absolute), GMPO's
-    log-space clip, and the rollout weight's TIS cap or MIS bounds. SAPO's gate is smooth: none."""
+    log-space clip, DPPO's divergence thresholds (Qi et al. 2602.04879, on pi - mu or the binary KL), and the
+    rollout weight's TIS cap or MIS bounds, on each token's weight or on the row's (seq_mis, and the rejection bands
+    seq_rs and geo_rs). SAPO's gate is smooth: none."""
     alg, h = get_algorithm(name), _resolved(name, hp)
     ratio, out = [], {}
     if alg.clip == "fixed":
@@ -131,14 +135,25 @@ def policy_ties(name: str, hp: dict) -> dict:
         out["log_ratio"] = (-h["eps_low"], h["eps_high"])
     elif alg.clip == "dynamic":
         out["dcpo"] = (h["eps_low"], h["eps_high"], h["r_max"])
+    elif alg.clip in DIVERGENCE_CLIPS:
+        out["dppo"] = (alg.clip, h["eps_low"], h["eps_high"])
     ratio = tuple(v for v in ratio if v is not None and v > 0)
     if ratio:
         out["ratio"] = ratio
+    band = tuple(v for v in (h["mis_low"], h["mis_high"]) if v > 0)
     if h["rollout_correction"] == "tis":
         out["rollout"] = (h["tis_cap"],)
-    elif h["rollout_correction"] in ("mis", "seq_mis"):
-        out["rollout"] = tuple(v for v in (h["mis_low"], h["mis_high"]) if v > 0)
+    elif h["rollout_correction"] == "mis":
+        out["rollout"] = band
+    elif h["rollout_correction"] in ROLLOUT_ROW_STATISTIC:
+        out["rollout_row"] = (ROLLOUT_ROW_STATISTIC[h["rollout_correction"]], *band)
     return out or None
+
+
+def linear_in_logp(name: str) -> bool:
+    """Whether the loss of ``name`` is sum_t c_t logp_t with c_t held constant (CISPO, DPPO, VESPO, GPG)."""
+    alg = get_algorithm(name)
+    return alg.clip in (*DIVERGENCE_CLIPS, "truncated", "gamma") or alg.ratio == "none"
 
 
 def log_ratio_clamped(conv: Convention, c: float = 20.0) -> Convention | None:
@@ -185,9 +200,54 @@ def kl_term_capped(conv: Convention) -> Convention | None:
     return _variant(conv, KL_CAP, lambda b: policy_value(name, hp, b, rows_counted, kl_cap=True))
 
 
-#: The clamps, caps and floors a target may apply where the reference has none; each maps a convention to its
-#: variant (None where it does not apply). The engine tries them when no convention explains a family.
-VARIANTS = (log_ratio_clamped, seq_log_ratio_capped, kl_term_capped)
+def ratio_truncated(conv: Convention, c: float = 3.0) -> Convention | None:
+    """``conv`` with the ratio in its constant weight truncated at c, min(r, c) (verl's DPPO reads clip_ratio_c, 3 by
+    default, as a truncated-IS cap): a variant, for DPPO without a KL term (a loss linear in logp)."""
+    if not conv.linear or get_algorithm(conv.policy[0]).clip not in DIVERGENCE_CLIPS or _beta(*conv.policy[:2]) > 0:
+        return None
+
+    def fn(b):
+        value, grad = conv.fn(b)
+        ratio = np.exp(np.where(b.mask > 0, b.logp - b.old_logp, 0.0))
+        grad = grad * np.where(ratio > c, c / ratio, 1.0)
+        return float((grad * b.logp).sum()), grad
+    return replace(_variant(conv, f"truncates the ratio in its weight at {c:g} (gradient scaled by c / r beyond)", fn),
+                   linear=True)
+
+
+def surrogate_value(conv: Convention) -> Convention | None:
+    """``conv`` (a loss sum_t c_t logp_t with c_t constant) with the value sum_t c_t, the surrogate -M r A (SkyRL's
+    DPPO): the same gradient, another value; a variant, without a KL term."""
+    if not conv.linear or _beta(*conv.policy[:2]) > 0:
+        return None
+
+    def fn(b):
+        _, grad = conv.fn(b)
+        return float(grad.sum()), grad
+    return _variant(conv, "takes the surrogate sum_t c_t as its value (no log-prob factor; the same gradient)", fn)
+
+
+def rejected_rows_dropped(conv: Convention) -> Convention | None:
+    """``conv`` with the rows a rejection band (seq_rs, geo_rs) rejects taken out of the response mask, so that
+    they count in no mean (verl's trainer, SkyRL and AReaL replace the loss mask): a variant."""
+    if conv.policy is None or _resolved(*conv.policy[:2])["rollout_correction"] not in ROLLOUT_REJECTION:
+        return None
+    name, hp, rows_counted = conv.policy
+
+    def fn(b):
+        weights, _ = gpu.rollout_weights(_resolved(name, hp), t64(b.old_logp), t64(b.extra["rollout_logp"]),
+                                         t64(b.mask))
+        kept = replace(b, mask=b.mask * (weights.numpy() > 0), extra={})
+        return policy_value(name, {**hp, "rollout_correction": None, "max_len": hp.get("max_len", b.max_len)},
+                            kept, rows_counted)
+    return _variant(conv, "leaves the rejected rows out of the loss mask (they count in no mean)", fn)
+
+
+#: The clamps, caps and floors a target may apply where the reference has none, and the other forms of the same
+#: loss; each maps a convention to its variant (None where it does not apply). The engine tries them when no
+#: convention explains a family.
+VARIANTS = (log_ratio_clamped, seq_log_ratio_capped, kl_term_capped, ratio_truncated, surrogate_value,
+            rejected_rows_dropped)
 
 
 def _shifted(b, logp):

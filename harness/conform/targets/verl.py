@@ -4,6 +4,8 @@ reinforce_plus_plus through the ``advantage`` kind of ``harness.conform.kinds``)
 actor and trainer call them."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -139,9 +141,50 @@ class Target:
         return run
 
     # ---- checks ----------------------------------------------------------------------------------------------
+    def rejection_run(self, rollout_rs, threshold, **cfg):
+        """vanilla on the response mask that ``compute_rollout_rejection_mask`` leaves (old_logp against the
+        batch's rollout_logp), as verl's trainer replaces the batch's response_mask before the actor's loss."""
+        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+        loss = self.policy_run("vanilla", "token-mean", **cfg)
+
+        def run(b):
+            kept, _ = compute_rollout_rejection_mask(t64(b.old_logp - b.extra["rollout_logp"]), t64(b.mask),
+                                                     rollout_rs=rollout_rs, rollout_rs_threshold=threshold)
+            value, grad, _ = loss(replace(b, mask=kept.numpy()))
+            return value, grad, b
+        return run
+
     def checks(self) -> list[Check]:
-        return (self.policy_checks() + self.beyond_seed_checks() + self.agg_checks() + self.kl_checks()
-                + self.advantage_checks() + self.estimator_checks())
+        return (self.policy_checks() + self.beyond_seed_checks() + self.mode_2026_checks() + self.agg_checks()
+                + self.kl_checks() + self.advantage_checks() + self.estimator_checks())
+
+    def mode_2026_checks(self) -> list[Check]:
+        """DPPO-Binary-TV and -KL (loss modes dppo_tv, dppo_kl) and rejection sampling of whole rows
+        (``rollout_rs`` seq_sum_k1, seq_mean_k1: the reference's seq_rs and geo_rs)."""
+        out = []
+        for name, delta in (("dppo_tv", 0.15), ("dppo_kl", 0.05)):
+            for c, why in ((None, "clip_ratio_c 3 (ActorConfig's default)"), (1e9, "clip_ratio_c=1e9 (no truncation)")):
+                out.append(self._policy(name, name, f"clip_ratio_low = clip_ratio_high = {delta:g} (the authors' "
+                                        f"recipe), {why}, token-mean",
+                                        self.policy_run(name, "token-mean", clip_ratio_low=delta, clip_ratio_high=delta,
+                                                        **({} if c is None else {"clip_ratio_c": c})),
+                                        {}, {"agg": ref.TOKEN_AGG},
+                                        note="verl's DPPO truncates the ratio in its weight at clip_ratio_c "
+                                             "(`torch.clamp(ratio, max=clip_ratio_c)`), which ActorConfig sets to 3 "
+                                             "for the dual clip; its thresholds are clip_ratio_low and "
+                                             "clip_ratio_high (0.2 each by default: clip_ratio alone leaves them)."))
+        for rs, threshold, correction, (low, high) in (
+                ("seq_sum_k1", "0.5_2.0", "seq_rs", (0.5, 2.0)), ("seq_sum_k1", "0.5_5.0", "seq_rs", (0.5, 5.0)),
+                ("seq_mean_k1", "0.8_1.25", "geo_rs", (0.8, 1.25))):
+            hp = {"beta": 0.0, "agg": "token_mean", "rollout_correction": correction, "mis_low": low, "mis_high": high}
+            grid = {"agg": ref.TOKEN_AGG, "rollout_correction": [correction, None],
+                    "mis_low": sorted({low, 1 / high}), "mis_high": sorted({high, 1 / low})}
+            out.append(self._policy("grpo", "vanilla", f"rollout_rs={rs!r}, rollout_rs_threshold={threshold!r}, "
+                                    "clip_ratio_c=1e9, token-mean (the response mask replaced, as the trainer does)",
+                                    self.rejection_run(rs, threshold, clip_ratio_c=1e9), hp, grid, cases=rollout_batch,
+                                    note="verl's k1 statistic is -log rho = log(pi_rollout / pi_old): its lower_upper "
+                                         "band bounds the inverse of the reference's weight rho."))
+        return out
 
     def estimator_checks(self) -> list[Check]:
         """Each registered estimator of ESTIMATORS against the advantage kind's reference, cases and named
