@@ -62,30 +62,40 @@ SURE = 3.0
 
 
 def fixed_point(x: np.ndarray, top: np.ndarray, bits: int) -> np.ndarray:
-    """``x`` [n, V] as two fixed-point slices side by side [n, 2V], hi + lo = x up to q 2^-bits / 2 per row: hi
-    on the grid q = 2^(e - bits), |hi| <= 2^bits q, and lo on the grid q 2^-bits, |lo| <= q / 2, for ``top`` (each
-    row's bound on |x|, shared by the rows of one copy) < 2^e. Scaling by powers of two and rounding to integers
-    are exact, so are the slices (the error-free splitting of Ozaki, Ogita, Oishi and Rump 2012, Numer.
-    Algorithms 59)."""
-    V = x.shape[1]
-    q = 2.0 ** (np.frexp(top)[1] - bits)[:, None]
-    out = np.empty((len(x), 2 * V))
-    hi, lo = out[:, :V], out[:, V:]
-    np.multiply(x, 1.0 / q, out=hi)
-    np.rint(hi, out=hi)
-    hi *= q
+    """``x`` [n, V] as two fixed-point slices stacked [2, n, V] (hi, lo), hi + lo = x up to q 2^-bits / 2 per row:
+    hi on the grid q = 2^(e - bits), |hi| <= 2^bits q, and lo on the grid q 2^-bits, |lo| <= q / 2, for ``top``
+    (each row's bound on |x|, shared by the rows of one copy) < 2^e <= 2^1000. Each slice is rounded to its grid,
+    ties to even, by adding and subtracting 1.5 * 2^52 grid steps (the sum's last bit is one step, as |slice| <
+    2^51 steps), and the differences are exact, so are the slices (the error-free splitting of Ozaki, Ogita, Oishi
+    and Rump 2012, Numer. Algorithms 59). Every operation is on whole contiguous arrays (NumPy is slower on a
+    broadcast column)."""
+    out = np.empty((2, *x.shape))
+    hi, lo = out
+    shift = np.repeat(np.ldexp(1.5, np.frexp(top)[1] + (52 - bits)), x.shape[1]).reshape(x.shape)  # 1.5 2^52 q
+    np.add(x, shift, out=hi)
+    hi -= shift
     np.subtract(x, hi, out=lo)
-    q *= 2.0 ** -bits
-    lo /= q
-    np.rint(lo, out=lo)
-    lo *= q
+    shift *= 2.0 ** -bits
+    lo += shift
+    lo -= shift
     return out
 
 
 def combine(products: np.ndarray) -> np.ndarray:
-    """``phi @ x`` from ``phi @ [hi | lo]`` of ``fixed_point``'s slices: their sum, in that order."""
-    V = products.shape[1] // 2
-    return products[:, :V] + products[:, V:]
+    """``phi @ x`` from ``phi @ (hi, lo)`` of ``fixed_point``'s slices [2, ...]: their sum, in that order."""
+    return products[0] + products[1]
+
+
+def padded(sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks of ``sizes`` rows (k of them, one after the other) laid out in a [k, m] grid, m the largest size:
+    (each grid cell's row, row 0 in the padding; each row's flat cell), so one batched product serves every block."""
+    sizes = np.asarray(sizes)
+    k, m = len(sizes), int(sizes.max())
+    block = np.repeat(np.arange(k), sizes)
+    cell = block * m + np.arange(len(block)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    grid = np.zeros(k * m, dtype=np.intp)
+    grid[cell] = np.arange(len(block))
+    return grid.reshape(k, m), cell
 
 
 def logsumexp(z: np.ndarray) -> np.ndarray:
@@ -221,14 +231,18 @@ class FeatureLM:
     def _logits(self, theta, blocks) -> np.ndarray:
         """The logits of each (copy c of ``theta``, stacked context ids) of ``blocks``, one under the other, each
         copy with its own ``theta``: phi theta by fixed-point slices (``fixed_point``, split once for every copy,
-        one quantum per copy) with one BLAS product per copy, the same bits on every CPU; then EOS's logit set from
-        the format logit, z_EOS = f + logsumexp of the other tokens' logits."""
-        F = self.n_features
+        one quantum per copy) with one batched BLAS product over the copies (``padded``), the same bits on every
+        CPU; then EOS's logit set from the format logit, z_EOS = f + logsumexp of the other tokens' logits."""
+        F, V = self.n_features, self.vocab
         top = np.abs(theta).reshape(len(theta) // F, -1).max(1)
-        parts = fixed_point(theta, np.repeat(top, F), self.theta_bits)
+        parts = fixed_point(theta, np.repeat(top, F), self.theta_bits).reshape(2, -1, F, V)
+        copies = [c for c, _ in blocks]
+        if copies != list(range(parts.shape[1])):
+            parts = parts[:, copies]
         rows = np.concatenate([r for _, r in blocks])
-        products = np.concatenate([self.phi[r] @ parts[c * F:(c + 1) * F] for c, r in blocks])
-        z = self.base[rows] + combine(products)
+        grid, cell = padded([len(r) for _, r in blocks])
+        products = combine(np.matmul(self.phi[rows[grid]], parts)).reshape(-1, V)
+        z = self.base[rows] + products[cell]
         z[:, EOS] += logsumexp(z[:, EOS + 1:]) - self.lse_base[rows]
         return z
 
@@ -261,16 +275,18 @@ class FeatureLM:
         total = np.bincount(inv, weights=g, minlength=n)
         dz[:, EOS + 1:] -= (total - dz[:, EOS])[:, None] * q_u
         dz[:, EOS] -= total * pi_u[:, EOS]
-        phi_t = self.phi[uniq].T
         F, blocks = self.n_features, self._by_copy(uniq)
-        # phi^T dz by fixed-point slices of dz (``fixed_point``), one quantum per copy: the same bits on every CPU
-        starts = [part.start for _, part in blocks]
-        top = np.maximum.reduceat(np.abs(dz).max(1), starts)
-        parts = fixed_point(dz, np.repeat(top, [part.stop - part.start for _, part in blocks]), self.grad_bits)
-        out = np.zeros((self.copies * F, 2 * V))  # copies without tokens here get no gradient
-        for c, part in blocks:
-            out[c * F:(c + 1) * F] = phi_t[:, part] @ parts[part]
-        out = combine(out)
+        # phi^T dz by fixed-point slices of dz (``fixed_point``), one quantum per copy, in one batched product over
+        # the copies (``padded``, the padding's dz 0): the same bits on every CPU
+        sizes = [part.stop - part.start for _, part in blocks]
+        top = np.maximum.reduceat(np.abs(dz).max(1), [part.start for _, part in blocks])
+        grid, cell = padded(sizes)
+        parts = np.zeros((2, grid.size, V))
+        parts[:, cell] = fixed_point(dz, np.repeat(top, sizes), self.grad_bits)
+        products = np.matmul(self.phi[uniq[grid]].transpose(0, 2, 1), parts.reshape(2, *grid.shape, V))
+        out = np.zeros((self.copies, F, V))  # copies without tokens here get no gradient
+        out[[c for c, _ in blocks]] = combine(products)
+        out = out.reshape(-1, V)
         out *= self.trained
         return out, None
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import replace
 from typing import Callable
 
@@ -14,7 +15,7 @@ from .advantages import SmoothAdvantage, dynamic_sampling_filter, gae, group_adv
 from .aggregation import block_count
 from .config import REWARD_SCHEMES, resolve
 from .feature_lm import FeatureLM
-from .losses import dpo_loss, policy_terms, value_loss
+from .losses import dpo_terms, policy_terms, value_loss
 from .metrics import StepClips, batch_cov, clean, entropy_law, exact_metrics, rollout_metrics
 from .tabular import CORRECT, MALFORMED, Rollout, TableEnv, concat_rollouts, uniforms
 from spec.contract import resolve_hparams
@@ -98,12 +99,24 @@ def _split(ro: Rollout, copies: int) -> list[Rollout]:
             for c in range(copies)]
 
 
-def _chunks(order: np.ndarray, parts: int) -> list[np.ndarray]:
-    """``np.array_split(order, min(parts, len(order)))``: the first ``len % parts`` chunks one longer."""
-    parts = min(parts, len(order))
-    size, extra = divmod(len(order), parts)
+def _cuts(n: int, parts: int) -> list[tuple[int, int]]:
+    """The (start, end) of each chunk of ``np.array_split(range(n), min(parts, n))``: the first ``n % parts`` one
+    longer."""
+    parts = min(parts, n)
+    size, extra = divmod(n, parts)
     ends = [(i + 1) * size + min(i + 1, extra) for i in range(parts)]
-    return [order[a:b] for a, b in zip([0] + ends, ends)]
+    return list(zip([0] + ends, ends))
+
+
+def _slices(sizes: list[int]) -> list[slice]:
+    """Consecutive slices of the given sizes, from 0."""
+    ends = list(itertools.accumulate(sizes))
+    return [slice(b - n, b) for n, b in zip(sizes, ends)]
+
+
+def _chunks(order: np.ndarray, parts: int) -> list[np.ndarray]:
+    """``np.array_split(order, min(parts, len(order)))``."""
+    return [order[a:b] for a, b in _cuts(len(order), parts)]
 
 
 def _check_seeds(seeds) -> list[int]:
@@ -211,9 +224,9 @@ class Trainer:
         of ``copies`` stacked copies."""
         cfg, g = self.cfg, self.cfg["group_size"]
         kind = cfg["adv"]
-        if kind in ("grpo", "dr_grpo", "rloo", "gpg"):  # per copy: GPG's factor counts the batch's live groups
+        if kind in ("grpo", "dr_grpo", "rloo", "gpg"):  # group by group; GPG's factor counts each copy's live groups
             seq = np.concatenate([group_advantages(x, g, kind, eps=cfg["adv_eps"], unbiased=cfg["adv_unbiased"])
-                                  for x in r.reshape(copies, -1)])
+                                  for x in (r.reshape(copies, -1) if kind == "gpg" else [r])])
         elif kind == "sas":
             seq = self.sas(ro.prompts.tolist(), r, g)
         else:
@@ -286,29 +299,34 @@ class Trainer:
         lag = self.opt.t[copies] - self.history_updates[0][copies]  # updates between sampler and learner
         extra_sums: dict = {}  # token-weighted sums of the stats some losses add (trunc_frac, cov_frac, rc_*)
         updates = 0
-        alg, in_group = ALGORITHMS[self.algo], np.arange(g)
+        alg, cuts = ALGORITHMS[self.algo], _cuts(n_groups, cfg["minibatches"])
+        first_row = (np.arange(k) * trained)[:, None, None] + np.arange(g)  # of each copy's group, by response
         for _ in range(cfg["epochs"]):
-            splits = [_chunks(rng.permutation(n_groups), cfg["minibatches"]) for rng in rngs]
-            for mbs in zip(*splits):  # each copy's minibatch, stacked
-                rows = np.concatenate([(mb[:, None] * g + in_group).reshape(-1) + i * trained
-                                       for i, mb in enumerate(mbs)])
-                st, tk, m, old, a = ro.states[rows], ro.tokens[rows], mask[rows], ro.old_logp[rows], adv[rows]
+            groups = np.stack([rng.permutation(n_groups) for rng in rngs])[:, :, None] * g + first_row
+            # each minibatch's rows (each copy's share of it, stacked), the minibatches one after the other: the
+            # epoch's arrays are gathered once and each update takes its slice
+            order = np.concatenate([groups[:, a:b].reshape(-1) for a, b in cuts])
+            epoch = [x[order] for x in (ro.states, ro.tokens, mask, ro.old_logp, adv, ref_lp, rollout_lp)]
+            fork = self.env.at_fork(epoch[0])
+            for mb in _slices([k * (b - a) * g for a, b in cuts]):
+                st, tk, m, old, a, ref_mb, rollout_mb = (x[mb] for x in epoch)
                 logp, visited = self.env.rows(self.params, st, tk, m)
                 hp = self.loss_hp
                 if alg.select == "clip_cov":  # Clip-Cov's random choice: a seed per update and copy
                     hp = {**hp, "cov_seed": [int(rng.integers(2**31 - 1)) for rng in rngs]}
                 kept: dict = {}  # the token ratio (and DCPO's bounds) the loss computed, for StepClips
-                loss, grad, stats = policy_terms(alg, hp, logp, old, a, m, g, ref_lp[rows], rollout_lp[rows],
-                                                 keep=kept, blocks=k)
+                loss, grad, stats = policy_terms(alg, hp, logp, old, a, m, g, ref_mb, rollout_mb, keep=kept,
+                                                 blocks=k)
                 on_policy = (lag == 0) & (updates == 0) & (cfg["rollout_noise"] == 0)  # r = 1 exactly
-                zeroed = clips.add(logp, old, a, m, self.env.at_fork(st), on_policy=on_policy, **kept)
+                zeroed = clips.add(logp, old, a, m, None if fork is None else fork[mb], on_policy=on_policy,
+                                   **kept)
                 for key in EXTRA_STATS:
                     if key in stats:
                         extra_sums[key] = extra_sums.get(key, 0.0) + stats[key] * stats["tokens"]
                 extra_sums["ppo_zeroed_frac"] = extra_sums.get("ppo_zeroed_frac", 0.0) + zeroed
                 self.opt.step(*self.env.grad(self.params, st, tk, m, visited, grad), only=copies)
                 if cfg["adv"] == "gae":
-                    self._critic_step(st, m, rows, copies)
+                    self._critic_step(st, m, order[mb], copies)
                 clip_sum += stats["clip_frac"] * stats["tokens"]
                 tok_sum += stats["tokens"]
                 loss_sum += loss
@@ -376,21 +394,16 @@ class Trainer:
         for _ in range(cfg["epochs"]):
             splits = [_chunks(rng.permutation(len(self.chosen[c]))[:n], cfg["minibatches"])
                       for c, rng in zip(copies, rngs)]
-            for mbs in zip(*splits):
-                pairs = [(self.chosen[c][mb], self.rejected[c][mb]) for c, mb in zip(copies, mbs)]
-                rows = np.concatenate([x for pair in pairs for x in pair])  # each copy's chosen, then rejected
+            for mbs in zip(*splits):  # as many pairs in each copy's minibatch
+                rows = np.concatenate([x for c, mb in zip(copies, mbs) for x in (self.chosen[c][mb],
+                                                                                 self.rejected[c][mb])])
                 st, tk, m = ro.states[rows], ro.tokens[rows], ro.mask[rows]
                 logp, visited = self.env.rows(self.params, st, tk, m)
-                seq = logp.sum(1)
-                grads, at = [], 0
-                for i, (w, l_) in enumerate(pairs):
-                    k = len(w)
-                    loss, (gw, gl), _ = dpo_loss(seq[at:at + k], seq[at + k:at + 2 * k], self.ref_seq[w],
-                                                 self.ref_seq[l_], beta=cfg["loss"]["beta"])
-                    grads += [gw, gl]
-                    loss_sum[i] += loss
-                    at += 2 * k
-                grad = np.concatenate(grads)[:, None] * m  # d seq / d logp_t = 1 on response tokens
+                seq = logp.sum(1).reshape(len(copies), 2, -1)  # each copy's chosen, then rejected
+                ref = self.ref_seq[rows].reshape(seq.shape)
+                loss, grad_w, _ = dpo_terms(seq[:, 0], seq[:, 1], ref[:, 0], ref[:, 1], cfg["loss"]["beta"])
+                loss_sum += loss
+                grad = np.stack([grad_w, -grad_w], 1).reshape(-1, 1) * m  # d seq / d logp_t = 1 on response tokens
                 self.opt.step(*self.env.grad(self.params, st, tk, m, visited, grad), only=copies)
                 updates += 1
         return loss_sum / updates

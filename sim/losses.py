@@ -381,8 +381,17 @@ def dpo_loss(logp_chosen, logp_rejected, ref_chosen, ref_rejected, beta=0.1):
     for n, x in zip(names[1:], (ll, rw, rl)):
         check_same_shape(n, x.shape, "logp_chosen", lw.shape)
     check_dpo_args(beta, len(lw))
+    loss, grad, margin = dpo_terms(lw[None], ll[None], rw[None], rl[None], beta)
+    margin = margin[0]
+    stats = {"reward_accuracy": float((margin > 0).mean()), "margin_mean": float(margin.mean() / beta)}
+    return float(loss[0]), (grad[0], -grad[0]), stats
+
+
+def dpo_terms(lw, ll, rw, rl, beta):
+    """``dpo_loss`` on checked [blocks, N] arrays, each row a batch of its own (the simulator's stacked seeds): the
+    mean loss of each row, d loss / d logp_chosen (d / d logp_rejected is its negative) and the margins."""
     margin = beta * ((lw - rw) - (ll - rl))
     loss = np.logaddexp(0.0, -margin)  # -log sigmoid(m)
-    dmargin = -0.5 * (1.0 - np.tanh(0.5 * margin)) / lw.size  # d/dm of mean(-log sigmoid(m)) = -sigmoid(-m)/N
-    stats = {"reward_accuracy": float((margin > 0).mean()), "margin_mean": float(margin.mean() / beta)}
-    return float(loss.mean()), (beta * dmargin, -beta * dmargin), stats
+    n = margin.shape[1]
+    dmargin = -0.5 * (1.0 - np.tanh(0.5 * margin)) / n  # d/dm of mean(-log sigmoid(m)) = -sigmoid(-m)/N
+    return np.add.reduce(loss, 1) / n, beta * dmargin, margin

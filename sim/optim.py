@@ -65,21 +65,24 @@ class Adam(_Blocked):
             raise ValueError(f"betas: expected two numbers in [0, 1), got {betas!r}")
         self.betas, self.eps = betas, eps
         self.m, self.v = np.zeros_like(params), np.zeros_like(params)
+        self.scratch = np.empty_like(params)  # the step's temporaries, written in place
 
     def _update(self, part, grad, t, rows) -> None:
         b1, b2 = self.betas
-        m, v = self.m[part], self.v[part]
+        m, v, tmp = self.m[part], self.v[part], self.scratch[part]
         m *= b1
         v *= b2
         if rows is None:
-            m += (1 - b1) * grad
-            v += (1 - b2) * grad * grad
+            m += np.multiply(grad, 1 - b1, out=tmp)
+            np.multiply(grad, 1 - b2, out=tmp)
+            tmp *= grad  # (1 - b2) * grad * grad, in that order
+            v += tmp
         else:  # the other rows would add exact zeros
             m[rows] += (1 - b1) * grad
             v[rows] += (1 - b2) * grad * grad
         # lr * m_hat / (sqrt(v_hat) + eps), with the bias corrections folded into the step and eps
         c2 = np.sqrt(1 - b2 ** t)
-        denom = np.sqrt(v)
+        denom = np.sqrt(v, out=tmp)
         denom += self.eps * c2
         np.divide(m, denom, out=denom)
         denom *= self.lr * c2 / (1 - b1 ** t)
