@@ -202,3 +202,24 @@ def test_sigmoid_dpo_agrees_with_the_reference_on_one_pair():
     assert loss == pytest.approx(float(want)) == pytest.approx(-np.log(1 / (1 + np.exp(-0.1))))
     g = 0.1 / (1 + np.exp(0.1))
     assert grad == pytest.approx(np.array([[-g, -g], [g, 0.0]]))
+
+
+def test_luspo_counts_empty_completions_in_its_mean_over_sequences():
+    # LUSPO's per-sequence loss times |o_i|, averaged: TRL divides by both completions, the second fully masked
+    config = {"loss_type": "luspo", "importance_sampling_level": "sequence", "epsilon": 2e-3, "epsilon_high": 2.5e-3}
+    loss, grad, used = call(config, [[0.1, -0.1], [0.0, 0.0]], [1.0, 1.0], [[1, 1], [0, 0]])
+    want, want_grad = exact("luspo", used)
+    assert want == pytest.approx(-2.0)  # on policy: s = 1, -A |o| = -2 over the one non-empty completion
+    assert loss == pytest.approx(want / 2, rel=1e-6) and grad == pytest.approx(want_grad / 2, rel=1e-6, abs=1e-9)
+
+
+def test_vespo_clamps_each_tokens_log_ratio_before_the_rows_sum():
+    import torch
+    from trl import GRPOTrainer
+    # a row of log-ratios 50 and -45: W = e^5, phi(W) = W^2 e^(3 (1 - W)) = e^(13 - 3 e^5), about 0; TRL sums the
+    # log-ratios clamped to [-20, 20], 20 - 20 = 0: W = 1, phi = 1
+    log_ratio, mask, adv = torch.tensor([[50.0, -45.0]]), torch.ones(1, 2), torch.ones(1, 1)
+    phi = GRPOTrainer.get_gamma_weights(adv, log_ratio, mask, None)
+    assert float(phi) == pytest.approx(1.0)
+    _, grad = spec.policy_loss("vespo", [[50.0, -45.0]], [[0.0, 0.0]], [[1.0, 1.0]], [[1.0, 1.0]])
+    assert np.abs(np.asarray(grad, dtype=float)).max() < 1e-100

@@ -235,9 +235,9 @@ class Target:
                     "the batch's log-ratios laid on the model's log-probs, and the gradient is taken w.r.t. the "
                     "per-token log-probs the trainer computes. TRL computes log-probs in float32 whatever the model's "
                     "dtype, hence the float32 tolerance. "
-                    "loss_type luspo and vespo have no reference convention and are not checked. Not driven: "
-                    "vllm_importance_sampling_mode (token/sequence truncate/mask), whose ratio TRL computes while "
-                    "generating with vLLM (`_generate_and_score_completions`, use_vllm=True), not in the loss.")
+                    "Not driven: vllm_importance_sampling_mode (token/sequence truncate/mask), whose ratio TRL "
+                    "computes inline while generating with vLLM (`_generate_and_score_completions`, use_vllm=True), "
+                    "not in the loss; the unsloth target checks the same modes.")
 
     def _check(self, name, knob, config, ref_hp, grid, names=None, note=""):
         trainer = make_trainer(**config)
@@ -289,6 +289,17 @@ class Target:
                         {"loss_type": "dapo", **tg}, gspo, {"agg": aggs}, names=["gspo", "gspo_token"]),
             self._check("gspo", "loss_type='dr_grpo', importance_sampling_level='sequence', epsilon 3e-4/4e-4",
                         {"loss_type": "dr_grpo", **tg}, gspo, {"agg": aggs}, names=["gspo", "gspo_token"]),
+            self._check("luspo", "loss_type='luspo', importance_sampling_level='sequence', epsilon 2e-3/2.5e-3",
+                        {"loss_type": "luspo", "importance_sampling_level": "sequence", "epsilon": 2e-3,
+                         "epsilon_high": 2.5e-3}, {}, {"agg": aggs}, names=["luspo", "gspo"]),
+            self._check("vespo", "loss_type='vespo' (k 2 / 3, lambda 3 / 2, token-level weights summed per row)",
+                        {"loss_type": "vespo"}, {}, {"agg": aggs},
+                        note="TRL's get_gamma_weights clamps each token's log-ratio to [-20, 20] and the row's summed "
+                             "log-weight to [log 1e-8, 20] before phi."),
+            self._check("grpo", "loss_type='bnpo', off_policy_mask_threshold=0.5 (DeepSeek-V3.2's OPSM)",
+                        {"loss_type": "bnpo", "off_policy_mask_threshold": 0.5},
+                        {"beta": 0.0, "agg": "token_mean", "opsm_delta": 0.5},
+                        {"agg": aggs, "opsm_delta": [0.5, None]}),
             self.gmpo_check(),
             self.dpo_check(),
         ]
