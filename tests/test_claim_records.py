@@ -111,6 +111,7 @@ def test_committed_reports_have_no_escape_artefacts_or_internal_references(name)
 def test_the_simulator_report_links_each_claim_to_its_details_and_folds_the_unmeasured(tmp_path, monkeypatch):
     """A 3-step bandit sweep, reported from inside the working folder: "Produced by" names the sweep relative to it;
     one line per measured record, the others in the folded list with their command; each link has its section."""
+    from harness.reports.rundirs import load_runs
     from harness.reports.sim import claims_text, write_report
     from sim.sweep import run_sweep
     monkeypatch.chdir(tmp_path)
@@ -133,7 +134,7 @@ def test_the_simulator_report_links_each_claim_to_its_details_and_folds_the_unme
     folded = [r for r in records if r.kind is Kind.NOT_MEASURED]
     assert folded and all(f"run `{r.command}`" in section for r in folded)
     assert any(s.name == "bandit" and s.records[0].kind is Kind.REPRODUCED for s in run_sets)
-    console = claims_text([tmp_path / "sweep"])
+    console = claims_text(load_runs([tmp_path / "sweep"]))
     assert "not measured or not testable here" in console and "`" not in console.replace("`cliplab report`", "")
 
 

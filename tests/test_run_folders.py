@@ -105,7 +105,7 @@ def test_two_sweeps_of_one_label_and_seeds_are_kept_apart_and_a_copy_counts_once
 def test_a_ranking_over_fewer_than_five_seeds_shows_no_interval_and_warns(tmp_path):
     _sweep(tmp_path, 2, 3, algos=("grpo", "dr_grpo"))
     with pytest.warns(UserWarning, match=r"^ranking: 1 seed\(s\) in a set, fewer than 5; its intervals read n/a"):
-        text = format_ranking(str(tmp_path))
+        text = format_ranking(load_runs([tmp_path]))
     with pytest.warns(UserWarning, match="^ranking: 1 seed"):
         table = "\n".join(ranking_lines(rankings(load_runs([tmp_path]))))
     for shown in (text, table):

@@ -253,11 +253,11 @@ def claim_sets(runs: list[dict]) -> list[RunSet]:
     return [run_claims(env_runs, env or "") for env, env_runs in by_env.items()]
 
 
-def claims_text(dirs) -> str:
-    """The claims decided on the runs under ``dirs`` as plain text for a terminal (``cliplab sim``): per run set,
-    a line per measured claim and regime, and how many are not measured or not testable here."""
+def claims_text(runs: list[dict]) -> str:
+    """The claims decided on ``runs`` (``load_runs``) as plain text for a terminal (``cliplab sim``): per run set, a
+    line per measured claim and regime, and how many are not measured or not testable here."""
     out = []
-    for rs in claim_sets(load_runs([Path(d) for d in ([dirs] if isinstance(dirs, (str, Path)) else dirs)])):
+    for rs in claim_sets(runs):
         lines = console_lines(rs)
         if lines:
             out += [f"claims{f' ({rs.name})' if rs.name else ''}, decided on the discovery seeds and re-checked on "

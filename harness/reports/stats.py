@@ -1,6 +1,7 @@
 """The statistics every report uses, on scipy.stats: t intervals at the true degrees of freedom, paired and Welch
 tests, Holm's correction across a report's claims (and a ranking's pairs), and the smallest effect the seeds could
 detect."""
+import functools
 import warnings
 from dataclasses import dataclass, replace
 
@@ -62,9 +63,15 @@ class Comparison:
 
 def detectable_effect(se: float, df: float, alpha: float = 1 - LEVEL, power: float = POWER) -> float:
     """The smallest true difference a two-sided t test at ``alpha`` rejects with probability ``power``, for a test
-    statistic with standard error ``se`` and ``df`` degrees of freedom (noncentral t)."""
+    statistic with standard error ``se`` and ``df`` degrees of freedom (noncentral t): ``se`` times the
+    noncentrality that reaches ``power``, which depends on ``df``, ``alpha`` and ``power`` only."""
     if not (se > 0 and df > 0):
         return float("nan")
+    return _detectable_ncp(float(df), alpha, power) * se
+
+
+@functools.lru_cache(maxsize=256)  # a report's tests share a few degrees of freedom
+def _detectable_ncp(df: float, alpha: float, power: float) -> float:
     crit = stats.t.ppf(1 - alpha / 2, df)
 
     def gap(ncp: float) -> float:  # the far tail is negligible for ncp > 0, and scipy's nct may give NaN there
@@ -73,7 +80,7 @@ def detectable_effect(se: float, df: float, alpha: float = 1 - LEVEL, power: flo
     high = crit + 1.0
     while gap(high) < 0:  # widen the bracket step by step (the noncentral t's tails lose precision far out)
         high *= 2.0
-    return float(optimize.brentq(gap, 0.0, high)) * se
+    return float(optimize.brentq(gap, 0.0, high))
 
 
 def _too_few(diff: float, n_a: int, n_b: int) -> Comparison:

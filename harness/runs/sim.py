@@ -92,10 +92,12 @@ def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[
         print(json.dumps({"algorithms": summary["algorithms"], "ranking": as_json(rankings(runs)),
                           "claims": to_json(claim_sets(runs))}, indent=1, sort_keys=True))
     else:
-        print(format_ranking(out))
-        print("summary at the end of each run (equal steps; means over seeds):\n" + format_table(summary))
+        from harness.reports.rundirs import load_runs
         from harness.reports.sim import claims_text
-        print(claims_text(out))
+        runs = load_runs([out])  # read once for the ranking and the claims
+        print(format_ranking(runs))
+        print("summary at the end of each run (equal steps; means over seeds):\n" + format_table(summary))
+        print(claims_text(runs))
     return summary
 
 
@@ -118,14 +120,15 @@ def match_command(paths, label: str | None, budget: int, env: str, algos: str, s
     return True
 
 
-def format_ranking(out: str) -> str:
-    """The rankings of the sweep in ``out`` (``harness.reports.ranking``) as plain text, the answer first: per
-    equal budget, the verdict, a table of the labels, the pairs, each label's gap to the leader and the notes."""
+def format_ranking(runs: list[dict]) -> str:
+    """The rankings of a sweep's ``runs`` (``harness.reports.rundirs.load_runs``; ``harness.reports.ranking``) as
+    plain text, the answer first: per equal budget, the verdict, a table of the labels, the pairs, each label's gap
+    to the leader and the notes."""
     from harness.reports.ranking import difference, pair_cell, rankings
-    from harness.reports.rundirs import fmt_interval, load_runs
+    from harness.reports.rundirs import fmt_interval
     from harness.reports.sim import METRIC_NAMES, ranking_text, replication_cell
     parts = []
-    for rk in rankings(load_runs([out])):
+    for rk in rankings(runs):
         metric, pk = METRIC_NAMES.get(rk.metric, rk.metric), rk.pass_k
         table = [[c for c in ("rank", "group", "label", "reward", metric, pk, f"replication {metric}",
                               "replication rank") if c]]
