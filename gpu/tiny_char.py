@@ -33,7 +33,7 @@ RULES = {
             "batch": Rule(int, ge=1, le=2 ** 20), "lr": Rule(float, gt=0, le=1), "warmup": Rule(int, ge=0, le=10 ** 7),
             "weight_decay": Rule(float, ge=0, le=1), "threads": Rule(int, ge=1, le=4096),
             "malformed": Rule(float, ge=0, lt=1), "carry_slip": Rule(dict), "slip_pairs": Rule(int, ge=0, le=100),
-            "slip_right": Rule(list)},
+            "slip_right": Rule(list), "slip_spread": Rule(int, ge=1, le=9)},
 }
 
 
@@ -53,7 +53,8 @@ def load_recipe(path=RECIPE) -> dict:
 def check_recipe(raw) -> dict:
     """A recipe mapping with every section and field of RULES, checked; carry_slip maps a column sum (10..19) to
     the probability that the demonstrations drop that column's carry; slip_pairs operand-digit pairs write their
-    sum digit right with a probability in slip_right = [low, high] (``slip_table``)."""
+    sum digit right with a probability in slip_right = [low, high], else one of slip_spread wrong digits
+    (``slip_table``)."""
     if not isinstance(raw, dict) or set(raw) != set(RULES):
         got = sorted(raw) if isinstance(raw, dict) else raw
         raise ValueError(f"expected the sections {', '.join(RULES)}, got {show(got)}")
@@ -83,15 +84,23 @@ def check_recipe(raw) -> dict:
 
 
 def slip_table(sft: dict) -> dict:
-    """The slip pairs of a recipe's ``sft`` section: {(x, y): (p_right, offset)} for ``slip_pairs`` operand-digit
+    """The slip pairs of a recipe's ``sft`` section: {(x, y): (p_right, offsets)} for ``slip_pairs`` operand-digit
     pairs drawn (seeded by sft.seed) from the 100, each writing its column's sum digit right with a probability
-    log-uniform in ``slip_right`` and else the digit ``offset`` (1..9) above it. The pairs are independent of each
-    other, so where the right digit sits (p_right: below 0.2, an exploration token of DAPO Fig. 3a, or above it, a
-    token RL sharpens) is a knob of the recipe, and prompts differ by which pairs their columns hold."""
+    log-uniform in ``slip_right`` and else, evenly, one of ``slip_spread`` wrong digits (the digits ``offsets``,
+    1..9, above it). The pairs are independent of each other, so where the right digit sits is a knob of the
+    recipe: below pi_old 0.2 with its position's remaining mass spread over several wrong digits, an exploration
+    token of DAPO Fig. 3a at a high-entropy position; or above 0.2 against one wrong digit, a token RL sharpens.
+    Prompts differ by which pairs their columns hold."""
     rng = random.Random(sft["seed"] * 7919 + 1)
     pairs = rng.sample([(x, y) for x in range(10) for y in range(10)], sft["slip_pairs"])
     lo, hi = (math.log(p) for p in sft["slip_right"])
-    return {pair: (math.exp(rng.uniform(lo, hi)), rng.randint(1, 9)) for pair in pairs}
+    table = {}
+    for pair in pairs:
+        p_right = math.exp(rng.uniform(lo, hi))
+        spread = sft["slip_spread"]
+        offsets = (rng.randint(1, 9),) if spread == 1 else tuple(rng.sample(range(1, 10), spread))
+        table[pair] = (p_right, offsets)
+    return table
 
 
 def recipe_key(recipe: dict) -> str:
@@ -140,13 +149,15 @@ def demonstration(a: int, b: int, digits: int, rng: random.Random, carry_slip: d
     """One SFT completion of a + b: the worked columns, where a column of sum s drops its carry with probability
     ``carry_slip[s]`` (the learner's systematic slip, so hard prompts are confidently wrong at their carries with
     the right carry a minority) and a column of a slip pair (``slip_table``) writes its digit right with
-    probability p_right, else off by the pair's offset; with probability ``malformed`` it stops after the
-    scratchpad, giving no answer."""
+    probability p_right, else off by one of the pair's offsets, evenly; with probability ``malformed`` it stops
+    after the scratchpad, giving no answer."""
     slips = slips or {}
 
     def digit_slip(x, y):
-        p_right, offset = slips.get((x, y), (1.0, 0))
-        return 0 if rng.random() < p_right else offset
+        p_right, offsets = slips.get((x, y), (1.0, (0,)))
+        if rng.random() < p_right:
+            return 0
+        return offsets[0] if len(offsets) == 1 else rng.choice(offsets)
     text = column_addition(a, b, digits, lambda s: rng.random() >= carry_slip.get(s, 0.0), digit_slip)
     return text[:text.index("\\boxed")] if rng.random() < malformed else text
 

@@ -53,7 +53,7 @@ class Entry:
     name: str
     metric: str
     window: str  # "start": the first WINDOW_SHARE of steps, "early": the first EARLY_STEPS, "end", "all"
-    reduce: str  # "mean" over the window's steps, or "fall": 1 - end / start
+    reduce: str  # "mean" over the window's steps, "fall": 1 - end / start, "headroom": 1 - mean, "max": MAX_STEPS
     meaning: str
 
 
@@ -61,6 +61,9 @@ class Entry:
 WINDOW_SHARE = 0.1
 #: The steps "early" averages over (the clip binds most while the policy still moves).
 EARLY_STEPS = 100
+#: "max" is the largest mean over this many consecutive logged steps: one step's responses (128 in the tiny tier)
+#: are too few to read a 3% share (4 of 128 is 3.1%), so a single-step maximum would read sampling noise.
+MAX_STEPS = 10
 
 CARD: tuple[Entry, ...] = (
     Entry("accuracy_start", "accuracy", "start", "mean", "accuracy over the first tenth of the steps"),
@@ -82,7 +85,7 @@ CARD: tuple[Entry, ...] = (
     Entry("entropy_fall", "entropy", "all", "fall", "1 - entropy at the end / at the start"),
     Entry("entropy_relevant_start", "entropy_relevant", "start", "mean", "reward-relevant entropy at the start"),
     Entry("entropy_relevant_fall", "entropy_relevant", "all", "fall", "1 - reward-relevant entropy end / start"),
-    Entry("malformed_max", "malformed", "all", "max", "largest malformed share of any step"),
+    Entry("malformed_max", "malformed", "all", "max", f"largest malformed share over {MAX_STEPS} consecutive steps"),
     Entry("updates_per_batch", "updates_per_batch", "all", "mean", "optimiser updates per rollout batch"),
     Entry("on_policy_frac", "on_policy_frac", "all", "mean", "share of token updates that are exactly on-policy"),
     Entry("staleness", "staleness", "all", "mean", "updates between sampler and learner"),
@@ -104,7 +107,8 @@ def window_steps(steps: list[int], window: str) -> list[int]:
 def reduce_values(entry: Entry, by_step: dict[int, float]) -> float | None:
     """One run's value of ``entry`` from its metric's logged values by step (None where never logged).
 
-    "fall" compares the mean over the first tenth of the logged steps with the mean over the last tenth."""
+    "fall" compares the mean over the first tenth of the logged steps with the mean over the last tenth; "max" is
+    the largest mean over MAX_STEPS consecutive logged steps (all of them, when fewer)."""
     steps = sorted(s for s, v in by_step.items() if v is not None and math.isfinite(v))
     if not steps:
         return None
@@ -114,7 +118,8 @@ def reduce_values(entry: Entry, by_step: dict[int, float]) -> float | None:
         return 1.0 - end / start if start > 0 else None
     values = [by_step[s] for s in window_steps(steps, entry.window)]
     if entry.reduce == "max":
-        return max(values)
+        width = min(MAX_STEPS, len(values))
+        return max(_mean(values[i:i + width]) for i in range(len(values) - width + 1))
     mean = _mean(values)
     return 1.0 - mean if entry.reduce == "headroom" else mean
 
@@ -146,11 +151,6 @@ class Condition:
 
     def text(self) -> str:
         return f"{self.entry} {self.op} {self.threshold:g}"
-
-    def failure(self, value: float | None) -> str:
-        """Why the card fails this condition, in a phrase that names the measured value."""
-        got = "not logged" if value is None else f"{value:.3g}"
-        return f"needs {self.text()} ({self.why}); measured {got}"
 
 
 #: The regime conditions the claims share.

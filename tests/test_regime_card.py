@@ -2,7 +2,8 @@
 "n/a" for clip statistics an algorithm cannot have, and claim conditions that name the value that fails them."""
 import pytest
 
-from harness.reports.regime import card_lines, card_records, failures, mismatch, run_set_card
+from harness.reports.claim_record import CardCheck, Kind, card_gap, finding, regime_checked
+from harness.reports.regime import card_lines, run_set_card
 from spec.regime import CARD, CLIP_BINDS, ENTRIES, WELL_FORMED, Condition, STEP_METRICS, reduce_values, window_steps
 
 
@@ -33,7 +34,10 @@ def test_reductions_by_hand():
     # entropy 2.0 for the first two steps, 0.5 for the last two: fall = 1 - 0.5 / 2 = 0.75
     ent = {s: 2.0 if s < 2 else (0.5 if s >= 18 else 1.0) for s in range(20)}
     assert reduce_values(ENTRIES["entropy_fall"], ent) == pytest.approx(0.75)
-    assert reduce_values(ENTRIES["malformed_max"], {0: 0.01, 1: 0.04, 2: None}) == 0.04
+    assert reduce_values(ENTRIES["malformed_max"], {0: 0.01, 1: 0.04, 2: None}) == 0.025  # fewer than 10 steps
+    spikes = {s: (0.04 if s in (3, 15) else 0.01) for s in range(30)}  # one 4-in-128 step is not a collapse
+    assert reduce_values(ENTRIES["malformed_max"], spikes) == pytest.approx(0.013)
+    assert reduce_values(ENTRIES["malformed_max"], {**spikes, 20: 0.1, 21: 0.1}) == pytest.approx(0.031)
     assert reduce_values(ENTRIES["clip_frac"], {0: None}) is None
 
 
@@ -51,19 +55,24 @@ def test_card_averages_seeds_and_marks_clips_an_algorithm_cannot_have():
     assert cards["grpo"]["malformed_max"].text("malformed_max") == "not logged"
     table = "\n".join(card_lines(cards))
     assert "| clip_frac | 2% | n/a |" in table and "Not logged by these runs:" in table
-    assert {r["entry"] for r in card_records(cards)} == set(ENTRIES)
 
 
-def test_a_condition_names_the_value_that_fails_it():
+def _checks(cards, label, *conditions):
+    return tuple(CardCheck(c, cards[label][c.entry].value, label, cards[label][c.entry].applicable) for c in conditions)
+
+
+def test_a_claim_whose_card_fails_a_condition_is_not_testable_naming_the_value():
     runs = [_run("grpo", "grpo", clip_frac=[1e-5] * 10, malformed=[0.01] * 10),
-            _run("dapo", "dapo", clip_frac=[0.01] * 10, malformed=[0.2] * 10)]
+            _run("dapo", "dapo", clip_frac=[0.01] * 10, malformed=[0.2] * 10),
+            _run("sapo", "sapo", clip_frac=[0.0] * 10, malformed=[0.0] * 10)]
     cards = run_set_card(runs)
-    got = failures([CLIP_BINDS, WELL_FORMED], cards, {"grpo": "grpo", "dapo": "dapo"})
-    assert got == ["grpo: needs clip_frac >= 0.0001 (the clip must bind for a clipping rule to matter); measured "
-                   "1e-05", "dapo: needs malformed_max <= 0.03 (format collapse would drive the comparison "
-                   "instead); measured 0.2"]
-    only_grpo = Condition("malformed_max", "<=", 0.03, "x", of="grpo")
-    assert failures([only_grpo], cards, {"grpo": "grpo", "dapo": "dapo"}) == []
+    got = regime_checked(finding("r", Kind.REPRODUCED, "x", conditions=_checks(cards, "grpo", CLIP_BINDS, WELL_FORMED)))
+    assert got.kind == Kind.NOT_TESTABLE and got.reason == "grpo's clip_frac is 1e-05; the claim needs clip_frac >= 0.0001"
+    got = regime_checked(finding("r", Kind.REVERSED, "x", conditions=_checks(cards, "dapo", CLIP_BINDS, WELL_FORMED)))
+    assert got.kind == Kind.NOT_TESTABLE and got.reason == "dapo's malformed_max is 0.2; the claim needs malformed_max <= 0.03"
+    # SAPO has no hard clip: its "n/a" clip share neither passes nor fails the condition
+    assert regime_checked(finding("r", Kind.REPRODUCED, "x", conditions=_checks(cards, "sapo", CLIP_BINDS))).kind \
+        == Kind.REPRODUCED
 
 
 def test_a_condition_on_an_unknown_entry_is_refused():
@@ -71,10 +80,17 @@ def test_a_condition_on_an_unknown_entry_is_refused():
         Condition("clip_fraction", ">=", 0.1, "x")
 
 
-def test_two_cards_mismatch_by_the_entries_off_by_more_than_their_tolerance():
+def test_two_tiers_records_match_only_where_their_condition_entries_lie_within_tolerance():
     runs = [_run("tier", "grpo", clip_frac=[0.004] * 10, accuracy=[0.3] * 10),
             _run("sim", "grpo", clip_frac=[0.012] * 10, accuracy=[0.35] * 10),
             _run("close", "grpo", clip_frac=[0.006] * 10, accuracy=[0.25] * 10)]
     cards = run_set_card(runs)
-    assert mismatch(cards["tier"], cards["sim"]) == "clip_frac 0.4% vs 1.2%"  # 3x: beyond a factor of 2
-    assert mismatch(cards["tier"], cards["close"]) is None  # 1.5x and 0.05 apart: within
+    headroom = Condition("headroom", ">=", 0.1, "x")
+    rec = {lbl: finding("r", Kind.REPRODUCED, "x", conditions=_checks(cards, lbl, CLIP_BINDS, headroom))
+           for lbl in cards}
+    assert card_gap(rec["tier"], rec["sim"]) == "regime cards differ: clip_frac 0.004 vs 0.012"  # 3x: beyond 2x
+    assert card_gap(rec["tier"], rec["close"]) is None  # 1.5x and 0.05 apart: within
+    bare = finding("r", Kind.REPRODUCED, "x")
+    assert card_gap(bare, bare) is None  # a claim that needs no particular regime
+    assert card_gap(rec["tier"], finding("r", Kind.REPRODUCED, "x", conditions=_checks(cards, "sim", WELL_FORMED))) \
+        == "no regime card entry measured in both"

@@ -18,7 +18,7 @@ from spec.regime import EXPLORATION_P_OLD
 SMALL = {"model": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "max_positions": 64},
          "task": {"format": "addition", "digits": 2},
          "sft": {"seed": 0, "steps": 3, "batch": 8, "lr": 1.0e-3, "warmup": 1, "weight_decay": 0.0, "threads": 1,
-                 "malformed": 0.0, "carry_slip": {10: 0.5}, "slip_pairs": 2, "slip_right": [0.1, 0.3]}}
+                 "malformed": 0.0, "carry_slip": {10: 0.5}, "slip_pairs": 2, "slip_right": [0.1, 0.3], "slip_spread": 2}}
 
 
 def write_recipe(path, recipe):

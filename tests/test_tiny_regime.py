@@ -20,20 +20,25 @@ def test_a_slipped_column_writes_its_digit_off_by_the_pairs_offset_and_keeps_its
 
 
 def test_the_slip_table_is_seeded_and_within_the_recipe():
-    sft = {"seed": 3, "slip_pairs": 40, "slip_right": [0.01, 0.4]}
+    sft = {"seed": 3, "slip_pairs": 40, "slip_right": [0.01, 0.4], "slip_spread": 1}
     table = tiny_char.slip_table(sft)
     assert len(table) == 40 and table == tiny_char.slip_table(dict(sft))
-    assert all(0.01 <= p <= 0.4 and 1 <= offset <= 9 for p, offset in table.values())
+    assert all(0.01 <= p <= 0.4 and len(offsets) == 1 and 1 <= offsets[0] <= 9 for p, offsets in table.values())
     assert tiny_char.slip_table({**sft, "seed": 4}) != table
+    spread = tiny_char.slip_table({**sft, "slip_spread": 5})
+    assert all(len(set(offsets)) == 5 and set(offsets) <= set(range(1, 10)) for _, offsets in spread.values())
 
 
 def test_demonstrations_write_a_slip_pairs_right_digit_at_its_rate_and_a_clean_pair_always():
     rng, n = random.Random(0), 4000
-    slips = {(7, 5): (0.25, 3)}
+    slips = {(7, 5): (0.25, (3,))}
     firsts = [tiny_char.demonstration(347, 285, 3, rng, {}, 0.0, slips)[0] for _ in range(n)]
     right = firsts.count("2") / n  # 7 + 5 = 12: the right digit 2, the slip 5
     assert set(firsts) == {"2", "5"} and abs(right - 0.25) < 5 * (0.25 * 0.75 / n) ** 0.5
     assert {tiny_char.demonstration(111, 222, 3, rng, {}, 0.0, slips) for _ in range(50)} == {"303030\\boxed{333}"}
+    spread = [tiny_char.demonstration(347, 285, 3, rng, {}, 0.0, {(7, 5): (0.1, (3, 5))})[0] for _ in range(n)]
+    for digit, share in (("2", 0.1), ("5", 0.45), ("7", 0.45)):  # the wrong mass split evenly over 2 + 3, 2 + 5
+        assert abs(spread.count(digit) / n - share) < 5 * (share * (1 - share) / n) ** 0.5
 
 
 def test_the_reward_relevant_tokens_are_the_addition_tasks_digits():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spec.regime import CARD, ENTRIES, NOT_APPLICABLE, Condition, reduce_values
+from spec.regime import CARD, ENTRIES, NOT_APPLICABLE, reduce_values
 from spec.registry import ALGORITHMS
 
 from harness.reports.rundirs import fmt, md
@@ -89,26 +89,6 @@ def supplied(cards: dict[str, dict[str, CardValue]]) -> list[str]:
     return [e.name for e in CARD if any(c[e.name].value is not None for c in cards.values())]
 
 
-def failures(conditions: list[Condition], cards: dict[str, dict[str, CardValue]], algo_of: dict[str, str]) -> list[str]:
-    """What the card fails of a claim's ``conditions``: a condition ``of`` an algorithm reads that algorithm's
-    label(s); ``of="any"`` must hold for every label of the run set."""
-    out = []
-    for c in conditions:
-        labels = [lbl for lbl in cards if c.of == "any" or algo_of.get(lbl) == c.of]
-        for lbl in labels:
-            cv = cards[lbl][c.entry]
-            if cv.applicable and not c.holds(cv.value):
-                out.append(f"{lbl}: {c.failure(cv.value)}")
-    return out
-
-
-def card_records(cards: dict[str, dict[str, CardValue]]) -> list[dict]:
-    """The card as JSON-ready records, one per label and entry."""
-    return [{"label": label, "entry": name, "value": cv.value, "seeds": cv.seeds,
-             "applicable": cv.applicable, "meaning": ENTRIES[name].meaning}
-            for label, card in cards.items() for name, cv in card.items()]
-
-
 def card_lines(cards: dict[str, dict[str, CardValue]], title: str = "## Regime card") -> list[str]:
     """A markdown table: one row per card entry the run set logs, one column per label; then the entries no log
     supplies, named in one line."""
@@ -153,20 +133,3 @@ def residual(entry: str, fitted: float | None, target: float) -> float:
     if scale == "log":
         return math.log(max(fitted, LOG_FLOOR) / max(target, LOG_FLOOR)) / math.log(width)
     return (fitted - target) / width
-
-
-def differences(a: dict[str, CardValue], b: dict[str, CardValue], entries=None) -> dict[str, float]:
-    """Two labels' cards compared entry by entry (``residual`` of ``a`` against ``b``, tolerance units), over the
-    ``FIT_ENTRIES`` (or ``entries``) both define and log."""
-    names = entries or FIT_ENTRIES
-    return {e: residual(e, a[e].value, b[e].value) for e in names
-            if a[e].applicable and b[e].applicable and a[e].value is not None and b[e].value is not None}
-
-
-def mismatch(a: dict[str, CardValue], b: dict[str, CardValue], entries=None) -> str | None:
-    """Why two cards do not match, naming each entry off by more than its tolerance with both values; None when
-    every shared entry is within it."""
-    off = [(e, r) for e, r in differences(a, b, entries).items() if abs(r) > 1]
-    if not off:
-        return None
-    return "; ".join(f"{e} {a[e].text(e)} vs {b[e].text(e)}" for e, _ in sorted(off, key=lambda x: -abs(x[1])))
