@@ -179,3 +179,15 @@ def test_k1_kl_loss_has_the_score_functions_gradient(skyrl):
     k2 = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
     gpu.kl(k2, torch.tensor(ref, dtype=torch.float64), "k2").sum().backward()
     assert k2.grad[0].numpy() == pytest.approx([0.5, -1.5])
+
+
+@pytest.mark.parametrize("kind, name, delta", [("binary_tv", "dppo_tv", 0.15), ("binary_kl", "dppo_kl", 0.05)])
+def test_dppo_takes_the_surrogate_as_its_value(skyrl, kind, name, delta):
+    # pi = 0.6 from mu = 0.5, A = 1: inside both trust regions (0.1 < 0.15; KL 0.0204 < 0.05). The gradient is
+    # -r A = -1.2 in both; the reference's value is -r A log pi = 1.2 * 0.511, SkyRL's the surrogate -r A = -1.2
+    logp, old = [[math.log(0.6)]], [[math.log(0.5)]]
+    loss, grad = policy(skyrl, "dppo", "token_mean", logp, old, [[1.0]], [[1.0]],
+                        config={"dppo": {"dppo_type": kind, "delta_low": delta, "delta_high": delta}})
+    exact, exact_grad = spec.policy_loss(name, logp, old, [[1.0]], [[1.0]])
+    assert float(exact) == pytest.approx(-1.2 * math.log(0.6))
+    assert loss == pytest.approx(-1.2) and grad[0, 0] == pytest.approx(float(exact_grad[0, 0])) == pytest.approx(-1.2)

@@ -1,5 +1,7 @@
 """No false "differs" on correct code: at a float tie on a clip bound either one-sided gradient (or torch.min's
 half split) agrees, and a loss computed in float32 is held to float32's tolerance; a wrong loss still fails."""
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -261,6 +263,15 @@ def test_dppo_thresholds_are_placed_on_the_divergence_and_a_wrong_mask_still_dif
         keep = torch.where(adv > 0, r <= 1.15, r >= 0.85)
         return -(torch.where(keep, r * adv, 0.0) * logp * mask).sum() / mask.sum().clamp(min=1)
     assert _rows(ratio_clip_mask, "algorithm=dppo_tv", seeds=9)["typical"]["kind"] == "differs"
+    check = target_of(ratio_clip_mask, "algorithm=dppo_tv").checks()[0]  # pi = exp(logp) a probability throughout
+    above = False
+    for family, seed in itertools.product(check.families, range(6)):
+        b, raw = check.batch(seed, family), batch_of(seed, "extreme" if family == "extreme" else "typical")
+        assert (b.logp[b.mask > 0] <= 0).all()
+        above |= bool((raw.logp[raw.mask > 0] > 0).any())
+        if family != "ties":
+            np.testing.assert_allclose(b.logp - b.old_logp, raw.logp - raw.old_logp, atol=1e-12)
+    assert above
 
 
 def rejection_run(dtype, statistic, low, high, rejected_at_the_edge):

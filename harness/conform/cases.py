@@ -9,6 +9,8 @@ from typing import Callable
 
 import numpy as np
 
+from spec.registry import DIVERGENCE_CLIPS, get_algorithm
+
 from harness.verify.cases import Case, make_case
 
 #: Step-level batches: rows (groups of STEP_GROUP responses) and padded width; mixed lengths in every batch.
@@ -356,9 +358,10 @@ class Convention:
     low, high), the band of a row's weight), for the ties family; ``far_ref``: whether
     it reads ref_logp (for the far_ref family); ``policy``: (algorithm, hp, rows_counted) of a policy-loss
     convention, which the clamp variants rebuild; ``base`` and ``part``: a variant is ``base`` with one change,
-    ``part``, named in words (e.g. "clamps the log-ratio at +-20"); ``linear``: its loss is sum_t c_t logp_t with
-    c_t held constant, so that its value is its gradient times logp token by token, plus a term continuous at every
-    bound (CISPO, DPPO, VESPO, GPG)."""
+    ``part``, named in words (e.g. "clamps the log-ratio at +-20"); ``linear``: how its value follows from its
+    gradient g token by token, up to a term continuous at every bound: "logp" for a loss sum_t c_t logp_t with c_t
+    held constant (CISPO, DPPO, VESPO, GPG; value sum_t g_t logp_t), "sum" for its surrogate sum_t c_t, "" for
+    neither."""
 
     label: str
     fn: Callable
@@ -368,7 +371,7 @@ class Convention:
     policy: tuple | None = None
     base: "Convention | None" = None
     part: str = ""
-    linear: bool = False
+    linear: str = ""
 
 
 @dataclass
@@ -400,12 +403,20 @@ class Check:
                 ("ties",) if conv and conv.ties else ())
 
     def batch(self, seed: int, family: str) -> Batch:
-        """The family's generated batch for this check (far_ref and ties from its typical batch)."""
+        """The family's generated batch for this check (far_ref and ties from its typical batch); for a reference
+        that reads pi = exp(logp) as a probability (DPPO), every token whose logp is above 0 moved down with its
+        old_logp, the log-ratio kept."""
+        typical = "typical" if family in ("far_ref", "ties") else family
+        b = self.cases(seed, typical)
+        policy = self.reference.policy if self.reference is not None else None
+        if policy is not None and get_algorithm(policy[0]).clip in DIVERGENCE_CLIPS:
+            above = np.maximum(b.logp, 0.0)
+            b = replace(b, logp=b.logp - above, old_logp=b.old_logp - above, extra=dict(b.extra))
         if family == "far_ref":
-            return far_ref(self.cases(seed, "typical"), seed)
+            return far_ref(b, seed)
         if family == "ties":
-            return at_ties(self.cases(seed, "typical"), self.reference.ties, seed)
-        return self.cases(seed, family)
+            return at_ties(b, self.reference.ties, seed)
+        return b
 
 
 class NotApplicable(ValueError):

@@ -97,8 +97,8 @@ def _row_sides(conv: Convention, used: Batch, sides: list, at, want) -> tuple[li
 def _value_band(check: Check, conv: Convention, used: Batch, want, values: list, at) -> tuple:
     """The loss values a tie-break may give: between the one-sided limits where the value is continuous at the
     bounds; where it jumps, for a loss linear in logp (DPPO, CISPO, VESPO, GPG: value sum_t g_t logp_t, g its
-    gradient), the reference's value plus each tie's jump (a token's, or a row's for a sequence ratio) in either
-    direction that its other side gives, each tie on its own side."""
+    gradient, or its surrogate sum_t g_t; Convention.linear), the reference's value plus each tie's jump (a token's,
+    or a row's for a sequence ratio) in either direction that its other side gives, each tie on its own side."""
     from harness.conform.targets.reference import per_row_ratio
     ends = [np.asarray(v[0], dtype=float) for v in values]
     plain = (np.min([want[0], *ends], axis=0), np.max([want[0], *ends], axis=0))
@@ -107,7 +107,8 @@ def _value_band(check: Check, conv: Convention, used: Batch, want, values: list,
     value = float(want[0])
     if all(abs(float(e) - value) <= check.tolerance * max(1.0, abs(value)) for e in ends):
         return plain
-    jumps = [(np.asarray(v[1], dtype=float) - want[1]) * used.logp * at for v in values]
+    factor = used.logp if conv.linear == "logp" else 1.0  # the value: sum_t g_t logp_t, or sum_t g_t
+    jumps = [(np.asarray(v[1], dtype=float) - want[1]) * factor * at for v in values]
     jumps = [j.sum(1) if per_row_ratio(conv) else j for j in jumps]
     down = np.minimum.reduce([np.minimum(j, 0.0) for j in jumps]).sum()
     up = np.maximum.reduce([np.maximum(j, 0.0) for j in jumps]).sum()

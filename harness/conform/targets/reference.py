@@ -106,7 +106,8 @@ def policy(name: str, **hp) -> Convention:
 
 def _policy_convention(name, hp, text, rows_counted=False, named=True):
     return Convention(text, lambda b: policy_value(name, hp, b, rows_counted), named, ties=policy_ties(name, hp),
-                      far_ref=_beta(name, hp) > 0, policy=(name, hp, rows_counted), linear=linear_in_logp(name))
+                      far_ref=_beta(name, hp) > 0, policy=(name, hp, rows_counted),
+                      linear="logp" if linear_in_logp(name) else "")
 
 
 def _resolved(name, hp):
@@ -203,7 +204,8 @@ def kl_term_capped(conv: Convention) -> Convention | None:
 def ratio_truncated(conv: Convention, c: float = 3.0) -> Convention | None:
     """``conv`` with the ratio in its constant weight truncated at c, min(r, c) (verl's DPPO reads clip_ratio_c, 3 by
     default, as a truncated-IS cap): a variant, for DPPO without a KL term (a loss linear in logp)."""
-    if not conv.linear or get_algorithm(conv.policy[0]).clip not in DIVERGENCE_CLIPS or _beta(*conv.policy[:2]) > 0:
+    if conv.linear != "logp" or get_algorithm(conv.policy[0]).clip not in DIVERGENCE_CLIPS \
+            or _beta(*conv.policy[:2]) > 0:
         return None
 
     def fn(b):
@@ -212,19 +214,20 @@ def ratio_truncated(conv: Convention, c: float = 3.0) -> Convention | None:
         grad = grad * np.where(ratio > c, c / ratio, 1.0)
         return float((grad * b.logp).sum()), grad
     return replace(_variant(conv, f"truncates the ratio in its weight at {c:g} (gradient scaled by c / r beyond)", fn),
-                   linear=True)
+                   linear="logp")
 
 
 def surrogate_value(conv: Convention) -> Convention | None:
     """``conv`` (a loss sum_t c_t logp_t with c_t constant) with the value sum_t c_t, the surrogate -M r A (SkyRL's
     DPPO): the same gradient, another value; a variant, without a KL term."""
-    if not conv.linear or _beta(*conv.policy[:2]) > 0:
+    if conv.linear != "logp" or _beta(*conv.policy[:2]) > 0:
         return None
 
     def fn(b):
         _, grad = conv.fn(b)
         return float(grad.sum()), grad
-    return _variant(conv, "takes the surrogate sum_t c_t as its value (no log-prob factor; the same gradient)", fn)
+    return replace(_variant(conv, "takes the surrogate sum_t c_t as its value (no log-prob factor; the same "
+                            "gradient)", fn), linear="sum")
 
 
 def rejected_rows_dropped(conv: Convention) -> Convention | None:

@@ -110,6 +110,13 @@ class Target(RemoteTarget):
                          self.policy_run("kl_cov", "token_mean", kl_cov={"kl_cov_frac": 0.2, "ppo_kl_coef": 1.0}),
                          {"kl_cov_ratio": 0.2, "kl_cov_coef": 1.0},
                          note="SkyRL's loss reduction scales the advantages only, not the |log r| penalty."),
+            *(self._policy(name, "dppo", f"dppo_type={kind!r}, delta_low = delta_high = {delta:g} (the authors' "
+                           "recipe), token_mean",
+                           self.policy_run("dppo", "token_mean",
+                                           dppo={"dppo_type": kind, "delta_low": delta, "delta_high": delta}), {},
+                           note="SkyRL's DPPO loss is the surrogate -M r A (its gradient the reference's "
+                                "-sg(M r) A log pi)")
+              for name, kind, delta in (("dppo_tv", "binary_tv", 0.15), ("dppo_kl", "binary_kl", 0.05))),
         ]
 
     def rollout_checks(self) -> list[Check]:
@@ -131,6 +138,18 @@ class Target(RemoteTarget):
                                                     off_policy_correction=correction),
                                     hp, grid={"agg": ref.TOKEN_AGG,
                                               "rollout_correction": [None, "tis", "mis", "seq_mis"]},
+                                    cases=rollout_batch, reads=ROLLOUT_READS))
+        for label, correction, hp in (
+                ("sequence_mask_metric='product', product_mask_low 0.5, product_mask_high 2 (defaults)",
+                 {"sequence_mask_metric": "product"}, {"rollout_correction": "seq_rs", "mis_high": 2.0}),
+                ("sequence_mask_metric='geometric', geo_mask_low 0.8, geo_mask_high 1.25",
+                 {"sequence_mask_metric": "geometric", "geo_mask_low": 0.8, "geo_mask_high": 1.25},
+                 {"rollout_correction": "geo_rs", "mis_low": 0.8, "mis_high": 1.25})):
+            out.append(self._policy("ppo", "regular", f"off_policy_correction: {label} (rejection, no TIS), "
+                                    "token_mean", self.policy_run("regular", "token_mean", rollout=True,
+                                                                  off_policy_correction=correction),
+                                    hp, grid={"agg": ref.TOKEN_AGG,
+                                              "rollout_correction": [hp["rollout_correction"], None]},
                                     cases=rollout_batch, reads=ROLLOUT_READS))
         return out
 
