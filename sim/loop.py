@@ -16,7 +16,7 @@ from .aggregation import block_count
 from .config import REWARD_SCHEMES, resolve
 from .feature_lm import FeatureLM
 from .losses import dpo_terms, policy_terms, value_loss
-from .metrics import StepClips, batch_cov, clean, entropy_law, exact_metrics, rollout_metrics
+from .metrics import NO_CLIP, StepClips, batch_cov, clean, entropy_law, exact_metrics, rollout_metrics
 from .tabular import CORRECT, MALFORMED, Rollout, TableEnv, concat_rollouts, uniforms
 from spec.contract import resolve_hparams
 from spec.registry import ALGORITHMS, POLICY_ALGORITHMS
@@ -333,7 +333,8 @@ class Trainer:
                 updates += 1
         rur = (np.abs(adv) > 1e-12).any(1).reshape(k, -1).mean(1)
         tok_n = np.maximum(tok_sum, 1.0)
-        return [{"clip_frac": clip_sum[i] / tok_n[i], "rur": float(rur[i]), "loss": loss_sum[i] / updates,
+        clip_frac = None if alg.clip in NO_CLIP else clip_sum / tok_n
+        return [{"clip_frac": None if clip_frac is None else clip_frac[i], "rur": float(rur[i]), "loss": loss_sum[i] / updates,
                  "trained": trained, "cov_logp_adv": covs[i], "updates_per_batch": updates,
                  "staleness": int(lag[i]), **clip_rec,
                  **{key: v[i] / tok_n[i] for key, v in extra_sums.items()}}

@@ -138,6 +138,10 @@ def batch_cov(logp: np.ndarray, adv: np.ndarray, mask: np.ndarray) -> float | No
     return float(np.add.reduce(x) / n)
 
 
+#: Kinds of clip (spec.registry) under which a loss holds no token: SAPO's soft gate, CISPO's truncated weight,
+#: VESPO's sequence kernel, and none at all (GPG, KL-Cov). Their clip_frac is None: not defined there, and never 0.
+NO_CLIP = frozenset({"soft", "truncated", "gamma", "off"})
+
 #: The clip statistics of the regime card, None for an algorithm without a hard clip (SAPO's soft gate, CISPO's
 #: truncated weight, GMPO's log-space clip, KL-Cov, GPG): not defined there, and never 0.
 CLIP_KEYS = ("clip_frac_active", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from sim.loop import run_stack
-from sim.metrics import CLIP_KEYS, DEFINITIONS, StepClips
-from spec.regime import ENTRIES, STEP_METRICS, reduce_values
+from harness.reports.regime import label_card
+from sim.metrics import CLIP_KEYS, DEFINITIONS, StepClips, summarise_run
+from spec.regime import ENTRIES, NOT_APPLICABLE, STEP_METRICS, reduce_values
 
 # two responses of five tokens; the last token of the second is padding
 P_OLD = np.array([[0.1, 0.5, 0.95, 0.3, 0.05], [0.6, 0.15, 0.92, 0.4, 0.7]])
@@ -61,6 +62,22 @@ def test_clip_statistics_are_none_without_a_hard_clip(algo):
     s, = clips.summary()
     assert all(s[k] is None for k in CLIP_KEYS)
     assert s["zero_adv_frac"] == pytest.approx(2 / 9)
+
+
+@pytest.mark.parametrize("algo,has_clip", [("sapo", False), ("cispo", False), ("gpg", False), ("kl_cov", False),
+                                            ("vespo", False), ("grpo", True), ("gmpo", True), ("dppo_tv", True)])
+def test_clip_frac_is_none_where_the_loss_clips_nothing(algo, has_clip):
+    """SAPO's soft gate, CISPO's truncated weight, VESPO's kernel, GPG and KL-Cov hold no token: their clip_frac is
+    None at every step and in the run's summary (not 0), and the regime card reads it "n/a"; GRPO's clip, GMPO's
+    log-space clip and DPPO's trust region give a share. Stale rollouts, so that ratios move off 1."""
+    recs, = run_stack("feature_lm", algo, [0], 2, {**SMALL, "staleness": 1, "minibatches": 2, "lr": 0.3})
+    summary = summarise_run(recs)
+    if has_clip:
+        assert all(0 <= r["clip_frac"] <= 1 for r in recs) and summary["clip_frac"] is not None
+        return
+    assert all(r["clip_frac"] is None for r in recs) and summary["clip_frac"] is None
+    card = label_card([{"algo": algo, "records": recs}])
+    assert card["clip_frac"].text("clip_frac") == NOT_APPLICABLE
 
 
 def test_definitions_are_the_cards():
