@@ -11,6 +11,8 @@ SEQUENCE_MEAN_CASES = [
     ({"loss_type": "dr_grpo", "max_completion_length": 8}, "dr_grpo", {"max_len": 8}),
     ({"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon_low": 3e-4, "epsilon_high": 4e-4},
      "gspo", {}),
+    ({"loss_type": "luspo", "importance_sampling_level": "sequence", "epsilon_low": 2e-3, "epsilon_high": 2.5e-3},
+     "luspo", {}),
 ]
 
 

@@ -83,8 +83,7 @@ class Target(RemoteTarget):
            "the float32 tolerance. The gradient w.r.t. each token's log-prob is Liger's gradient w.r.t. "
            "that token's hidden state divided along d logp / d h (a case fails if any of that gradient, or "
            "of the weight's, is off what it implies). Liger's module defaults are checked as a direct "
-           "caller gets them (TRL 1.16's trainer no longer calls Liger's GRPO loss). loss_type luspo and "
-           "vespo have no reference convention and are not checked.")
+           "caller gets them (TRL 1.16's trainer no longer calls Liger's GRPO loss).")
 
     def run(self, kw: dict):
         def run(b: Batch):
@@ -110,4 +109,8 @@ class Target(RemoteTarget):
                                {"agg": AGGS, "eps_high": [0.28, 0.2], "beta": [0.0, 0.04]},
                                note="The module's own defaults, which a direct caller gets; a trainer passes its own "
                                "(TRL's GRPOConfig: beta 0, loss_type 'dapo', epsilon 0.2).")
-        return [defaults] + loss_type_checks(self._check, bias_note=BIAS_NOTE)
+        vespo = self._check("vespo", "loss_type='vespo' (k 2 / 3, lambda 3 / 2), beta=0",
+                            {"loss_type": "vespo", "beta": 0.0}, {}, {"agg": AGGS},
+                            note="Liger's get_gamma_weights follows TRL's: each token's log-ratio clamped to "
+                                 "[-20, 20] and the row's summed log-weight to [log 1e-8, 20] before phi.")
+        return [defaults] + loss_type_checks(self._check, bias_note=BIAS_NOTE) + [vespo]

@@ -22,9 +22,9 @@ BETA = 0.04  # DeepSeekMath's KL weight
 GSPO = {"eps_low": 3e-4, "eps_high": 4e-4}
 CISPO_NOTE = ("CISPO's epsilon_high is an absolute cap in TRL, Liger and Unsloth (the weight is at most "
               "epsilon_high) and a relative one (1 + eps) in MiniMax-M1's Eq. 5, verl and SkyRL.")
-FAMILIES_NOTE = ("loss_type luspo and vespo have no reference convention and are not checked. Its clamps, named in "
-                 "the findings: ref - new to [-20, 20] and the KL term to [-10, 10] (`rl_replacements.py:1138, "
-                 "1144`).")
+FAMILIES_NOTE = ("loss_type vespo is not driven: it takes the trainer's get_gamma_weights (TRL's), which this "
+                 "environment does not install. Its clamps, named in the findings: ref - new to [-20, 20] and the KL "
+                 "term to [-10, 10] (`rl_replacements.py:1138, 1144`).")
 #: What Unsloth's GRPO trainer forwards with beta > 0 (rl_replacements.py: ``kwargs["use_bias_correction_kl"] =
 #: getattr(trainer.args, "use_bias_correction_kl", False)``): TRL's GRPOConfig default, True.
 TRAINER_KL = {"use_bias_correction_kl": True}
@@ -164,4 +164,7 @@ def loss_type_checks(check, kl_note: str = "", bias_note: str = "", trainer_kl: 
               {"loss_type": "dapo", **seq, "beta": 0.0}, GSPO, {"agg": AGGS}, names=["gspo", "gspo_token"]),
         check("gspo", "loss_type='dr_grpo', importance_sampling_level='sequence', epsilon 3e-4/4e-4, beta=0",
               {**dr, **seq, "beta": 0.0}, GSPO, {"agg": AGGS}, names=["gspo", "gspo_token"]),
+        check("luspo", "loss_type='luspo', importance_sampling_level='sequence', epsilon 2e-3/2.5e-3, beta=0",
+              {"loss_type": "luspo", "epsilon_low": 2e-3, "epsilon_high": 2.5e-3,
+               "importance_sampling_level": "sequence", "beta": 0.0}, {}, {"agg": AGGS}, names=["luspo", "gspo"]),
     ]
