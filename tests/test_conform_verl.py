@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("verl.trainer.ppo.core_algos")
 from verl.trainer.ppo import core_algos as ca  # noqa: E402
 
+import gpu  # noqa: E402
 import spec  # noqa: E402
 from harness.conform.engine import run_check  # noqa: E402
 from harness.conform.targets.verl import Target, actor_config  # noqa: E402
@@ -326,3 +327,27 @@ def test_rollout_rs_gives_nan_when_every_row_is_rejected():
     assert float(spec.policy_loss("grpo", [[-1.0]], [[-1.0]], [[1.0]], [[1.0]], beta=0.0, agg="token_mean",
                                   rollout_correction="seq_rs", mis_low=0.5, mis_high=2.0,
                                   rollout_logp=[[-1.0 - math.log(3.0)]])[0]) == 0.0
+
+
+def test_gdpo_whitens_the_weighted_sum_over_the_batchs_tokens():
+    from verl.trainer.config import AlgoConfig
+    # two prompts of two responses, lengths 1, 3, 2, 2; rewards (1, 0), (0, 1), (1, 1), (0, 0), weights 1 and 0.5:
+    # the weighted sums of the group advantages are +-(0.7071 - 0.3536) and +-(0.7071 + 0.3536); the reference
+    # standardises the 4 responses' sums, verl the 8 tokens' (a long response counts thrice)
+    mask = np.array([[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0]], dtype=float)
+    rewards = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    config = AlgoConfig(gdpo_reward_keys=["a", "b"], gdpo_reward_weights=[1.0, 0.5])
+    prompts = torch.zeros((4, 2), dtype=torch.long)
+    adv, _ = ca.compute_gdpo_outcome_advantage(
+        t(np.zeros((4, 3))), t(mask), np.array(["p0", "p0", "p1", "p1"], dtype=object), config=config,
+        batch={"prompts": prompts, "attention_mask": torch.cat([torch.ones_like(prompts),
+                                                                torch.as_tensor(mask, dtype=torch.long)], 1)},
+        non_tensor_batch={"a": rewards[:, 0], "b": rewards[:, 1]})
+    h = math.sqrt(0.5)
+    sums = np.array([h - h / 2, -h + h / 2, h + h / 2, -h - h / 2])
+    want = gpu.gdpo_advantages(t(rewards), 2, weights=[1.0, 0.5]).numpy()
+    np.testing.assert_allclose(want, sums / sums.std(ddof=1), rtol=1e-5)
+    tokens = np.repeat(sums, mask.sum(1).astype(int))
+    got = adv.numpy()[mask > 0]
+    np.testing.assert_allclose(got, (tokens - tokens.mean()) / tokens.std(ddof=1), rtol=1e-5)
+    assert np.abs(got - np.repeat(want, mask.sum(1).astype(int))).max() > 0.1

@@ -484,6 +484,15 @@ def rollout_batch(seed, family):
     return b
 
 
+def gdpo_batch(seed, family):
+    """An advantage batch (groups of G >= 2) with a second reward per response, ``reward_2`` (0, 0.5 or 1, held by
+    each of the row's columns), for GDPO's two rewards."""
+    b = advantage_batch(seed, family)
+    rng = np.random.default_rng(90_000 + seed)
+    b.extra["reward_2"] = np.repeat(rng.choice([0.0, 0.5, 1.0], (len(b.mask), 1)), b.max_len, 1)
+    return b
+
+
 def advantage_batch(seed, family):
     """Groups of G >= 2 (typical) or with lone responses, G = 1 (lone); rewards are rounded advantages."""
     if family == "lone":

@@ -388,6 +388,32 @@ def group_advantage(kind: str = "grpo", unbiased: bool = PARTS["grpo_advantage"]
     return Convention(f"{name}[unbiased={unbiased}]" if kind == "grpo" else name, fn)
 
 
+def gdpo_rewards(b) -> np.ndarray:
+    """The [B, 2] rewards of a GDPO batch: each row's rounded advantage, and its ``reward_2`` extra."""
+    return np.stack([b.rewards, b.extra["reward_2"][:, 0] if b.mask.size else np.zeros(len(b.mask))], 1)
+
+
+def gdpo_advantage(weights=(1.0, 1.0), whiten: bool = False) -> Convention:
+    """GDPO (2601.05242) advantages of a batch's two rewards (``gdpo_rewards``), each standardised in its group, the
+    weighted sum standardised over the batch's responses, broadcast over each row's unmasked tokens. ``whiten``
+    standardises the weighted sum over the batch's unmasked tokens instead (unbiased variance, 1e-8 under the
+    root), a variant."""
+    def fn(b):
+        r = t64(gdpo_rewards(b))
+        if not whiten:
+            return gpu.gdpo_advantages(r, b.group_size, weights=list(weights)).numpy()[:, None] * b.mask, None
+        total = sum(w * gpu.group_advantages(r[:, n], b.group_size, kind="grpo") for n, w in enumerate(weights))
+        on = b.mask > 0
+        values = np.broadcast_to(total.numpy()[:, None], b.mask.shape)
+        tokens = values[on]
+        return np.where(on, (values - tokens.mean()) / np.sqrt(tokens.var(ddof=1) + 1e-8), 0.0), None
+    text = "gdpo_advantage" + (f"[weights={list(weights)}]" if tuple(weights) != (1.0, 1.0) else "")
+    if whiten:
+        return Convention(text + ", the weighted sum whitened over the batch's tokens (unbiased variance)", fn,
+                          named=False)
+    return Convention(text, fn)
+
+
 def reinforce_pp(gamma: float = PARTS["reinforce_pp"]["gamma"]) -> Convention:
     """REINFORCE++ (2501.03262 Sec. 3) advantages without a KL term: each row's outcome reward at its last unmasked
     token, discounted returns, whitened over the batch's unmasked tokens."""

@@ -12,7 +12,7 @@ import torch
 from spec.registry import PARTS
 
 from harness.conform import kinds
-from harness.conform.cases import ADV_READS, Check, advantage_batch, batch_of, rollout_batch
+from harness.conform.cases import ADV_READS, Check, advantage_batch, batch_of, gdpo_batch, rollout_batch
 from harness.conform.targets import reference as ref
 from harness.conform.targets.reference import t64
 
@@ -130,6 +130,25 @@ class Target:
             index = np.array([f"p{g}" for g in kinds.groups_of(used)], dtype=object)
             adv, _ = fn(token_level_rewards=cast(rewards), response_mask=cast(used.mask), index=index, config=config)
             return np.where(on, adv.double().numpy(), 0.0), None, used
+        return run
+
+    def gdpo_run(self, weights):
+        """``compute_gdpo_outcome_advantage`` as verl's trainer calls it: two reward keys in non_tensor_batch (each
+        response's reward at its last response token), prompts and an attention mask in batch, the group ids as
+        uid strings, an AlgoConfig naming the keys and ``weights``."""
+        from verl.trainer.config import AlgoConfig
+        config = AlgoConfig(gdpo_reward_keys=["r1", "r2"], gdpo_reward_weights=list(weights))
+
+        def run(b):
+            rewards = ref.gdpo_rewards(b)
+            prompts = torch.zeros((len(b.mask), 2), dtype=torch.long)
+            batch = {"prompts": prompts, "attention_mask": torch.cat([torch.ones_like(prompts),
+                                                                      torch.as_tensor(b.mask, dtype=torch.long)], 1)}
+            index = np.array([f"p{r // b.group_size}" for r in range(len(b.mask))], dtype=object)
+            adv, _ = self.ca.compute_gdpo_outcome_advantage(
+                t64(np.zeros(b.mask.shape)), t64(b.mask), index, config=config, batch=batch,
+                non_tensor_batch={"r1": rewards[:, 0], "r2": rewards[:, 1]})
+            return adv.double().numpy() * b.mask, None, b
         return run
 
     def value_run(self, clip, mode):
@@ -311,6 +330,15 @@ class Target:
                Check("dr_grpo_advantage", "compute_grpo_outcome_advantage", "norm_adv_by_std_in_grpo=False",
                      self.grpo_adv_run(False), ref.group_advantage("dr_grpo"), adv_cands[:2], advantage_batch,
                      families=("typical", "lone"), reads=ADV_READS)]
+        weights = (1.0, 0.5)  # equal weights cancel two binary rewards' group advantages in a group of two, to
+        # the eps terms' residue, which the batch standardisation then scales up: no convention is held there
+        out.append(Check("gdpo_advantage", "compute_gdpo_outcome_advantage", f"two reward keys, "
+                         f"gdpo_reward_weights={list(weights)}", self.gdpo_run(weights),
+                         ref.gdpo_advantage(weights), [ref.gdpo_advantage(weights, whiten=True)], gdpo_batch,
+                         families=("typical",), reads=ADV_READS + "; extra reward_2[:, 0] as the second reward",
+                         dtype="float32",
+                         note="verl standardises the weighted sum with masked_whiten over the batch's tokens "
+                              "(`verl_F.masked_whiten`); the rewards pass through float32."))
         for gamma, lam in ((1.0, 0.95), (0.9, 0.8)):
             for part in ("advantages", "returns"):
                 cands = [ref.gae(part, gamma, lam, whiten=True)] if part == "advantages" else []
