@@ -284,9 +284,12 @@ class FeatureLM:
         parts = np.zeros((2, grid.size, V))
         parts[:, cell] = fixed_point(dz, np.repeat(top, sizes), self.grad_bits)
         products = np.matmul(self.phi[uniq[grid]].transpose(0, 2, 1), parts.reshape(2, *grid.shape, V))
-        out = np.zeros((self.copies, F, V))  # copies without tokens here get no gradient
-        out[[c for c, _ in blocks]] = combine(products)
-        out = out.reshape(-1, V)
+        present = [c for c, _ in blocks]
+        if present == list(range(self.copies)):
+            out = combine(products).reshape(-1, V)
+        else:  # copies without tokens here get no gradient
+            out = np.zeros((self.copies * F, V))
+            out.reshape(self.copies, F, V)[present] = combine(products)
         out *= self.trained
         return out, None
 
@@ -326,9 +329,10 @@ class FeatureLM:
         off_local = np.broadcast_to(n * (K + 1) + np.arange(T), (batch, T))
         u = uniforms(gens, copies * batch, T).reshape(copies, batch, T)
 
-        def draw(local):
-            return np.concatenate([np.clip(np.searchsorted(stacked[i], local + u[i]) - local * V, 0, V - 1)
-                                   for i in range(copies)])
+        def draw(local):  # each copy searches its own table
+            x = local + u
+            found = np.stack([np.searchsorted(stacked[i], x[i]) for i in range(copies)])
+            return np.clip(found - local * V, 0, V - 1).reshape(copies * batch, T)
         tok_on, tok_off = draw(on_local), draw(off_local)
         row_pid = np.repeat(pid, group_size)
         row_copy = np.repeat(copy_of, group_size)[:, None]
