@@ -225,3 +225,21 @@ def test_assert_conforms_takes_a_baseline(tmp_path):
     assert report["ok"] and report["baseline"]["new"] == 0 and report["baseline"]["known"] > 0
     with pytest.raises(ValueError, match="written with --seeds 1"):
         assert_conforms(token_mean_grpo, "grpo", beta=0, seeds=2, baseline=path)
+
+
+def test_the_committed_baselines_record_the_committed_reports(tmp_path):
+    # `cliplab conform all` writes each report's baseline beside it: a stale or missing one is written again there
+    import glob
+    from pathlib import Path
+
+    from harness.conform.matrix import baseline_stem
+    folder = Path(__file__).resolve().parents[1] / "reports" / "conformance"
+    reports = [json.loads(Path(p).read_text()) for p in sorted(glob.glob(str(folder / "*.json"))
+                                                                 + glob.glob(str(folder / "step" / "*.json")))]
+    reports = [r for r in reports if isinstance(r, dict) and "rows" in r]
+    assert {r["target"] for r in reports} >= {"verl", "trl", "skyrl"}
+    for report in reports:
+        bl.write_baseline(report, tmp_path / "want.json")
+        committed = folder / "baselines" / f"{baseline_stem(report)}.json"
+        assert committed.exists() and committed.read_text() == (tmp_path / "want.json").read_text(), (
+            f"{committed} is missing or stale: cliplab conform all --out reports/conformance")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from spec.records import write_text
 
-from harness.conform.engine import KIND_RANK, conform, diff_anchor, verdict, write_report
+from harness.conform.baseline import write_baseline
+from harness.conform.engine import KIND_RANK, conform, diff_anchor, file_stem, verdict, write_report
 from harness.conform.step import conform_step, findings_page, step_targets, write_step_report
 from harness.conform.targets import BUILTIN
 
@@ -128,8 +129,9 @@ def write_matrix(folder: str | Path, step: str | None = None) -> Path:
 
 def conform_all(out: str | Path, seeds: int | None = None, workers: int | None = None) -> tuple[Path, int]:
     """Every built-in target whose environment is here (the others are named, with the make target that builds
-    them) at loss level, the trainers of ``--level step``, each report written to ``out``, then the matrix
-    ``out/README.md`` with the step-level findings. The targets run in ``workers`` processes (default: one per
+    them) at loss level, the trainers of ``--level step``, each report written to ``out`` with its findings as a
+    baseline (``out/baselines/NAME.json``, ``NAME-step.json``), then the matrix ``out/README.md`` with the
+    step-level findings. The targets run in ``workers`` processes (default: one per
     CPU, at most 2); this process alone writes the reports, as each arrives. Returns the matrix's path and how many
     checks differ or raise (loss level) or do not agree (step level)."""
     jobs = [("loss", name) for name in BUILTIN] + [("step", name) for name in step_targets()]
@@ -145,6 +147,7 @@ def conform_all(out: str | Path, seeds: int | None = None, workers: int | None =
             except ValueError as exc:
                 print(f"{label}: skipped ({exc})")
                 continue
+            write_baseline(report, Path(out) / "baselines" / f"{baseline_stem(report)}.json")
             if level == "loss":
                 write_report(report, out)
                 failing += sum(KIND_RANK[r["kind"]] >= KIND_RANK["differs"] for r in report["rows"])
@@ -157,6 +160,11 @@ def conform_all(out: str | Path, seeds: int | None = None, workers: int | None =
     step = Path(out) / "step"
     return write_matrix(out, findings_page(step).replace("# Step-level", "## Step-level", 1)
                         if step.is_dir() else None), failing
+
+
+def baseline_stem(report: dict) -> str:
+    """The name of a report's baseline in ``OUT/baselines``: the target's, with ``-step`` at --level step."""
+    return file_stem(report["target"]) + ("-step" if report.get("level") == "step" else "")
 
 
 def _run_target(level: str, name: str, seeds: int | None) -> tuple[dict, float]:
