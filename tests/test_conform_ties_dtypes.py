@@ -312,3 +312,19 @@ def test_a_rejection_band_either_side_of_its_edges_agrees_in_each_dtype(dtype, c
     wrong = Check("grpo", "f", "k", rejection_run(dtype, ROLLOUT_ROW_STATISTIC[correction], low / 2, high, False),
                   conv, [], rollout_batch, families=("typical",), dtype=dtype)
     assert dtype == "bfloat16" or run_check(wrong, seeds=12)[0]["kind"] == "differs"
+
+
+def in_dtype(fn, dtype):
+    """``fn`` computing in ``dtype``: its inputs cast, as a loss written for bf16 or fp32 training receives them."""
+    def cast(logp, old_logp, adv, mask):
+        return fn(*(x.to(getattr(torch, dtype)) for x in (logp, old_logp, adv, mask)))
+    cast.__qualname__ = f"{fn.__name__}_{dtype}"
+    return cast
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fn", [gspo_trl_style, gspo_verl_style, gspo_plain_where, gspo_plain_clamp_min])
+def test_a_correct_gspo_in_each_style_agrees_in_float32_and_bfloat16(fn, dtype):
+    rows = _rows(in_dtype(fn, dtype), GSPO)
+    assert {r["kind"] for r in rows.values()} == {"agrees"}, {f: r["findings"] for f, r in rows.items()}
+    assert rows["ties"]["cases"] >= 2 and rows["typical"]["tolerance"] == tolerance_of(dtype)
