@@ -98,10 +98,13 @@ def padded(sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return grid.reshape(k, m), cell
 
 
-def logsumexp(z: np.ndarray) -> np.ndarray:
-    """log sum_v exp(z_v) of each row of ``z`` [n, V], stable (the row's maximum taken out first)."""
+def logsumexp(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """log sum_v exp(z_v) of each row of ``z`` [n, V], stable (the row's maximum taken out first), and the rows'
+    softmax from the same exponentials (as ``tables`` computes it)."""
     top = z.max(1)
-    return top + np.log(np.exp(z - top[:, None]).sum(1))
+    e = np.exp(z - top[:, None])
+    total = e.sum(1)
+    return top + np.log(total), e / total[:, None]
 
 
 def product_bits(inner: int) -> int:
@@ -188,7 +191,7 @@ class FeatureLM:
         self.trained = np.zeros((self.n_features, V))
         self.trained[:task.shape[1], EOS + 1:] = 1.0
         self.trained[task.shape[1]:, EOS] = 1.0
-        self.lse_base = logsumexp(base[:, EOS + 1:])  # f_0(c) = b(c, EOS) - lse_base(c)
+        self.lse_base = logsumexp(base[:, EOS + 1:])[0]  # f_0(c) = b(c, EOS) - lse_base(c)
         # slices of theta (a product over the features) and of a gradient (a product over one copy's contexts)
         self.theta_bits, self.grad_bits = product_bits(self.n_features), product_bits(self.n_rows)
         self.init = np.zeros((self.n_features, V))
@@ -217,7 +220,7 @@ class FeatureLM:
     def logits(self, theta: np.ndarray, rows=None, copy: int = 0) -> np.ndarray:
         """b(c) + phi(c) theta of one copy's ``theta`` for that copy's local ``rows`` (all rows if None)."""
         local = np.arange(self.n_rows) if rows is None else np.asarray(rows)
-        return self._logits(theta, [(0, copy * self.n_rows + local)])
+        return self._logits(theta, self._layout([(0, copy * self.n_rows + local)]))[0]
 
     def _copy(self, theta, c):
         """Copy c's ``theta`` in the stacked parameters."""
@@ -228,27 +231,29 @@ class FeatureLM:
         cuts = np.searchsorted(ids, np.arange(self.copies + 1) * self.n_rows)
         return [(c, slice(a, b)) for c, (a, b) in enumerate(zip(cuts, cuts[1:])) if b > a]
 
-    def _logits(self, theta, blocks) -> np.ndarray:
-        """The logits of each (copy c of ``theta``, stacked context ids) of ``blocks``, one under the other, each
-        copy with its own ``theta``: phi theta by fixed-point slices (``fixed_point``, split once for every copy,
-        one quantum per copy) with one batched BLAS product over the copies (``padded``), the same bits on every
-        CPU; then EOS's logit set from the format logit, z_EOS = f + logsumexp of the other tokens' logits."""
+    @staticmethod
+    def _layout(blocks) -> tuple:
+        """(copies, stacked context ids, ``padded`` grid and cells) of ``blocks``, each a (copy c of ``theta``, its
+        stacked context ids) one under the other: where ``_logits`` and ``grad`` find each copy's rows."""
+        return ([c for c, _ in blocks], np.concatenate([r for _, r in blocks]),
+                *padded([len(r) for _, r in blocks]))
+
+    def _logits(self, theta, layout) -> tuple[np.ndarray, np.ndarray]:
+        """The logits of the rows of ``layout`` (``_layout``), each copy with its own ``theta``: phi theta by
+        fixed-point slices (``fixed_point``, split once for every copy, one quantum per copy) with one batched BLAS
+        product over the copies (``padded``), the same bits on every CPU; then EOS's logit set from the format
+        logit, z_EOS = f + logsumexp of the other tokens' logits. Also the softmax of the other tokens' logits."""
         F, V = self.n_features, self.vocab
+        copies, rows, grid, cell = layout
         top = np.abs(theta).reshape(len(theta) // F, -1).max(1)
         parts = fixed_point(theta, np.repeat(top, F), self.theta_bits).reshape(2, -1, F, V)
-        copies = [c for c, _ in blocks]
         if copies != list(range(parts.shape[1])):
             parts = parts[:, copies]
-        rows = np.concatenate([r for _, r in blocks])
-        grid, cell = padded([len(r) for _, r in blocks])
         products = combine(np.matmul(self.phi[rows[grid]], parts)).reshape(-1, V)
         z = self.base[rows] + products[cell]
-        z[:, EOS] += logsumexp(z[:, EOS + 1:]) - self.lse_base[rows]
-        return z
-
-    def _stacked_logits(self, theta, ids):
-        """``logits`` of sorted stacked context ids, each copy's with its own ``theta``."""
-        return self._logits(theta, [(c, ids[part]) for c, part in self._by_copy(ids)])
+        lse, q = logsumexp(z[:, EOS + 1:])
+        z[:, EOS] += lse - self.lse_base[rows]
+        return z, q
 
     def rows(self, theta, states, tokens, mask):
         """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi, the
@@ -256,18 +261,20 @@ class FeatureLM:
         copy."""
         on = mask > 0
         uniq, inv = distinct(states[on], self.n_states)
-        z = self._stacked_logits(theta, uniq)
+        blocks = self._by_copy(uniq)
+        layout = self._layout([(c, uniq[part]) for c, part in blocks])
+        z, q = self._logits(theta, layout)
         logp_u, pi_u = tables(z)
         logp = np.zeros(mask.shape)
         logp[on] = logp_u[inv, tokens[on]]
-        return logp, (uniq, inv, pi_u, tables(z[:, EOS + 1:])[1])
+        return logp, (uniq, inv, pi_u, q, blocks, layout)
 
     def grad(self, theta, states, tokens, mask, rows, grad_logp):
         """d loss / d theta = sum_c phi(c)^T dz(c), masked by ``trained``, summed per distinct context ``c``, per
         copy; returned with rows None (every row of theta). With G(c) = sum_{t: c_t = c} g_t and n_v(c) the sum of
         g_t over the tokens v there, the two-level softmax gives dz_EOS = n_EOS - G sigmoid(f) (the format
         logit's Bernoulli gradient) and dz_v = n_v - (G - n_EOS) q_v for the other tokens, q their softmax."""
-        uniq, inv, pi_u, q_u = rows
+        uniq, inv, pi_u, q_u, blocks, (present, _, grid, cell) = rows
         on = mask > 0
         g = grad_logp[on]
         n, V = len(uniq), self.vocab
@@ -275,16 +282,14 @@ class FeatureLM:
         total = np.bincount(inv, weights=g, minlength=n)
         dz[:, EOS + 1:] -= (total - dz[:, EOS])[:, None] * q_u
         dz[:, EOS] -= total * pi_u[:, EOS]
-        F, blocks = self.n_features, self._by_copy(uniq)
+        F = self.n_features
         # phi^T dz by fixed-point slices of dz (``fixed_point``), one quantum per copy, in one batched product over
-        # the copies (``padded``, the padding's dz 0): the same bits on every CPU
-        sizes = [part.stop - part.start for _, part in blocks]
+        # the copies (the rows' ``padded`` grid, the padding's dz 0): the same bits on every CPU
         top = np.maximum.reduceat(np.abs(dz).max(1), [part.start for _, part in blocks])
-        grid, cell = padded(sizes)
         parts = np.zeros((2, grid.size, V))
-        parts[:, cell] = fixed_point(dz, np.repeat(top, sizes), self.grad_bits)
+        parts[:, cell] = fixed_point(dz, np.repeat(top, [part.stop - part.start for _, part in blocks]),
+                                     self.grad_bits)
         products = np.matmul(self.phi[uniq[grid]].transpose(0, 2, 1), parts.reshape(2, *grid.shape, V))
-        present = [c for c, _ in blocks]
         if present == list(range(self.copies)):
             out = combine(products).reshape(-1, V)
         else:  # copies without tokens here get no gradient
@@ -316,9 +321,9 @@ class FeatureLM:
         copy_of = prompts // self.P
         pid = prompts % self.P
         on_rows = (prompts[:, None] * (K + 1) + copy_of[:, None] * T + np.arange(K + 1)).reshape(copies, -1)
-        logp_t, pi_t = tables(self._logits(theta, [(c, np.concatenate([on_rows[i], c * self.n_rows + self.off0
-                                                                       + np.arange(T)]))
-                                                   for i, c in enumerate(copy_of[::n])]))
+        logp_t, pi_t = tables(self._logits(theta, self._layout(
+            [(c, np.concatenate([on_rows[i], c * self.n_rows + self.off0 + np.arange(T)]))
+             for i, c in enumerate(copy_of[::n])]))[0])
         cdf = np.cumsum(pi_t, axis=1)
         cdf[:, -1] = 1.0
         cdf += (np.arange(len(cdf)) % width)[:, None]  # row r of a copy's table shifted into [r, r + 1]
