@@ -7,7 +7,7 @@ import pytest
 from conftest import target_worker
 
 import spec
-from harness.conform.targets.remote import loss_and_grad
+from harness.conform.targets.remote import worker_loss
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +18,7 @@ def art():
 
 
 def loss(worker, logp, old_logp, adv, mask, **config):
-    out = worker.call("policy", config, logp=logp, old_logp=old_logp, adv=adv, mask=mask)
-    return loss_and_grad("art", out, np.shape(logp))
+    return worker_loss(worker, "policy", config, logp=logp, old_logp=old_logp, adv=adv, mask=mask)
 
 
 def test_the_default_loss_is_cispo_with_a_relative_cap(art):

@@ -7,7 +7,7 @@ import pytest
 from conftest import target_worker
 
 import spec
-from harness.conform.targets.remote import loss_and_grad
+from harness.conform.targets.remote import worker_loss
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +18,7 @@ def rlinf():
 
 
 def policy(worker, logp, old_logp, adv, mask, **kw):
-    out = worker.call("policy", kw, logp=logp, old_logp=old_logp, adv=adv, mask=mask)
-    return loss_and_grad("rlinf", out, np.shape(logp))
+    return worker_loss(worker, "policy", kw, logp=logp, old_logp=old_logp, adv=adv, mask=mask)
 
 
 def test_an_empty_first_row_makes_the_loss_0(rlinf):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from harness.conform.cases import Check, batch_of
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import RemoteTarget, kl_checks, loss_and_grad
+from harness.conform.targets.remote import RemoteTarget, kl_checks
 
 DPO_READS = "rows 2k / 2k+1 as pair k's chosen / rejected response: logp (policy), ref_logp (reference), mask"
+DPO_ARRAYS = ("logp", "ref_logp", "mask")
 
 
 class Target(RemoteTarget):
@@ -20,23 +21,10 @@ class Target(RemoteTarget):
            "autograd, float64 (AReaL casts the DPO logits to float32: differences near 1e-7), in AReaL's "
            "own virtualenv (torch only; its package __init__ files bypassed).")
 
-    def run(self, op, **kw):
-        def run(b):
-            if op == "dpo":
-                arrays = {"logp": b.logp, "ref_logp": b.ref_logp, "mask": b.mask}
-            else:
-                arrays = {"logp": b.logp, "old_logp": b.old_logp, "adv": b.adv, "mask": b.mask}
-            value, grad = loss_and_grad(self.name, self.worker.call(op, kw, **arrays), b.logp.shape)
-            return value, grad, b
-        return run
-
     def _policy(self, name, call, kw, knob, ref_hp, seq_adv=None, names=None, grid=None, note=""):
         op = "sapo" if call == "sapo_loss_fn" else "ppo"
-        return Check(name, call, knob, self.run(op, **kw), ref.policy(name, **ref_hp),
-                     ref.policy_grid(names or [name], ref_hp, grid or {"agg": ref.TOKEN_AGG}, rows_counted=True,
-                                     exclude=(name, ref_hp)),
-                     lambda s, f: batch_of(s, f, seq_adv=seq_adv), exact=ref.exact_policy(name, **ref_hp),
-                     note=note)
+        return ref.policy_check(name, call, knob, self.loss_run(op, kw), ref_hp, grid or {"agg": ref.TOKEN_AGG},
+                                names, seq_adv, note=note)
 
     def checks(self) -> list[Check]:
         dual = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}
@@ -60,7 +48,7 @@ class Target(RemoteTarget):
         ]
         for beta in (0.1, 0.5):
             out.append(Check("dpo", "dpo_pair_logratios + dpo_preference_loss", f"loss_type='sigmoid', beta={beta:g}",
-                             self.run("dpo", beta=beta), ref.dpo(beta),
+                             self.loss_run("dpo", {"beta": beta}, DPO_ARRAYS), ref.dpo(beta),
                              [ref.dpo(b) for b in (0.1, 0.5) if b != beta], dpo_batch, reads=DPO_READS,
                              exact=ref.exact_dpo(beta)))
         return out + kl_checks(self, "KLEstimator", {"k1": "k1", "k2": "k2", "k3": "k3"}, gradient=False,

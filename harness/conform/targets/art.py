@@ -3,9 +3,9 @@
 ``workers/art.py``."""
 from __future__ import annotations
 
-from harness.conform.cases import Check, batch_of
+from harness.conform.cases import Check
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import RemoteTarget, loss_and_grad
+from harness.conform.targets.remote import RemoteTarget
 
 CLAMP = "ART clamps the log-ratio to [-20, 20] before its exp (`loss.py`, log_ratio_bound)."
 
@@ -22,20 +22,11 @@ class Target(RemoteTarget):
            "original_logprobs), mask_prob_ratio, kimi_k2_tau and the KL advantage shaping (no reference "
            "convention).")
 
-    def run(self, **config):
-        def run(b):
-            out = self.worker.call("policy", config, logp=b.logp, old_logp=b.old_logp, adv=b.adv, mask=b.mask)
-            value, grad = loss_and_grad(self.name, out, b.logp.shape)
-            return value, grad, b
-        return run
-
     def _policy(self, name, knob, config, ref_hp, grid=None, seq_adv=None, names=None, note=""):
         call = "loss_fn(experimental_config={" + ", ".join(f"{k!r}: {v!r}" for k, v in config.items()) + "})"
-        return Check(name, call, knob, self.run(**config), ref.policy(name, **ref_hp),
-                     ref.policy_grid(names or [name], ref_hp, grid or {"agg": ref.TOKEN_AGG}, rows_counted=True,
-                                     exclude=(name, ref_hp)),
-                     lambda s, f: batch_of(s, f, seq_adv=seq_adv), exact=ref.exact_policy(name, **ref_hp),
-                     note=" ".join(filter(None, (note, CLAMP))))
+        return ref.policy_check(name, call, knob, self.loss_run("policy", config), ref_hp,
+                                grid or {"agg": ref.TOKEN_AGG}, names, seq_adv,
+                                note=" ".join(filter(None, (note, CLAMP))))
 
     def checks(self) -> list[Check]:
         dual = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ from spec.contract import cispo_bounds, resolve_hparams
 from spec.registry import (AGG_MODES, DIVERGENCE_CLIPS, GROUP_AGG_MODES, PARTS, RELEASED, ROLLOUT_REJECTION,
                            ROLLOUT_ROW_STATISTIC, get_algorithm)
 
-from harness.conform.cases import Convention
+from harness.conform.cases import Check, Convention, batch_of
 
 #: The aggregation modes of a token-level loss: every mode but seq_mean (a per-sequence loss's mean).
 TOKEN_AGG = [m for m in AGG_MODES if m != "seq_mean"]
@@ -340,6 +341,17 @@ def policy_grid(names, base: dict, options: dict, rows_counted: bool = False, ex
                 out.append(_policy_convention(name, hp, label(name, hp) + " with empty {} counted in the mean over "
                                               "{}".format(*unit), rows_counted=True, named=False))
     return out
+
+
+def policy_check(name: str, call: str, knob: str, run, ref_hp: dict, grid: dict, names=None, seq_adv=None,
+                 more=(), cases=None, **fields) -> Check:
+    """A check of ``run`` against registry algorithm ``name`` with ``ref_hp``: as candidates, every combination of
+    ``grid`` for ``names`` (default: ``name``) with empty rows counted too, and ``more``; on generated batches (one
+    advantage per row with ``seq_adv``) unless ``cases``; minimal inputs with the exact (sympy) reference.
+    ``fields``: the Check's others (note, reads, dtype, tolerance)."""
+    return Check(name, call, knob, run, policy(name, **ref_hp),
+                 policy_grid(names or [name], ref_hp, grid, rows_counted=True, exclude=(name, ref_hp)) + list(more),
+                 cases or partial(batch_of, seq_adv=seq_adv), exact=exact_policy(name, **ref_hp), **fields)
 
 
 def aggregate(mode: str, max_len=None) -> Convention:

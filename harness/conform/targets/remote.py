@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[3]
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
+#: The batch arrays a worker's policy loss reads.
+POLICY_ARRAYS = ("logp", "old_logp", "adv", "mask")
+
+
 class TargetError(RuntimeError):
     """An error of the outside code (or its process), not of cliplab."""
 
@@ -191,6 +195,17 @@ class RemoteTarget:
         """Stop the worker process (a later call starts it again)."""
         self.worker.close()
 
+    def loss_run(self, op: str, kw, arrays=POLICY_ARRAYS):
+        """A check's ``run``: the worker's loss ``op`` with ``kw`` (a dict, or a function of the batch that gives
+        one) on the batch's ``arrays`` (its fields, or extras such as rollout_logp) -> (loss, d loss / d logp, the
+        batch)."""
+        def run(b):
+            given = {k: b.extra[k] if k in b.extra else getattr(b, k) for k in arrays}
+            value, grad = worker_loss(self.worker, op, kw(b) if callable(kw) else kw, **given)
+            return value, grad, b
+        return run
+
+
 KL_BINDING = {"logp": "log_probs", "ref_logp": "log_probs_base", "old_logp": "log_probs_old", "mask": "loss_mask"}
 
 
@@ -249,6 +264,12 @@ def advantage_checks(target: RemoteTarget, call: str, knob: str, estimators: dic
             check.note = " ".join(filter(None, ((notes or {}).get(name, ""), check.note)))
             out.append(check)
     return out
+
+
+def worker_loss(worker: Worker, op: str, kw: dict, **arrays) -> tuple[float, np.ndarray | None]:
+    """The worker's loss ``op`` with ``kw`` on ``arrays`` (logp among them): (loss, d loss / d logp), checked by
+    ``loss_and_grad``."""
+    return loss_and_grad(worker.name, worker.call(op, kw, **arrays), np.shape(arrays["logp"]))
 
 
 def loss_and_grad(name: str, out, shape) -> tuple[float, np.ndarray | None]:

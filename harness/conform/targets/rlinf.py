@@ -3,9 +3,9 @@ with its loss_agg_func modes, the advantage estimators of ``calculate_adv_and_re
 as its FSDP actor worker calls them, in its own virtualenv (``make target-rlinf``) by ``workers/rlinf.py``."""
 from __future__ import annotations
 
-from harness.conform.cases import Check, batch_of
+from harness.conform.cases import Check
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import RemoteTarget, advantage_checks, kl_checks, loss_and_grad
+from harness.conform.targets.remote import RemoteTarget, advantage_checks, kl_checks
 
 #: RLinf's loss_agg_func names -> the reference's aggregation mode of the same meaning.
 AGG = {"token-mean": "token_mean", "seq-mean-token-mean": "seq_mean_token_mean",
@@ -36,21 +36,11 @@ class Target(RemoteTarget):
            "the embodied-task paths, the decoupled (proximal) loss, the critic losses, grpo_dynamic and "
            "reinpp's group baseline (use_reinpp_baseline: REINFORCE++ after a group centring).")
 
-    def policy_run(self, **kw):
-        def run(b):
-            out = self.worker.call("policy", kw, logp=b.logp, old_logp=b.old_logp, adv=b.adv, mask=b.mask)
-            value, grad = loss_and_grad(self.name, out, b.logp.shape)
-            return value, grad, b
-        return run
-
     def _policy(self, name, knob, kw, ref_hp, grid=None, seq_adv=None):
-        conv = ref.policy(name, **ref_hp)
-        cands = ref.policy_grid([name], ref_hp, grid or {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]},
-                                rows_counted=True, exclude=(name, ref_hp))
         call = "policy_loss(loss_type='actor', " + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
-        return Check(name, call, knob, self.policy_run(**kw), conv, cands,
-                     lambda s, f: batch_of(s, f, seq_adv=seq_adv), exact=ref.exact_policy(name, **ref_hp),
-                     note=FAST_PATH, dtype="float32")
+        return ref.policy_check(name, call, knob, self.loss_run("policy", kw), ref_hp,
+                                grid or {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}, seq_adv=seq_adv,
+                                note=FAST_PATH, dtype="float32")
 
     def checks(self) -> list[Check]:
         return self.policy_checks() + self.kl_checks() + self.advantage_checks()

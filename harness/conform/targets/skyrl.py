@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.conform.cases import ADV_READS, Check, advantage_batch, batch_of, rollout_batch
+from harness.conform.cases import ADV_READS, Check, advantage_batch, rollout_batch
 from harness.conform.targets import reference as ref
-from harness.conform.targets.remote import RemoteTarget, kl_checks, loss_and_grad
+from harness.conform.targets.remote import POLICY_ARRAYS, RemoteTarget, kl_checks
 
 LONE = "SkyRL's grpo estimator gives a prompt with a single response mean 0 and std 1."
 GAE_NOTE = ("SkyRL's GAE runs its recursion over every column, padding included (the last valid token bootstraps "
@@ -29,15 +29,10 @@ class Target(RemoteTarget):
 
     # ---- callers ---------------------------------------------------------------------------------------------
     def policy_run(self, loss, reduction, rollout=False, **config):
-        def run(b):
-            kw = {"loss": loss, "reduction": reduction, "config": config, "max_seq_len": b.max_len,
-                  "prompt_size": b.group_size if reduction == "prompt_mean" else None}
-            arrays = {"logp": b.logp, "old_logp": b.old_logp, "adv": b.adv, "mask": b.mask}
-            if rollout:
-                arrays["rollout_logp"] = b.extra["rollout_logp"]
-            value, grad = loss_and_grad(self.name, self.worker.call("policy", kw, **arrays), b.logp.shape)
-            return value, grad, b
-        return run
+        def kw(b):
+            return {"loss": loss, "reduction": reduction, "config": config, "max_seq_len": b.max_len,
+                    "prompt_size": b.group_size if reduction == "prompt_mean" else None}
+        return self.loss_run("policy", kw, POLICY_ARRAYS + (("rollout_logp",) if rollout else ()))
 
     def advantage_run(self, estimator, part="advantages", **kw):
         """Outcome estimators read one reward per row at its last unmasked token; GAE reads adv * mask as token
@@ -63,13 +58,9 @@ class Target(RemoteTarget):
 
     def _policy(self, name, call, knob, run, ref_hp, seq_adv=None, names=None, grid=None, note="", cases=None,
                 reads=None, more=()):
-        conv = ref.policy(name, **ref_hp)
-        cands = ref.policy_grid(names or [name], ref_hp, grid or {"agg": ref.TOKEN_AGG}, rows_counted=True,
-                                exclude=(name, ref_hp)) + list(more)
-        extra = {"reads": reads} if reads else {}
-        return Check(name, f"PolicyLossRegistry.get({call!r})", knob, run, conv, cands,
-                     cases or (lambda s, f: batch_of(s, f, seq_adv=seq_adv)),
-                     exact=ref.exact_policy(name, **ref_hp), note=note, **extra)
+        return ref.policy_check(name, f"PolicyLossRegistry.get({call!r})", knob, run, ref_hp,
+                                grid or {"agg": ref.TOKEN_AGG}, names, seq_adv, more, cases, note=note,
+                                **({"reads": reads} if reads else {}))
 
     def policy_checks(self) -> list[Check]:
         dual = {"agg": ref.TOKEN_AGG, "dual_clip": [None, 3.0]}

@@ -24,6 +24,26 @@ def plain(x):
     return x
 
 
+def leave_own_folder(worker_file: str) -> None:
+    """Take a worker's folder off the import path: a worker file is named like its framework, which it imports."""
+    folder = os.path.dirname(os.path.abspath(worker_file))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != folder]
+
+
+def bare_packages(top: str, names) -> str:
+    """Register each package of ``names`` (``top`` or below it) as an empty module on its folder, so that the
+    modules under it import without running the package ``__init__`` files on the way (which import what the
+    target's environment does not install); returns ``top``'s folder."""
+    import importlib.util
+    import types
+    root = os.path.dirname(importlib.util.find_spec(top).origin)
+    for name in names:
+        module = types.ModuleType(name)
+        module.__path__ = [os.path.join(root, *name.split(".")[1:])]
+        sys.modules[name] = module
+    return root
+
+
 def kl_term(compute, kw, logp, ref_logp, mask, old_logp=None):
     """A framework's per-token KL estimator as a loss term, for the ``kl`` op of a worker: ``compute(logp, ref_logp,
     old_logp)`` on tensors in ``kw["dtype"]`` (logp a leaf), its values on the mask (0 off it) and d sum(values) /

@@ -8,7 +8,6 @@ AReaL's trainer configuration; the class needs torch only)."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import sys
 import types
@@ -17,18 +16,13 @@ from importlib.metadata import version
 import numpy as np
 import torch
 
-from _serve import kl_term, serve
+from _serve import bare_packages, kl_term, leave_own_folder, serve
 
-# This file is named like the framework: keep its folder off the import path from here on.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+leave_own_folder(__file__)
 
 
 def _bare_packages():
-    root = os.path.dirname(importlib.util.find_spec("areal").origin)
-    for name in ("areal", "areal.api", "areal.utils", "areal.utils.functional"):
-        module = types.ModuleType(name)
-        module.__path__ = [os.path.join(root, *name.split(".")[1:])]
-        sys.modules[name] = module
+    root = bare_packages("areal", ("areal", "areal.api", "areal.utils", "areal.utils.functional"))
     cli_args = types.ModuleType("areal.api.cli_args")
     cli_args.RejectionSamplingConfig = type("RejectionSamplingConfig", (), {})
     sys.modules["areal.api.cli_args"] = cli_args

@@ -8,8 +8,6 @@ driven here never use it)."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
 import sys
 import types
 from importlib.metadata import version
@@ -17,18 +15,13 @@ from importlib.metadata import version
 import numpy as np
 import torch
 
-from _serve import kl_term, serve
+from _serve import bare_packages, kl_term, leave_own_folder, serve
 
-# This file is named like the framework: keep its folder off the import path from here on.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+leave_own_folder(__file__)
 
 
 def _bare_packages():
-    root = os.path.dirname(importlib.util.find_spec("rlinf").origin)
-    for name in ("rlinf", "rlinf.algorithms", "rlinf.utils"):
-        module = types.ModuleType(name)
-        module.__path__ = [os.path.join(root, *name.split(".")[1:])]
-        sys.modules[name] = module
+    bare_packages("rlinf", ("rlinf", "rlinf.algorithms", "rlinf.utils"))
     scheduler = types.ModuleType("rlinf.scheduler")
     scheduler.Worker = type("Worker", (), {})
     sys.modules["rlinf.scheduler"] = scheduler

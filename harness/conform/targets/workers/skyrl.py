@@ -5,27 +5,20 @@ not import on Python 3.11, so the packages on the way to ``ppo_utils`` are regis
 that says no cluster is running (ppo_utils then keeps its registries in-process)."""
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 import types
 
 import numpy as np
 import torch
 
-from _serve import kl_term, serve
+from _serve import bare_packages, kl_term, leave_own_folder, serve
 
-# This file is named like the framework: keep its folder off the import path from here on.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+leave_own_folder(__file__)
 
 
 def _bare_packages():
     """``skyrl.backends`` down to ``...utils`` as empty packages (with ``__path__``), and a Ray without a cluster."""
-    root = os.path.dirname(importlib.util.find_spec("skyrl").origin)
-    for name in ("skyrl.backends", "skyrl.backends.skyrl_train", "skyrl.backends.skyrl_train.utils"):
-        module = types.ModuleType(name)
-        module.__path__ = [os.path.join(root, *name.split(".")[1:])]
-        sys.modules[name] = module
+    bare_packages("skyrl", ("skyrl.backends", "skyrl.backends.skyrl_train", "skyrl.backends.skyrl_train.utils"))
     ray = types.ModuleType("ray")
     ray.remote = lambda cls: cls
     ray.is_initialized = lambda: False
