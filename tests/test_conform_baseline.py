@@ -163,13 +163,18 @@ def test_clamps_empty_rows_and_settings_name_their_accept_items():
     norm = ref.policy_grid(["grpo"], {"beta": 0.0, "max_len": 8}, {"agg": ("seq_mean_token_sum_norm",)})
     assert _accepting(check, norm) == [["agg=seq_mean_token_sum_norm", "max_len=8"]]  # read there: named
     kl_grpo = ref.policy_grid(["grpo"], {"beta": 0.04}, {"agg": ("token_mean",)})[0]
-    parts = {make.__name__: v.part for make in ref.VARIANTS for conv in (grpo[0], kl_grpo, check.candidates[0])
+    dppo, rejection = ref.policy("dppo_tv"), ref.policy("grpo", beta=0.0, rollout_correction="seq_rs")
+    parts = {make.__name__: v.part for make in ref.VARIANTS
+             for conv in (grpo[0], kl_grpo, check.candidates[0], dppo, rejection)
              if (v := make(conv)) is not None and v.part}
     assert len(parts) == len(ref.VARIANTS)  # every clamp, cap and floor has its name in --accept
     named = {make: _accepting_part(part) for make, part in parts.items()}
     assert named == {"log_ratio_clamped": [["log_ratio_clamp=20"]], "seq_log_ratio_capped": [["seq_log_ratio_cap=10"]],
-                     "kl_term_capped": [["k3_cap=10"]]}
-    assert {"log_ratio_clamp", "seq_log_ratio_cap", "k3_cap", "max_len"} <= set(NUMERIC)
+                     "kl_term_capped": [["k3_cap=10"]], "ratio_truncated": [["ratio_truncation=3"]],
+                     "surrogate_value": [["value=surrogate"]], "rejected_rows_dropped": [["rejected_rows=dropped"]]}
+    assert {"log_ratio_clamp", "seq_log_ratio_cap", "k3_cap", "ratio_truncation", "max_len"} <= set(NUMERIC)
+    assert parse_accept(["rejected_rows=dropped,value=surrogate"]) == {"rejected_rows": {"dropped"},
+                                                                      "value": {"surrogate"}}
     assert parse_accept(["empty_rows=counted,non_finite=inf,log_ratio_clamp=20"]) == {
         "empty_rows": {"counted"}, "non_finite": {"inf"}, "log_ratio_clamp": {20.0}}
 

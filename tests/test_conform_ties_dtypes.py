@@ -274,9 +274,10 @@ def test_dppo_thresholds_are_placed_on_the_divergence_and_a_wrong_mask_still_dif
     assert above
 
 
-def rejection_run(dtype, statistic, low, high, rejected_at_the_edge):
+def rejection_run(dtype, statistic, low, high, rejected_at_the_edge, rows_dropped=False):
     """GRPO (beta 0, token mean) with a rejection band on each row's weight (the product of rho, or its geometric
-    mean) in ``dtype``: kept on the band's edge (the reference) or rejected there (the other convention)."""
+    mean) in ``dtype``: kept on the band's edge (the reference) or rejected there (the other convention);
+    ``rows_dropped``: the rejected rows taken out of the token mean's count too (as verl's trainer does)."""
     def run(b):
         t = lambda x: torch.tensor(np.asarray(x, dtype=float), dtype=getattr(torch, dtype))  # noqa: E731
         logp = t(b.logp).requires_grad_(True)
@@ -287,7 +288,8 @@ def rejection_run(dtype, statistic, low, high, rejected_at_the_edge):
         w = torch.exp(log_w)
         keep = (w > low) & (w < high) if rejected_at_the_edge else (w >= low) & (w <= high)
         r = torch.exp(logp - old)
-        loss = (-torch.min(r * adv, torch.clamp(r, 0.8, 1.2) * adv) * keep * mask).sum() / mask.sum().clamp(min=1)
+        count = (mask * keep).sum() if rows_dropped else mask.sum()
+        loss = (-torch.min(r * adv, torch.clamp(r, 0.8, 1.2) * adv) * keep * mask).sum() / count.clamp(min=1)
         loss.backward()
         return float(loss.detach().double()), logp.grad.double().numpy(), b
     return run
@@ -328,3 +330,16 @@ def test_a_correct_gspo_in_each_style_agrees_in_float32_and_bfloat16(fn, dtype):
     rows = _rows(in_dtype(fn, dtype), GSPO)
     assert {r["kind"] for r in rows.values()} == {"agrees"}, {f: r["findings"] for f, r in rows.items()}
     assert rows["ties"]["cases"] >= 2 and rows["typical"]["tolerance"] == tolerance_of(dtype)
+
+
+def test_rows_dropped_from_the_mean_at_a_band_edge_are_named_in_every_combination():
+    # rejected at the edges: whether a tied row is kept changes every other row's share of the token mean, so only
+    # the tied rows' combinations bound it (rows with tokens on the clip bounds are not among them)
+    from harness.conform.cases import Check, rollout_batch
+    from harness.conform.engine import run_check
+    conv = ref.policy("grpo", beta=0.0, agg="token_mean", rollout_correction="seq_rs", mis_low=0.5, mis_high=2.0)
+    check = Check("grpo", "f", "k", rejection_run("float64", "product", 0.5, 2.0, True, rows_dropped=True), conv,
+                  [], rollout_batch, families=("ties",))
+    row = run_check(check, seeds=30)[0]
+    assert [f["name"] for f in row["findings"]] == [
+        "leaves the rejected rows out of the loss mask (they count in no mean)"], row["findings"]

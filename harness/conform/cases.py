@@ -218,8 +218,9 @@ def _row_log_rho(b: Batch, statistic: str) -> np.ndarray:
 def at_ties(b: Batch, ties: dict, seed: int) -> Batch:
     """``b`` with about half of its unmasked tokens moved exactly onto a bound in ``ties`` (see Convention): the
     old log-probs for "ratio" and "log_ratio", the rollout log-probs for "rollout" (when the batch has them), the
-    policy's log-probs for "dcpo" and "dppo" (whose bounds depend on the old probability); for "rollout_row", about
-    half of the rows with tokens, their rollout log-probs moved evenly so that the row's weight sits on a bound."""
+    policy's log-probs for "dcpo" and "dppo" (whose bounds depend on the old probability); for "rollout_row", half
+    of the rows with tokens, ROW_TIES at most, their rollout log-probs moved evenly so that the row's weight sits on
+    a bound."""
     rng = np.random.default_rng(80_000 + seed)
     out = replace(b, extra=dict(b.extra))
     for quantity, values in ties.items():
@@ -229,7 +230,9 @@ def at_ties(b: Batch, ties: dict, seed: int) -> Batch:
         if quantity == "rollout_row":
             statistic, *bounds = values
             on = b.mask > 0
-            rows = (rng.random((len(b.mask), 1)) < 0.5) & on.any(1, keepdims=True)
+            live = np.flatnonzero(on.any(1))
+            rows = np.zeros((len(b.mask), 1), dtype=bool)
+            rows[rng.permutation(live)[:min(ROW_TIES, (len(live) + 1) // 2)]] = True
             target = np.log(rng.choice(np.asarray(bounds, dtype=float), (len(b.mask), 1)))
             per_token = 1.0 if statistic == "geometric_mean" else 1.0 / np.maximum(on.sum(1, keepdims=True), 1)
             shift = (_row_log_rho(out, statistic)[:, :1] - target) * per_token
@@ -263,6 +266,9 @@ def at_ties(b: Batch, ties: dict, seed: int) -> Batch:
     return out
 
 
+#: At most this many rows are tied on a rollout band in a batch: the engine bounds a tie-break there by taking their
+#: sides in every combination (2^ROW_TIES).
+ROW_TIES = 5
 #: How far past a bound (in log space) ``tie_sides`` puts a tie: above float64's rounding, far below any tolerance.
 TIE_STEP = 1e-9
 

@@ -18,7 +18,8 @@ from spec.records import write_text
 from spec.registry import (AGG_MODES, CAP_MODES, HPARAMS, KL_KINDS, POLICY_ALGORITHMS, ROLLOUT_CORRECTIONS,
                            get_algorithm)
 
-from harness.conform.cases import FAMILY_TEXT, SEED_SHARE, TOLERANCE, Batch, Check, Convention, tie_sides
+from harness.conform.cases import (FAMILY_TEXT, ROW_TIES, SEED_SHARE, TOLERANCE, Batch, Check, Convention,
+                                   tie_sides)
 from harness.verify.layers import scaled_diff
 
 def _diff(got, want, band=None) -> tuple[float, float]:
@@ -51,7 +52,7 @@ def _expect(check: Check, conv: Convention, used: Batch):
     if not sides:
         return want, None
     values = [conv.fn(side) for side in sides]
-    rows, combined = _row_sides(conv, used, sides, at, want)
+    rows, combined = _row_sides(conv, used, sides, want)
     every = [want, *values, *rows]
     stack = lambda k, pick: pick([np.asarray(w[k], dtype=float) for w in every], axis=0)  # noqa: E731
     value_band = (stack(0, np.min), stack(0, np.max)) if combined else _value_band(check, conv, used, want,
@@ -63,21 +64,20 @@ def _expect(check: Check, conv: Convention, used: Batch):
                   (value_band[1], np.where(at, np.maximum(high, 0.0), high)))
 
 
-#: At most 2^ROW_TIES combinations of the sides of rows tied on a rollout band are evaluated; past that, each row
-#: is moved alone and the jumps are added up.
-ROW_TIES = 6
-
-
-def _row_sides(conv: Convention, used: Batch, sides: list, at, want) -> tuple[list, bool]:
+def _row_sides(conv: Convention, used: Batch, sides: list, want) -> tuple[list, bool]:
     """For rows tied on a rollout band (seq_mis, seq_rs, geo_rs): the convention with each tied row's rollout
     log-probs on either side, in every combination (a row's side may change every other row's part, as in a mean
-    over the rows kept), and True; past 2^ROW_TIES combinations, each row moved alone and the sums of their jumps
-    in value (the rows' parts then add up), and False. ([], False) without such ties."""
-    tied = np.flatnonzero((at & (used.mask > 0)).any(1)) if "rollout_row" in (conv.ties or {}) else []
+    over the rows kept), and True; past 2^ROW_TIES combinations (cases.ROW_TIES: more rows than the ties family
+    places), each row moved alone and the sums of their jumps in value (the rows' parts then add up), and False.
+    ([], False) without such ties."""
+    if "rollout_row" not in (conv.ties or {}):
+        return [], False
     versions = {s.extra["rollout_logp"].tobytes(): s.extra["rollout_logp"] for s in sides
                 if "rollout_logp" in s.extra and s.extra["rollout_logp"] is not used.extra.get("rollout_logp")}
     versions = list(versions.values())
-    if not len(tied) or not versions:
+    tied = np.flatnonzero(np.any([(v != used.extra["rollout_logp"]).any(1) for v in versions], axis=0)) \
+        if versions else []
+    if not len(tied):
         return [], False
 
     def moved(choice):
@@ -720,7 +720,12 @@ def write_report(report: dict, out: str | Path) -> None:
 FAILING = ("differs", "raises")
 CHOICES = {"agg": tuple(AGG_MODES), "kl": KL_KINDS, "cap_mode": CAP_MODES,
            "rollout_correction": (*ROLLOUT_CORRECTIONS, "None"), "empty_rows": ("counted",),
-           "non_finite": ("nan", "inf"), "empty_batch": ("nan", "inf", "value")}
+           "non_finite": ("nan", "inf"), "empty_batch": ("nan", "inf", "value"), "rejected_rows": ("dropped",),
+           "value": ("surrogate",)}
+#: The other forms of a loss (targets.reference.VARIANTS) that are not numbers, by their --accept item and the words
+#: that name them in findings.
+FORMS = {"rejected_rows=dropped": "leaves the rejected rows out of the loss mask", "value=surrogate": "takes the "
+         "surrogate"}
 #: The clamps, caps and floors (targets.reference.VARIANTS), by their name in --accept and in findings' words.
 CLAMPS = {"log_ratio_clamp": re.compile(r"clamps the log-ratio at \+-(\S+) "),
           "seq_log_ratio_cap": re.compile(r"caps the log of the sequence ratio at (\S+) "),
@@ -794,8 +799,10 @@ def _text(value) -> str:
 
 
 def _accepting_part(part: str) -> list:
-    """The --accept item of a clamp, cap or floor found on top of a convention (e.g. log_ratio_clamp=20)."""
-    return [[f"{key}={found[1]}"] for key, pattern in CLAMPS.items() if (found := pattern.match(part))]
+    """The --accept item of a clamp, cap or floor found on top of a convention (e.g. log_ratio_clamp=20), or of
+    another form of it (FORMS, e.g. rejected_rows=dropped)."""
+    return ([[f"{key}={found[1]}"] for key, pattern in CLAMPS.items() if (found := pattern.match(part))]
+            + [[item] for item, words in FORMS.items() if part.startswith(words)])
 
 
 def accepted_by(finding: dict, accepted: dict) -> str | None:
