@@ -244,9 +244,9 @@ def dppo_tv_loss(dtype, masked_at_the_threshold):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("masked_at_the_threshold", [False, True])
 def test_dppo_either_side_of_its_threshold_agrees_in_each_dtype(dtype, masked_at_the_threshold):
-    rows = _rows(dppo_tv_loss(dtype, masked_at_the_threshold), "algorithm=dppo_tv", seeds=9)
+    rows = _rows(dppo_tv_loss(dtype, masked_at_the_threshold), "algorithm=dppo_tv", seeds=6)
     assert rows["typical"]["kind"] == rows["ties"]["kind"] == "agrees", {f: r["findings"] for f, r in rows.items()}
-    assert rows["ties"]["cases"] == 3
+    assert rows["ties"]["cases"] == 2
     if dtype == "float64":  # the other convention is named as a tie-break, not a difference
         assert bool(rows["ties"].get("tie_break")) == masked_at_the_threshold
 
@@ -262,7 +262,7 @@ def test_dppo_thresholds_are_placed_on_the_divergence_and_a_wrong_mask_still_dif
         r = torch.exp(logp.detach() - old_logp)
         keep = torch.where(adv > 0, r <= 1.15, r >= 0.85)
         return -(torch.where(keep, r * adv, 0.0) * logp * mask).sum() / mask.sum().clamp(min=1)
-    assert _rows(ratio_clip_mask, "algorithm=dppo_tv", seeds=9)["typical"]["kind"] == "differs"
+    assert _rows(ratio_clip_mask, "algorithm=dppo_tv", seeds=3)["typical"]["kind"] == "differs"
     check = target_of(ratio_clip_mask, "algorithm=dppo_tv").checks()[0]  # pi = exp(logp) a probability throughout
     above = False
     for family, seed in itertools.product(check.families, range(6)):
@@ -306,14 +306,14 @@ def test_a_rejection_band_either_side_of_its_edges_agrees_in_each_dtype(dtype, c
     for edge in (False, True):
         check = Check("grpo", "f", "k", rejection_run(dtype, ROLLOUT_ROW_STATISTIC[correction], low, high, edge),
                       conv, [], rollout_batch, families=("typical", "ties"), dtype=dtype)
-        rows = {r["family"]: r for r in run_check(check, seeds=12)}
+        rows = {r["family"]: r for r in run_check(check, seeds=9)}
         assert {r["kind"] for r in rows.values()} == {"agrees"}, {f: r["findings"] for f, r in rows.items()}
-        assert rows["ties"]["cases"] == 4
+        assert rows["ties"]["cases"] == 3
         if dtype == "float64":
             assert bool(rows["ties"].get("tie_break")) == edge
     wrong = Check("grpo", "f", "k", rejection_run(dtype, ROLLOUT_ROW_STATISTIC[correction], low / 2, high, False),
                   conv, [], rollout_batch, families=("typical",), dtype=dtype)
-    assert dtype == "bfloat16" or run_check(wrong, seeds=12)[0]["kind"] == "differs"
+    assert dtype == "bfloat16" or run_check(wrong, seeds=6)[0]["kind"] == "differs"
 
 
 def in_dtype(fn, dtype):
