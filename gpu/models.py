@@ -34,7 +34,8 @@ LORA_RULES = {"r": Rule(int, ge=1, le=65536), "lora_alpha": Rule(float, gt=0), "
               "bias": Rule(str, choices=("none", "all", "lora_only"))}
 DEVICES = ("cpu", "cuda", "mps")
 #: The tiny tier's two priors, by model name: where the tokens RL must raise sit (gpu.tiny_char.slip_table), below
-#: pi_old 0.2 ("exploration", DAPO Fig. 3a) or above it ("sharpening").
+#: pi_old 0.2 at high-entropy positions ("exploration", DAPO Fig. 3a) or above it ("sharpening"):
+#: spec.regime.TINY_CHAR_PRIORS names each one's setting.
 TINY_CHAR_RECIPES = {"tiny_char": tiny_char.RECIPE,
                      "tiny_char_sharpening": tiny_char.RECIPE.with_name("model_sharpening.yaml")}
 NAMED = ("smollm2", "tiny", *TINY_CHAR_RECIPES)  # the models resolve_model builds or finds by name

@@ -20,6 +20,12 @@ DECISION_P_OLD = 0.9
 #: An exploration token: pi_old below this (DAPO Fig. 3a, the up-clipped tokens' probabilities).
 EXPLORATION_P_OLD = 0.2
 
+#: The exploration axis: where the tokens RL must raise sit, below EXPLORATION_P_OLD at high-entropy positions
+#: ("exploration") or above it ("sharpening"). The simulator's ``explore`` knob (sim/feature_lm.py) takes these
+#: settings, and the tiny tier's priors (gpu.models.TINY_CHAR_RECIPES) are one each, by model name.
+TINY_CHAR_PRIORS: Mapping[str, str] = MappingProxyType({"tiny_char": "exploration",
+                                                         "tiny_char_sharpening": "sharpening"})
+
 #: The per-step metrics every layer logs for the card (sim/metrics.py, gpu/step_metrics.py), each defined once.
 STEP_METRICS: Mapping[str, str] = MappingProxyType({
     "clip_frac": "token clip ratio: share of trained tokens the clip holds, over the step's updates",

@@ -189,10 +189,11 @@ def test_the_prior_starts_with_headroom_and_spreads_accuracy_across_prompts(prio
     assert abs(prior["accuracy_exact"] - prior["accuracy_sampled"]) < 0.08
 
 
-def test_hard_prompts_are_confidently_wrong_at_a_few_decision_tokens_with_the_right_one_an_exploration_token(prior):
+def test_hard_prompts_go_wrong_at_a_few_high_entropy_decision_tokens_with_the_right_one_an_exploration_token(prior):
     assert prior["hard_prompts"] >= 3
     assert 1 <= prior["decision_tokens_mean"] <= 3
-    assert prior["decision_chosen_prob_mean"] >= 0.6
+    # the exploration prior spreads a slip pair's wrong mass over 5 digits: the likeliest of them holds about a fifth
+    assert 0.1 <= prior["decision_chosen_prob_mean"] <= 0.35
     assert 0.005 <= prior["decision_right_prob_median"] < EXPLORATION_P_OLD
 
 

@@ -9,7 +9,7 @@ import torch
 
 from gpu import models, tiny_char
 from gpu.data import column_addition, encode_prompt, relevant_token_ids
-from spec.regime import EXPLORATION_P_OLD
+from spec.regime import EXPLORATION_P_OLD, TINY_CHAR_PRIORS
 
 
 def test_a_slipped_column_writes_its_digit_off_by_the_pairs_offset_and_keeps_its_carry():
@@ -75,6 +75,11 @@ def _right_digit_probs(setting: str):
         by_pair.setdefault((x, y), []).append(float(p[i, digit[(x + y) % 10]]))
     table = tiny_char.slip_table(tiny_char.load_recipe(recipe)["sft"])
     return {k: sum(v) / len(v) for k, v in by_pair.items()}, table
+
+
+def test_each_named_prior_has_a_recipe_and_an_exploration_setting():
+    assert set(models.TINY_CHAR_RECIPES) == set(TINY_CHAR_PRIORS)
+    assert sorted(TINY_CHAR_PRIORS.values()) == ["exploration", "sharpening"]
 
 
 @pytest.mark.parametrize("setting, below", [("tiny_char", True), ("tiny_char_sharpening", False)])
