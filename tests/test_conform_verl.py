@@ -320,13 +320,15 @@ def test_rollout_rs_k1_bands_bound_the_inverse_weight_and_leave_rows_out_of_the_
     np.testing.assert_array_equal(_rejected("seq_mean_k1", "0.8_1.25", log_rho, mask), [[1, 1], [0, 0]])
 
 
-def test_rollout_rs_gives_nan_when_every_row_is_rejected():
+def test_rollout_rs_gives_nan_when_every_row_is_rejected_and_raises_on_a_batch_without_tokens():
     # a row of rho = 3 outside [0.5, 2]: the reference's loss is 0, verl's token mean over no kept token 0 / 0
     kept = _rejected("seq_sum_k1", "0.5_2.0", [[math.log(3.0)]], [[1.0]])
     assert math.isnan(_loss_fn("vanilla", [[-1.0]], [[-1.0]], [[1.0]], kept.tolist(), clip_ratio_c=1e9)[0])
     assert float(spec.policy_loss("grpo", [[-1.0]], [[-1.0]], [[1.0]], [[1.0]], beta=0.0, agg="token_mean",
                                   rollout_correction="seq_rs", mis_low=0.5, mis_high=2.0,
                                   rollout_logp=[[-1.0 - math.log(3.0)]])[0]) == 0.0
+    with pytest.raises(ValueError, match="at least one valid token"):
+        _rejected("seq_sum_k1", "0.5_2.0", [[0.0, 0.0]], [[0.0, 0.0]])
 
 
 def test_gdpo_whitens_the_weighted_sum_over_the_batchs_tokens():
