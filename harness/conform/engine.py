@@ -52,11 +52,10 @@ def _expect(check: Check, conv: Convention, used: Batch):
     if not sides:
         return want, None
     values = [conv.fn(side) for side in sides]
-    rows, combined = _row_sides(conv, used, sides, want)
+    rows = _row_sides(conv, used, sides, want)
     every = [want, *values, *rows]
     stack = lambda k, pick: pick([np.asarray(w[k], dtype=float) for w in every], axis=0)  # noqa: E731
-    value_band = (stack(0, np.min), stack(0, np.max)) if combined else _value_band(check, conv, used, want,
-                                                                                   values, at)
+    value_band = (stack(0, np.min), stack(0, np.max)) if rows else _value_band(check, conv, used, want, values, at)
     if want[1] is None or any(w[1] is None for w in every):
         return want, ((value_band[0], None), (value_band[1], None))
     low, high = stack(1, np.min), stack(1, np.max)
@@ -64,21 +63,21 @@ def _expect(check: Check, conv: Convention, used: Batch):
                   (value_band[1], np.where(at, np.maximum(high, 0.0), high)))
 
 
-def _row_sides(conv: Convention, used: Batch, sides: list, want) -> tuple[list, bool]:
-    """For rows tied on a rollout band (seq_mis, seq_rs, geo_rs): the convention with each tied row's rollout
-    log-probs on either side, in every combination (a row's side may change every other row's part, as in a mean
-    over the rows kept), and True; past 2^ROW_TIES combinations (cases.ROW_TIES: more rows than the ties family
-    places), each row moved alone and the sums of their jumps in value (the rows' parts then add up), and False.
-    ([], False) without such ties."""
+def _row_sides(conv: Convention, used: Batch, sides: list, want) -> list:
+    """For rows tied on a rollout band (seq_mis, seq_rs, geo_rs): the convention's (value, gradient) with each tied
+    row's rollout log-probs on either side, in every combination (a row's side may change every other row's part,
+    as in a mean over the rows kept); past 2^ROW_TIES combinations (cases.ROW_TIES: more rows than the ties family
+    places), each row moved alone, and the reference's value plus the sums of their jumps down and up (the rows'
+    parts then add up). [] without such ties."""
     if "rollout_row" not in (conv.ties or {}):
-        return [], False
+        return []
     versions = {s.extra["rollout_logp"].tobytes(): s.extra["rollout_logp"] for s in sides
                 if "rollout_logp" in s.extra and s.extra["rollout_logp"] is not used.extra.get("rollout_logp")}
     versions = list(versions.values())
     tied = np.flatnonzero(np.any([(v != used.extra["rollout_logp"]).any(1) for v in versions], axis=0)) \
         if versions else []
     if not len(tied):
-        return [], False
+        return []
 
     def moved(choice):
         out = replace(used, extra=dict(used.extra))
@@ -87,11 +86,11 @@ def _row_sides(conv: Convention, used: Batch, sides: list, want) -> tuple[list, 
             out.extra["rollout_logp"][i] = versions[k][i]
         return conv.fn(out)
     if len(versions) ** len(tied) <= 2 ** ROW_TIES:
-        return [moved(zip(tied, c)) for c in itertools.product(range(len(versions)), repeat=len(tied))], True
+        return [moved(zip(tied, c)) for c in itertools.product(range(len(versions)), repeat=len(tied))]
     alone = [moved([(i, k)]) for i in tied for k in range(len(versions))]
     jumps = np.array([float(v[0]) - float(want[0]) for v in alone]).reshape(len(tied), len(versions))
     low, high = np.minimum(jumps.min(1), 0.0).sum(), np.maximum(jumps.max(1), 0.0).sum()
-    return alone + [(float(want[0]) + low, want[1]), (float(want[0]) + high, want[1])], False
+    return alone + [(float(want[0]) + low, want[1]), (float(want[0]) + high, want[1])]
 
 
 def _value_band(check: Check, conv: Convention, used: Batch, want, values: list, at) -> tuple:
