@@ -58,7 +58,11 @@ def test_an_unreachable_card_is_reported_with_its_residuals_and_exits_1(tmp_path
     assert runs <= 9  # the budget, and the best point's card
     clip = next(line for line in out.output.splitlines() if line.startswith("clip_frac "))
     assert abs(float(clip.split()[3])) > 1  # its residual, in tolerance units
-    assert "not matched" in out.output and not (tmp_path / "ablation").exists()
+    assert "not matched" in out.output and not any((tmp_path / "ablation").glob("*/metrics.jsonl"))  # no ablation
+    record = json.loads((tmp_path / "ablation" / "fit.json").read_text())  # the fit's record, for the reports
+    assert record["matched"] is False and record["evaluations"] == runs
+    clip_entry = next(e for e in record["entries"] if e["entry"] == "clip_frac")
+    assert clip_entry["target"] == 0.5 and clip_entry["residual"] == pytest.approx(float(clip.split()[3]), abs=0.01)
 
 
 def test_a_target_without_a_fittable_metric_names_the_entries_and_metrics(tmp_path):

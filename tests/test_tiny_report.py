@@ -18,21 +18,21 @@ TINY = ROOT / "reports" / "tiny"
 STEPS = 20
 
 
-def _config(name: str, seed: int, algo: dict) -> dict:
+def _config(name: str, seed: int, algo: dict, model: str = "tiny_char") -> dict:
     return {"run": {"out_dir": f"runs/tiny/{name}/seed{seed}", "seed": seed, "steps": STEPS},
-            "model": {"name": "tiny_char"}, "data": {"source": "addition", "n": 512, "digits": 3},
+            "model": {"name": model}, "data": {"source": "addition", "n": 512, "digits": 3},
             "rollout": {"engine": "hf", "prompts_per_step": 16, "group_size": 8, "max_new_tokens": 24,
                         "temperature": 1.0},
             "train": {"lr": 2e-4, "epochs": 1, "minibatch_size": 32},
             "algo": {"reward": "auto", "advantage": "auto", "hp": {}, **algo}}
 
 
-def _write(root: Path, name: str, algo: dict, metrics, seeds=range(10)) -> None:
+def _write(root: Path, name: str, algo: dict, metrics, seeds=range(10), model: str = "tiny_char") -> None:
     """Run folders root/name/seed<k>/ whose step s logs metrics(seed, s) (the trainer's names)."""
     for seed in seeds:
         folder = root / name / f"seed{seed}"
         folder.mkdir(parents=True)
-        (folder / "config.json").write_text(json.dumps(_config(name, seed, algo)))
+        (folder / "config.json").write_text(json.dumps(_config(name, seed, algo, model)))
         base = {"accuracy": 0.5, "reward": 0.5, "entropy": 1.0 - 0.01 * seed, "zero_grad_frac": 0.5,
                 "gen_per_trained": 1.0, "len_mean": 20.0, "len_wrong": 22.0, "tcr": 0.0005, "rur": 0.5}
         lines = [json.dumps({**base, "step": s + 1, **metrics(seed, s)}) for s in range(STEPS)]
@@ -68,11 +68,17 @@ def test_runs_carry_the_settings_their_configs_name_under_the_simulators_names(t
     _attribution_runs(tmp_path)
     _write(tmp_path, "grpo_beta0_unclipped", {"name": "grpo", "hp": {"beta": 0.0, "eps_high": 1e6}},
            lambda seed, s: {}, seeds=[0, 7])
+    _write(tmp_path, "grpo_beta0_unclipped_sharpening", {"name": "grpo", "hp": {"beta": 0.0, "eps_high": 1e6}},
+           lambda seed, s: {}, seeds=[0], model="tiny_char_sharpening")
     runs = {(r["label"], r["seed"]): r for r in tiny.load_tiny(tmp_path)}
-    assert runs["dcpo", 0]["params"] == {} and runs["grpo", 3]["set"] == "discovery"
-    assert runs["dcpo_binary_reward", 5]["params"] == {"reward": "binary"}
-    assert runs["dcpo_no_sas", 9]["params"] == {"adv": "grpo"} and runs["dcpo_no_sas", 9]["set"] == "replication"
-    assert runs["grpo_beta0_unclipped", 7]["params"] == {"beta": 0.0, "eps_high": 100.0}
+    explore = {}  # the tier's default prior (exploration); another names its setting as the simulator's knob does
+    assert runs["dcpo", 0]["params"] == explore and runs["grpo", 3]["set"] == "discovery"
+    assert runs["dcpo_binary_reward", 5]["params"] == {"reward": "binary", **explore}
+    assert runs["dcpo_no_sas", 9]["params"] == {"adv": "grpo", **explore}
+    assert runs["dcpo_no_sas", 9]["set"] == "replication"
+    assert runs["grpo_beta0_unclipped", 7]["params"] == {"beta": 0.0, "eps_high": 100.0, **explore}
+    assert runs["grpo_beta0_unclipped_sharpening", 0]["params"] == {"beta": 0.0, "eps_high": 100.0,
+                                                                    "explore": "sharpening"}
     # the simulator's summary over these records: RUR is the mean over steps
     assert runs["grpo", 0]["summary"]["rur"] == pytest.approx(0.3 - 0.01)
 
@@ -222,11 +228,11 @@ def test_the_smollm2_verdicts_credit_the_reward_and_call_clip_higher_untestable(
 def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path):
     """Once the tiny tier's report or its runs are committed, both must be, and the report must be what
     `python -m harness.reports.tiny` writes from the runs, plots included."""
-    readme, runs = TINY / "README.md", TINY / "runs"
+    readme, runs = TINY / "README.md", TINY / "runs_regime"
     if not readme.exists() and not runs.exists():
         pytest.skip("the tiny tier's runs are not committed yet (reports/tiny/run_sweep.sh)")
-    assert readme.exists(), "reports/tiny/runs is committed without its report: python -m harness.reports.tiny"
-    assert runs.is_dir(), "reports/tiny/README.md is committed without its runs (reports/tiny/runs)"
+    assert readme.exists(), "reports/tiny/runs_regime is committed without its report: python -m harness.reports.tiny"
+    assert runs.is_dir(), "reports/tiny/README.md is committed without its runs (reports/tiny/runs_regime)"
     out = tiny.write_readme(tmp_path / "README.md", runs, ROOT / "reports" / "sim")
     assert out.read_text() == readme.read_text(), "reports/tiny/README.md is stale: python -m harness.reports.tiny"
     for name in ("claims.json", "claims.md"):
@@ -287,7 +293,8 @@ def test_cispo_and_clip_higher_pair_the_tiny_configs_that_differ_only_by_the_com
     _pair_runs(tmp_path)
     runs = tiny.load_tiny(tmp_path)
     params = {r["label"]: r["params"] for r in runs}
-    assert params["cispo"] == params["grpo_beta0"] == {"beta": 0.0} and params["grpo"] == {}
+    explore = {}
+    assert params["cispo"] == params["grpo_beta0"] == {"beta": 0.0, **explore} and params["grpo"] == explore
     rows = {(r.claim.id, r.regime): r for r in run_claims(runs).records}
     # CISPO beside GRPO at beta 0, not beside GRPO's beta 0.04: on both seed sets equal accuracy, 1% of tokens kept
     rec = rows["cispo", "beta=0.0"]
@@ -314,3 +321,43 @@ def test_verdicts_are_compared_only_at_a_matching_regime_card():
     assert tiny.not_compared(at(here, 0.01, 0.5), far) == ("regime cards differ: clip_frac 0.01 vs 0.05 (this "
                                                             "tier, the simulator)")
     assert "no regime card entry measured in both" in tiny.not_compared(at(here, 0.01, 0.5), sim)
+
+
+def test_the_fit_to_this_tiers_card_is_shown_entry_by_entry_and_its_report_is_the_simulator_column(tmp_path):
+    fitted, default = tmp_path / "fitted", tmp_path / "default"
+    assert tiny.simulator_dir(fitted, default) == default  # no fit yet: the simulator at its own defaults
+    assert tiny.fit_lines(fitted)[0].startswith("Not fitted yet")
+    fitted.mkdir()
+    (fitted / "fit.json").write_text(json.dumps({
+        "env": "feature_lm", "label": "grpo", "algo": "grpo", "settings": {"lr": 0.0113, "minibatches": 6},
+        "evaluations": 241, "matched": False,
+        "entries": [{"entry": "clip_frac", "target": 0.0035, "fitted": 0.009, "residual": 1.36},
+                    {"entry": "upclip_pold_lt02", "target": 0.52, "fitted": None, "residual": 3.0}]}))
+    lines = tiny.fit_lines(fitted)
+    assert "in 241 simulator runs: lr 0.0113, minibatches 6. **Not matched**" in lines[0]
+    assert "| clip_frac | 0.0035 | 0.009 | +1.36 |" in lines and "| upclip_pold_lt02 | 0.52 | - | +3.00 |" in lines
+    (fitted / "claims.json").write_text("[]")
+    assert tiny.simulator_dir(fitted, default) == fitted
+
+
+def test_the_exploration_axis_names_each_claims_prior_beside_where_its_up_clipped_tokens_sit(tmp_path):
+    _pair_runs(tmp_path)  # the exploration prior's clip-higher runs; their up-clipped tokens: 0.7 below 0.2
+    def sharp(gain, k):
+        return lambda seed, s: {"entropy": 0.5 + (gain + k * _wiggle(seed) if s == STEPS - 1 else 0.0),
+                                "clip_up_frac": 0.001, "upclip_pold_lt02": 0.1}
+    for name, hp, gain, k in (("grpo_beta0_sharpening", {"beta": 0.0}, 0.0, 1),
+                              ("grpo_beta0_unclipped_sharpening", {"beta": 0.0, "eps_high": 1e6}, -0.05, 2)):
+        _write(tmp_path, name, {"name": "grpo", "hp": hp}, sharp(gain, k), model="tiny_char_sharpening")
+    for folder in (tmp_path / "grpo_beta0").glob("seed*"):  # where the exploration prior's up-clipped tokens sit
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps({**json.loads(x), "upclip_pold_lt02": 0.7})
+                                                        for x in lines) + "\n")
+    runs = tiny.load_tiny(tmp_path)
+    lines = tiny.axis_lines(run_claims(runs), runs)
+    rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| Clip-higher")}  # by regime
+    # the looser bound ends 0.05 higher on the exploration prior and 0.05 lower on the sharpening one
+    assert rows["grpo, beta=0.0"].endswith("| **reproduced** | exploration | 70% |")
+    assert rows["grpo, beta=0.0, explore=sharpening"].endswith("| **reversed** | sharpening | 10% |")
+    assert rows["grpo, beta=0.0, explore=sharpening: mechanism"].endswith("| **not reproduced** | sharpening | 10% |")
+    assert tiny.axis_lines(RunSet("tiny", ()), []) == ["Not measured: none of clip_higher, cov_entropy, "
+                                                       "sapo_temperatures has runs here yet.", ""]

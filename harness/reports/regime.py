@@ -119,6 +119,8 @@ TOLERANCES = {"clip_frac": ("log", 2.0), "clip_up_frac": ("log", 2.0), "clip_low
 #: The entries a fit (``cliplab sim --match``) targets and a comparison of two labels' cards reads.
 FIT_ENTRIES = ("clip_frac", "clip_up_frac", "decision_dev_q50", "upclip_pold_lt02", "accuracy_start", "accuracy_end",
                "entropy_fall", "entropy_relevant_fall")
+#: A fit's record (``cliplab sim --match``: harness.runs.match.Fit.record), beside the ablation's runs.
+FIT_FILE = "fit.json"
 LOG_FLOOR = 1e-4  # a share below this reads as this: a clip that binds on under 0.01% of tokens does not bind
 MISSING = 3.0  # the residual of an entry the simulator's run did not produce (no up-clipped token, say)
 

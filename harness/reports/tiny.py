@@ -1,9 +1,11 @@
 """The tiny tier's report (reports/tiny/README.md): the character-level Llama of configs/tiny trained by RL through
-gpu/train.py, one folder a run (reports/tiny/runs/<config>/seed<k>/: config.json, metrics.jsonl).
+gpu/train.py, one folder a run (reports/tiny/runs_regime/<config>/seed<k>/: config.json, metrics.jsonl), with the
+regime card every claim's conditions read (``harness.reports.regime``).
 
 The papers' claims are decided exactly as the simulator's report decides them (``harness.reports.claims.run_claims``:
 discovery seeds 0-4, replication seeds 5-9, Holm's correction across a set's tests), each beside the simulator's
-verdict on it (the records of reports/sim/claims.json, environment ``SIM_ENV``) and whether that verdict's kind is
+verdict on it (the records of the simulator's claims.json, environment ``SIM_ENV``: at settings fitted to this
+tier's card, reports/tiny/sim, once reports/tiny/simulate.sh has run) and whether that verdict's kind is
 this tier's; the agreement rate over the claims both measured; for each disagreement the metrics that moved between
 the two tiers; and DCPO's RUR gain over GRPO split between its reward scheme and SAS (``dcpo_binary_reward``,
 ``dcpo_no_sas``). ``python -m harness.reports.tiny`` regenerates it.
@@ -17,11 +19,13 @@ import numpy as np
 
 from sim.metrics import summarise_run
 from spec.records import read_json, write_text
+from spec.regime import TINY_CHAR_PRIORS
 from spec.registry import ALGORITHMS
 
 from harness.reports.claim_record import ClaimRecord, Kind, RunSet, card_gap
 from harness.reports.claim_render import JSON_NAME, cell, prose, read_claims, summary_lines, write_claims
 from harness.reports.claims import run_claims
+from harness.reports.regime import FIT_FILE, card_lines, run_set_card
 from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file
 from harness.reports.sim import plot_lines
 from harness.reports.stats import paired_test, proportion_interval, share_interval, t_interval
@@ -36,6 +40,7 @@ REWARD_NAMES = {"accuracy": "binary", "dapo": "pm1", "dcpo": "ternary"}
 #: claims.same_setting pairs labels whose params are equal) while a tiny config names only what departs from its
 #: algorithm's registry defaults (cispo.yaml leaves beta at CISPO's 0, grpo_beta0.yaml names GRPO's beta 0).
 SHARED_WITH_GRPO = {"cispo": ("beta",)}
+DEFAULT_PRIOR = "tiny_char"  # the tier's prior where a config names no other (configs/tiny/model.yaml: exploration)
 NO_UPPER_CLIP = 100.0  # the simulator's eps_high for "no upper clip"; a larger one bounds nothing more either
 #: Each tiny label's counterpart in the simulator's summaries (reports/sim/summaries/<SIM_ENV>_<sweep>.json).
 SIM_LABELS = {**{a: ("main", a) for a in ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo")},
@@ -47,31 +52,33 @@ SIM_LABELS = {**{a: ("main", a) for a in ("grpo", "dr_grpo", "dapo", "gspo", "dc
 #: which it acts, compared between the tiers where the verdicts differ.
 MECHANISMS = {
     "entropy_collapse": (("grpo", "dapo"), ("entropy_initial", "entropy_final", "accuracy", "zero_grad_frac")),
-    "dcpo_tcr": (("dcpo", "grpo", "dapo"), ("clip_frac", "clip_up_frac", "clip_low_frac", "ratio_dev_median")),
+    "dcpo_tcr": (("dcpo", "grpo", "dapo"), ("clip_frac", "clip_up_frac", "clip_low_frac", "decision_dev_q50")),
     "dcpo_rur": (("dcpo", "grpo"), ("rur", "zero_grad_frac", "accuracy")),
     "clip_higher": (("grpo_beta0", "grpo_beta0_eps_high028", "grpo_beta0_unclipped"),
-                    ("entropy_final", "clip_up_frac", "upclip_pold_median", "freed_frac", "ratio_dev_median")),
-    "gspo_clips": (("gspo", "grpo"), ("clip_frac", "ratio_dev_median")),
+                    ("entropy_final", "clip_up_frac", "upclip_pold_median", "freed_frac", "decision_dev_q50")),
+    "gspo_clips": (("gspo", "grpo"), ("clip_frac", "decision_dev_q50")),
     "drgrpo_length": (("dr_grpo", "grpo"), ("len_wrong", "resp_len", "accuracy")),
-    "sapo_temperatures": (("sapo", "sapo_tau_reversed"), ("ratio_dev_median", "accuracy", "entropy_final")),
+    "sapo_temperatures": (("sapo", "sapo_tau_reversed"), ("decision_dev_q50", "accuracy", "entropy_final")),
     "dynamic_sampling": (("dapo",), ("gen_per_trained", "zero_grad_frac", "accuracy")),
     "dcpo_accuracy": (("dcpo", "gspo", "grpo", "dapo"), ("accuracy",)),
     "dcpo_reward": (("dcpo", "dcpo_binary_reward"), ("accuracy", "zero_grad_frac", "rur")),
-    "cispo": (("cispo", "grpo"), ("accuracy", "ratio_dev_median")),
+    "cispo": (("cispo", "grpo"), ("accuracy", "decision_dev_q50")),
 }
 TABLE = (("accuracy", "accuracy, last 10% of steps"), ("entropy_final", "entropy, last step"), ("clip_frac", "TCR"),
          ("clip_up_frac", "up-clipped share"), ("rur", "RUR"), ("zero_grad_frac", "all-equal groups"),
-         ("ratio_dev_median", "median |r - 1| (A != 0)"), ("len_wrong", "length of wrong answers"),
+         ("decision_dev_q50", "median |r - 1| on decision tokens"), ("len_wrong", "length of wrong answers"),
          ("gen_per_trained", "generations per trained response"))
 MAIN = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo")
 PANELS = ("accuracy", "entropy", "clip_frac", "rur", "zero_grad_frac", "resp_len")
-VARIANT_PANELS = ("entropy", "clip_up_frac", "rur", "zero_grad_frac", "accuracy", "ratio_dev_median")
+VARIANT_PANELS = ("entropy", "clip_up_frac", "rur", "zero_grad_frac", "accuracy", "decision_dev_q50")
 
 
 # ---- runs -------------------------------------------------------------------------------------------------------
-def _params(algo: dict) -> dict:
+def _params(algo: dict, model: dict) -> dict:
     """The settings a run's config names, under the simulator's names (what the claims compare): its loss
-    hyper-parameters, and its reward scheme and advantage where it chose them (not "auto"); and the settings
+    hyper-parameters, its reward scheme and advantage where it chose them (not "auto"), the prior's exploration
+    setting (``explore``, spec.regime.TINY_CHAR_PRIORS) where the model is a tiny_char prior other than the tier's
+    default; and the settings
     (``SHARED_WITH_GRPO``) that the simulator's sweep names for both sides of a comparison with GRPO, at the
     registry default where the config leaves them."""
     defaults = ALGORITHMS[algo["name"]].defaults if algo.get("name") in ALGORITHMS else {}
@@ -83,6 +90,8 @@ def _params(algo: dict) -> dict:
         params["reward"] = REWARD_NAMES.get(algo["reward"], algo["reward"])
     if algo.get("advantage", "auto") != "auto":
         params["adv"] = algo["advantage"]
+    if model.get("name") in TINY_CHAR_PRIORS and model["name"] != DEFAULT_PRIOR:
+        params["explore"] = TINY_CHAR_PRIORS[model["name"]]
     return params
 
 
@@ -104,7 +113,7 @@ def load_tiny(runs_dir) -> list[dict]:
                 raise ValueError(f"{folder / 'config.json'}: expected a config written by cliplab train (algo, "
                                  f"run.seed)")
             seed = cfg["run"]["seed"]
-            runs.append({**run, "label": folder.parent.name, "params": _params(cfg["algo"]), "seed": seed,
+            runs.append({**run, "label": folder.parent.name, "params": _params(cfg["algo"], cfg.get("model") or {}), "seed": seed,
                          "set": "discovery" if seed in DISCOVERY else "replication", "cfg": cfg,
                          "summary": summarise_run(run["records"])})
     if not runs:
@@ -185,7 +194,7 @@ def not_compared(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
 
 
 def sim_claims(sim_dir: Path) -> list[ClaimRecord]:
-    """The simulator's records of ``SIM_ENV`` (reports/sim/claims.json); none where the report has no claims.json."""
+    """The simulator's records of ``SIM_ENV`` (``sim_dir``/claims.json); none where the report has no claims.json."""
     path = sim_dir / JSON_NAME
     if not path.exists():
         return []
@@ -281,6 +290,73 @@ def claims_lines(rs: RunSet, runs: list[dict], sim_dir) -> list[str]:
     return lines
 
 
+# ---- the exploration axis -------------------------------------------------------------------------------------
+#: The claims measured on both priors, and the run whose card says where each prior's up-clipped tokens sit.
+AXIS_CLAIMS = ("clip_higher", "cov_entropy", "sapo_temperatures")
+AXIS_BASELINES = {"exploration": "grpo_beta0", "sharpening": "grpo_beta0_sharpening"}
+
+
+def axis_lines(rs: RunSet, runs: list[dict]) -> list[str]:
+    """Each exploration-axis claim's verdict per prior, beside the share of up-clipped tokens below pi_old 0.2
+    that GRPO (beta 0) measured on that prior: the condition under which each paper's effect appears, and how a
+    reader checks it on a run of their own."""
+    params = {r["label"]: r["params"] for r in runs}
+    cards = run_set_card(runs)
+    default = TINY_CHAR_PRIORS[DEFAULT_PRIOR]
+
+    def share(setting: str) -> str:
+        card = cards.get(AXIS_BASELINES[setting])
+        return card["upclip_pold_lt02"].text("upclip_pold_lt02") if card else "not run"
+    rows = [r for r in rs.records if r.claim.id in AXIS_CLAIMS and r.compared]
+    lines = ["The exploration prior puts the digits RL must raise below pi_old 0.2, at positions whose other mass is "
+             "spread over five wrong digits; the sharpening prior puts them at 0.3-0.6 against one wrong digit. "
+             "Each claim below is measured on both; the last column is the card's upclip_pold_lt02 of GRPO (beta 0) "
+             "on that prior, the share of up-clipped tokens below pi_old 0.2 (DAPO Fig. 3a's exploration tokens). "
+             "To check which regime a run of your own is in, read the same entry of its regime card: cliplab's "
+             "trainer logs `upclip_pold_lt02` each step, and `cliplab report RUN_DIR --algo RUN_DIR=grpo` prints "
+             "the card (verl's and TRL's logs lack the entry: their card reads \"not logged\"). At 0.5 or more "
+             "the upper clip holds mostly exploration tokens; below it, mostly tokens that are already likely.",
+             "", "| claim | regime | verdict | prior | up-clipped tokens below pi_old 0.2 |", "|---|---|---|---|---|"]
+    for r in rows:
+        setting = params.get(r.compared[0], {}).get("explore", default)
+        lines.append(f"| {cell(r.claim.text)} | {cell(r.regime) or '-'} | **{cell(r.verdict_text())}** | {setting} | "
+                     f"{share(setting)} |")
+    return lines + [""] if rows else ["Not measured: none of " + ", ".join(AXIS_CLAIMS) + " has runs here yet.", ""]
+
+
+# ---- the simulator fitted to this tier's card ----------------------------------------------------------------
+FITTED_SIM = Path("reports/tiny/sim")  # reports/tiny/simulate.sh: the fit (fit.json) and the sweeps at its settings
+DEFAULT_SIM = Path("reports/sim")  # the simulator's own report, at its defaults
+
+
+def simulator_dir(fitted=FITTED_SIM, default=DEFAULT_SIM) -> Path:
+    """The simulator report beside this tier: the one at settings fitted to this tier's card where it exists
+    (``fitted``/claims.json), else the simulator's report at its defaults."""
+    return Path(fitted) if (Path(fitted) / JSON_NAME).exists() else Path(default)
+
+
+def fit_lines(sim_dir: Path) -> list[str]:
+    """The fit of the simulator to this tier's card (sim_dir/fit.json, written by ``cliplab sim --match``): its
+    settings and, per card entry, this tier's value, the simulator's and the residual in tolerance units; or what
+    the claims column reads instead."""
+    path = Path(sim_dir) / FIT_FILE
+    if not path.exists():
+        return [f"Not fitted yet: the simulator column reads {md(str(sim_dir))}, the simulator at its own defaults. "
+                "`reports/tiny/simulate.sh` fits it to this tier's card and reruns its sweeps there.", ""]
+    fit = read_json(path)
+    settings = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in fit["settings"].items())
+    lines = [f"`cliplab sim --match` fitted {fit['env']}'s knobs to the card of this tier's {md(fit['label'])} runs "
+             f"in {fit['evaluations']} simulator runs: {settings}. "
+             + ("Every entry lies within its tolerance." if fit["matched"] else
+                "**Not matched**: the knobs cannot reach this card; the claims column is the best fit's."), "",
+             "| entry | this tier | simulator, fitted | residual (tolerance units; within -1 to 1 matches) |",
+             "|---|---|---|---|"]
+    for e in fit["entries"]:
+        fitted = "-" if e["fitted"] is None else fmt(e["fitted"])
+        lines.append(f"| {e['entry']} | {fmt(e['target'])} | {fitted} | {e['residual']:+.2f} |")
+    return lines + [""]
+
+
 # ---- DCPO's RUR gain: reward scheme against SAS ---------------------------------------------------------------
 ATTRIBUTION = ("dcpo", "dcpo_binary_reward", "dcpo_no_sas", "grpo")
 
@@ -333,31 +409,35 @@ def attribution_lines(runs: list[dict]) -> list[str]:
 # ---- the report -----------------------------------------------------------------------------------------------
 def _setting(runs: list[dict]) -> str:
     c = runs[0]["cfg"]
-    m, d, r, t = c["model"], c["data"], c["rollout"], c["train"]
+    d, r, t = c["data"], c["rollout"], c["train"]
     steps = sorted({len(run["records"]) for run in runs})
+    models = sorted({run["cfg"]["model"]["name"] for run in runs})
+    priors = ", ".join(f"{md(m)} ({TINY_CHAR_PRIORS[m]} prior)" if m in TINY_CHAR_PRIORS else md(m) for m in models)
     return (f"{len(runs)} runs: {len(_by_label(runs))} settings (configs/tiny/<name>.yaml) x seeds "
-            f"{sorted({run['seed'] for run in runs})}, {'/'.join(map(str, steps))} steps each. Model "
-            f"{md(m['name'])}; {md(d['source'])} with {d['digits']} digits, a pool of {d['n']} prompts; "
+            f"{sorted({run['seed'] for run in runs})}, {'/'.join(map(str, steps))} steps each. Models {priors}; "
+            f"{md(d['source'])} with {d['digits']} digits, a pool of {d['n']} prompts; "
             f"{r['prompts_per_step']} prompts x G = {r['group_size']}, {r['max_new_tokens']}-token budget, "
             f"T = {r['temperature']}; lr {t['lr']}, {t['epochs']} epoch(s) in minibatches of {t['minibatch_size']} "
             f"sequences. Each algorithm keeps its paper's reward, advantage and registry defaults.")
 
 
-def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs", sim="reports/sim") -> Path:
-    """Regenerate the tiny tier's README and its plots from the run folders and the simulator's report."""
+def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs_regime", sim=None) -> Path:
+    """Regenerate the tiny tier's README and its plots from the run folders and the simulator's report (``sim``;
+    by default ``simulator_dir()``)."""
+    sim = Path(sim) if sim is not None else simulator_dir()
     readme = output_file(readme, "readme", inputs=[runs_dir])
     runs = load_tiny(runs_dir)
     records = tier_records(runs)
     groups = Groups(runs)
     main = [lbl for lbl in groups.labels() if lbl in MAIN]
-    variants = [lbl for lbl in groups.labels() if lbl not in MAIN or lbl in ("grpo", "dcpo", "sapo")]
+    variants = [lbl for lbl in groups.labels() if lbl.startswith("grpo_beta0")]  # clip-higher, both priors
     png_main, png_var = readme.with_name("tiny_curves.png"), readme.with_name("tiny_variants.png")
     figures = plot_lines(groups, main, png_main, "tiny tier", panels=PANELS) if main else []
-    figures += plot_lines(groups, variants, png_var, "tiny tier, variants", panels=VARIANT_PANELS) if variants else []
+    figures += plot_lines(groups, variants, png_var, "tiny tier, clip-higher", panels=VARIANT_PANELS) if variants else []
     lines = [
         "# Tiny tier: a character-level Llama trained by RL on 3-digit addition", "",
-        "Regenerate this file from the run folders (reports/tiny/runs/<config>/seed<k>/) and the simulator's report "
-        "(reports/sim): `python -m harness.reports.tiny`. The runs: `reports/tiny/run_sweep.sh` (resumable; "
+        "Regenerate this file from the run folders (reports/tiny/runs_regime/<config>/seed<k>/) and the simulator's "
+        "report (reports/sim): `python -m harness.reports.tiny`. The runs: `reports/tiny/run_sweep.sh` (resumable; "
         "configs/tiny).", "",
         _setting(runs), "",
         "Metrics have the simulator's names and definitions (sim/metrics.py; gpu/train.py logs them, "
@@ -369,6 +449,11 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs", 
         "non-zero advantage, all-equal groups the share of generated groups whose rewards are all equal.", "",
         "## Per setting (mean ± 95% t half-width over seeds; the header gives the seeds)", "",
         *summary_table(runs), "",
+        *card_lines(run_set_card(runs)),
+        "## Where each effect appears: the exploration axis", "",
+        *axis_lines(records, runs),
+        "## The simulator fitted to this tier's regime card", "",
+        *fit_lines(sim),
         "## Claims: this tier beside the simulator", "",
         "Each claim is decided by the simulator report's code and statistics (harness/reports/claims.py) on the "
         "discovery seeds 0-4 and re-checked on the replication seeds 5-9: a verdict stands where both sets give "
@@ -376,7 +461,7 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs", 
         "Holm-corrected across a set's tests; \"not detectable with N seeds (smallest detectable effect X)\" is "
         "never \"no effect\". Each line links to its details (reports/tiny/claims.md: both seed sets, the regime "
         "card's conditions, the attribution); the records are reports/tiny/claims.json. The simulator column is the "
-        f"verdict of the simulator's {SIM_ENV} record of the claim (reports/sim/claims.json; its regime in "
+        f"verdict of the simulator's {SIM_ENV} record of the claim ({md(str(sim / JSON_NAME))}; its regime in "
         "brackets).", "",
         *claims_lines(records, runs, sim),
         "## DCPO's RUR gain: its reward scheme against SAS", "",
@@ -392,8 +477,9 @@ def main(argv=None) -> None:
     import argparse
     p = argparse.ArgumentParser(description="Regenerate reports/tiny/README.md from the tiny tier's run folders.")
     p.add_argument("--readme", default="reports/tiny/README.md")
-    p.add_argument("--runs", default="reports/tiny/runs")
-    p.add_argument("--sim", default="reports/sim")
+    p.add_argument("--runs", default="reports/tiny/runs_regime")
+    p.add_argument("--sim", default=None, help="the simulator's report beside this tier (default: reports/tiny/sim, "
+                   "fitted to this tier's card, where it exists, else reports/sim)")
     a = p.parse_args(argv)
     try:
         print(write_readme(a.readme, a.runs, a.sim))

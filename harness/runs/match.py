@@ -147,6 +147,13 @@ class Fit:
     def matched(self) -> bool:
         return all(abs(r) <= 1.0 for r in self.residuals.values())
 
+    def record(self) -> dict:
+        """The fit as a JSON-ready record (``harness.reports.regime.FIT_FILE``), which reports render."""
+        return {"env": ENV, "label": self.label, "algo": self.algo, "settings": self.settings,
+                "evaluations": self.evaluations, "matched": self.matched,
+                "entries": [{"entry": e, "target": t, "fitted": self.fitted[e], "residual": self.residuals[e]}
+                            for e, t in self.target.items()]}
+
     def lines(self) -> list[str]:
         width = max(len(e) for e in self.target)
         out = [f"fit of the simulator ({ENV}, {self.algo}) to {self.label}'s regime card, "

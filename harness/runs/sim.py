@@ -104,8 +104,11 @@ def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[
 def match_command(paths, label: str | None, budget: int, env: str, algos: str, seeds, steps: int,
                   sets: list[str] | None, out: str, json_out: bool, workers: int) -> bool:
     """``cliplab sim --match``: fit feature_lm to the regime card of ``paths`` (``harness.runs.match``), print the
-    fit; if it matches, run ``algos`` there (single ``--set`` values stay fixed in the fit). Returns whether the
-    card was matched."""
+    fit; if it matches, run ``algos`` there (single ``--set`` values stay fixed in the fit). The fit's record is
+    ``out``/fit.json either way. Returns whether the card was matched."""
+    from spec.records import write_json
+
+    from harness.reports.regime import FIT_FILE
     from harness.runs.match import ENV, fit
     if env not in ("toy_lm", ENV):  # toy_lm: the option's default
         raise ValueError(f"env: --match fits and ablates on {ENV}, got {env!r}")
@@ -113,11 +116,12 @@ def match_command(paths, label: str | None, budget: int, env: str, algos: str, s
     fixed = {k: v[0] for k, v in grid.items() if len(v) == 1 and "." not in k}
     result = fit(paths, label=label, budget=budget, workers=workers, fixed=fixed)
     print("\n".join(result.lines()), flush=True)
-    if not result.matched:
-        return False
-    fitted = [f"{k}={v}" for k, v in result.settings.items()]
-    sim_command(ENV, algos, seeds, steps, [*(sets or []), *fitted], out, json_out, workers)
-    return True
+    if result.matched:
+        fitted = [f"{k}={v}" for k, v in result.settings.items()]
+        sim_command(ENV, algos, seeds, steps, [*(sets or []), *fitted], out, json_out, workers)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    write_json(Path(out) / FIT_FILE, result.record())
+    return result.matched
 
 
 def format_ranking(runs: list[dict]) -> str:
