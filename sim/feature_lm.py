@@ -222,10 +222,6 @@ class FeatureLM:
         local = np.arange(self.n_rows) if rows is None else np.asarray(rows)
         return self._logits(theta, self._layout([(0, copy * self.n_rows + local)]))[0]
 
-    def _copy(self, theta, c):
-        """Copy c's ``theta`` in the stacked parameters."""
-        return theta[c * self.n_features:(c + 1) * self.n_features]
-
     def _by_copy(self, ids):
         """Sorted stacked context ids -> (copy, its slice of ``ids``) for each copy present."""
         cuts = np.searchsorted(ids, np.arange(self.copies + 1) * self.n_rows)
@@ -385,17 +381,25 @@ class FeatureLM:
         return o, f, acc, o[:, K] * eos_on[:, K]
 
     def snapshots(self, theta) -> list[Snapshot]:
-        """Each copy's exact metrics."""
-        return [self.snapshot(self._copy(theta, c), c) for c in range(self.copies)]
+        """Each copy's exact metrics: the logit, log-probability and entropy tables of every copy in one pass (the
+        rows' values as one copy alone computes them), then each copy's recursion over positions."""
+        n = self.n_rows
+        z = self._logits(theta, self._layout([(c, c * n + np.arange(n)) for c in range(self.copies)]))[0]
+        logp, pi = tables(z)
+        pi_logp = pi * logp
+        ent = -pi_logp.sum(1)
+        kl = (pi * (logp - self.ref)).sum(1)
+        return [self._snapshot(c, *(x[c * n:(c + 1) * n] for x in (z, logp, pi, pi_logp, ent, kl)))
+                for c in range(self.copies)]
 
-    def snapshot(self, theta, copy: int = 0) -> Snapshot:
-        """Exact metrics of one copy's policy ``theta`` over its pool (each prompt equally likely)."""
+    def snapshot(self, theta) -> Snapshot:
+        """Exact metrics of a one-copy environment's policy ``theta`` over its pool (each prompt equally likely)."""
+        return self.snapshots(theta)[0]
+
+    def _snapshot(self, copy, z, logp, pi, pi_logp, ent, kl) -> Snapshot:
+        """Copy ``copy``'s exact metrics from its rows of the tables."""
         P, K = self.P, self.K
         rows = slice(copy * self.n_rows, (copy + 1) * self.n_rows)
-        z = self.logits(theta, copy=copy)
-        logp, pi = tables(z)
-        ent = -(pi * logp).sum(1)
-        kl = (pi * (logp - self.ref[rows])).sum(1)
         o, f, acc, success = self.masses(pi, copy)
         eos = pi[:, EOS]
         decision = -(xlogx(eos) + xlogx(1.0 - eos))
@@ -408,7 +412,7 @@ class FeatureLM:
         weight = weight / total
         prompt_entropy = ((o * ent[:self.off0].reshape(P, K + 1)).sum(1) + dot(f, ent[self.off0:])) / per_prompt_tokens
         # entropy among the acceptable tokens of answer positions reached on track
-        pl_on = (pi * logp)[:self.off0].reshape(P, K + 1, -1)[:, :K]
+        pl_on = pi_logp[:self.off0].reshape(P, K + 1, -1)[:, :K]
         accept = self.accept[copy * P:(copy + 1) * P]
         h_good = -(pl_on * accept).sum(-1) / np.maximum(acc, 1e-300) + np.log(np.maximum(acc, 1e-300))
         accuracy = float(success.mean())

@@ -1,7 +1,6 @@
 """Per-step metrics of a simulator run, their definitions, and the per-run summary."""
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -148,6 +147,66 @@ CLIP_KEYS = ("clip_frac_active", "clip_up_frac", "clip_low_frac", "upclip_pold_m
              "lowclip_pold_median", "lowclip_pold_lt02", "upclip_fork_share", "freed_frac", "freed_pold_median")
 
 
+class _Picks:
+    """Values picked per block over a step's updates (each update's picks in block order, ``counts`` of them per
+    block), laid out once at the end as one row per block, sorted, NaN after the values: every block's order
+    statistics from one sort."""
+
+    def __init__(self, blocks: int):
+        self.blocks, self.parts, self.counts = blocks, [], []
+
+    def add(self, values: np.ndarray, counts: np.ndarray):
+        self.parts.append(values)
+        self.counts.append(counts)
+
+    def sorted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the [blocks, m] grid of each block's values sorted, NaN-padded; each block's count; whether a block
+        holds a NaN)."""
+        if not self.parts:
+            return np.zeros((self.blocks, 0)), np.zeros(self.blocks, dtype=np.intp), np.zeros(self.blocks, bool)
+        values = np.concatenate(self.parts)
+        block = np.concatenate([np.repeat(np.arange(self.blocks), c) for c in self.counts])
+        n = np.add.reduce(self.counts, dtype=np.intp)
+        order = np.argsort(block, kind="stable")
+        start = np.cumsum(n) - n
+        grid = np.full((self.blocks, int(n.max(initial=0))), np.nan)
+        grid[block[order], np.arange(len(order)) - start[block[order]]] = values[order]
+        nan = np.bincount(block, weights=np.isnan(values), minlength=self.blocks) > 0
+        grid.sort(axis=1)
+        return grid, n, nan
+
+
+def _quantiles(grid: np.ndarray, n: np.ndarray, nan: np.ndarray, q: float) -> np.ndarray:
+    """Each row's ``np.quantile(x, q)`` (linear method: its virtual index, neighbours and interpolation, NaN for a
+    row holding one) of the first ``n`` sorted values of ``grid``'s rows (``_Picks.sorted``); rows with n = 0 get
+    NaN."""
+    some = n > 0
+    virtual = (n - 1) * np.float64(q)
+    above = virtual >= n - 1
+    prev = np.where(above, -1, np.floor(virtual)).astype(np.intp)
+    nxt = np.where(above, -1, prev + 1)
+    gamma = virtual - prev
+    rows, last = np.arange(len(n)), np.maximum(n - 1, 0)
+    take = lambda i: grid[rows, np.where(i < 0, last, i)] if grid.shape[1] else np.full(len(n), np.nan)
+    a, b = take(prev), take(nxt)
+    diff = b - a
+    with np.errstate(invalid="ignore"):  # inf - inf, as np.quantile meets it
+        out = a + diff * gamma
+        out = np.where(gamma >= 0.5, b - diff * (1 - gamma), out)
+    return np.where(nan | ~some, np.nan, out)
+
+
+def _medians(grid: np.ndarray, n: np.ndarray, nan: np.ndarray) -> np.ndarray:
+    """Each row's ``np.median`` of its first ``n`` sorted values (``_Picks.sorted``); NaN where n = 0."""
+    if not grid.shape[1]:
+        return np.full(len(n), np.nan)
+    rows, h = np.arange(len(n)), n // 2
+    upper = grid[rows, np.minimum(h, grid.shape[1] - 1)]
+    lower = grid[rows, np.maximum(h - 1, 0)]
+    out = np.where(n % 2 == 1, upper, (lower + upper) / 2)
+    return np.where(nan | (n == 0), np.nan, out)
+
+
 class StepClips:
     """The regime card's ratio and clip statistics over a step's updates (spec.regime.STEP_METRICS; DAPO Fig. 3a).
 
@@ -156,7 +215,8 @@ class StepClips:
     pi_old < DECISION_P_OLD and A != 0 (the tokens at pi_old near 1 move by round-off only). Algorithms without a
     hard clip get None for ``CLIP_KEYS``; CISPO's trunc_frac is its loss's own statistic, None for the others. A
     token update is on-policy when the policy still equals the sampler (``on_policy``). ``blocks``: the updates'
-    rows are that many stacked runs of equal size (the simulator's seeds), each counted on its own.
+    rows are that many stacked runs of equal size (the simulator's seeds), each counted on its own; every block's
+    medians and quantiles come from one sort at the end of the step.
     """
 
     def __init__(self, algo: str, hp: dict, blocks: int = 1):
@@ -164,21 +224,15 @@ class StepClips:
         self.fixed = self.alg.clip in ("fixed", "dynamic")
         self.tokens, self.zero_adv, self.on_policy, self.up, self.low, self.freed, self.up_fork = \
             np.zeros((7, blocks))
-        self.up_p, self.low_p, self.freed_p, self.dev, self.dev_p = ([[] for _ in range(blocks)] for _ in range(5))
+        self.up_p, self.low_p, self.freed_p, self.dev, self.decision = (_Picks(blocks) for _ in range(5))
         self.has_fork = False
 
     def _count(self, x):
         return block_count(x, self.blocks)
 
-    def _keep(self, lists, values, where):
-        """Append each block's ``values[where]`` to its list."""
-        picked = values[where]
-        if self.blocks == 1:
-            lists[0].append(picked)
-            return
-        ends = list(itertools.accumulate(self._count(where).tolist()))
-        for kept, a, b in zip(lists, [0] + ends, ends):
-            kept.append(picked[a:b])
+    def _keep(self, picks: _Picks, values, where, counts=None):
+        """Add each block's ``values[where]`` (``counts``: how many per block, if known) to ``picks``."""
+        picks.add(values[where], self._count(where) if counts is None else counts)
 
     def add(self, logp, old_logp, adv, mask, fork=None, token_ratio=None, bounds=None,
             on_policy=False) -> np.ndarray:
@@ -202,12 +256,15 @@ class StepClips:
             lens = np.maximum(mask.sum(1, keepdims=True), 1.0)
             ratio = np.repeat(np.exp(log_ratio.sum(1, keepdims=True) / lens), mask.shape[1], axis=1)
         active = on & (adv != 0)
-        n_on = self._count(on)
+        n_on, n_active = self._count(on), self._count(active)
         self.tokens += n_on
-        self.zero_adv += n_on - self._count(active)
+        self.zero_adv += n_on - n_active
         self.on_policy += n_on * np.asarray(on_policy)
-        self._keep(self.dev, ratio, active)  # |ratio - 1| taken in summary
-        self._keep(self.dev_p, old_logp, active)  # which of them are decision tokens, by pi_old, in summary
+        dev = np.abs(ratio[active] - 1.0)
+        self.dev.add(dev, n_active)
+        decision = np.exp(old_logp[active]) < DECISION_P_OLD  # pi_old far from 1
+        self._keep(self.decision, dev, decision, np.bincount(np.repeat(np.arange(self.blocks), n_active),
+                                                             weights=decision, minlength=self.blocks).astype(np.intp))
         if not self.fixed:
             return zeroed
         if bounds is not None:  # DCPO's from policy_terms, q checked as dcpo_bounds checks it
@@ -220,59 +277,54 @@ class StepClips:
             lo, hi = 1 - self.hp["eps_low"], 1 + self.hp["eps_high"]
         up, low = pos & (ratio > hi), neg & (ratio < lo)
         freed = pos & (ratio > 1.2) & (ratio <= hi)
-        self.up += self._count(up)
-        self.low += self._count(low)
-        self.freed += self._count(freed)
-        self._keep(self.up_p, old_logp, up)  # pi_old = exp(old_logp) taken in summary
-        self._keep(self.low_p, old_logp, low)
+        counts = [self._count(x) for x in (up, low, freed)]
+        self.up += counts[0]
+        self.low += counts[1]
+        self.freed += counts[2]
+        for picks, where, n in zip((self.up_p, self.low_p, self.freed_p), (up, low, freed), counts):
+            self._keep(picks, old_logp, where, n)  # pi_old = exp(old_logp) taken in summary
         if fork is not None:
             self.has_fork = True
             self.up_fork += self._count(up & fork)
-        self._keep(self.freed_p, old_logp, freed)
         return zeroed
 
     def summary(self) -> list[dict]:
         """Per block, the step's shares and medians."""
-        return [self._summary(i) for i in range(self.blocks)]
+        dev, n_dev, nan_dev = self.dev.sorted()
+        decision = self.decision.sorted()
+        cols = {"ratio_dev_median": _present(_medians(dev, n_dev, nan_dev), n_dev),
+                "decision_dev_q50": _present(_medians(*decision), decision[1]),
+                "decision_dev_q90": _present(_quantiles(*decision, 0.9), decision[1])}
+        if self.fixed:
+            for name, picks in (("upclip", self.up_p), ("lowclip", self.low_p), ("freed", self.freed_p)):
+                grid, n, nan = picks.sorted()
+                grid = np.exp(grid)  # pi_old, in the same order; the NaN padding stays NaN
+                cols[f"{name}_pold_median"] = _present(_medians(grid, n, nan), n)
+                cols[f"{name}_pold_lt02"] = [_ratio(k, m) for k, m in
+                                             zip(np.count_nonzero(grid < EXPLORATION_P_OLD, axis=1), n)]
+        return [self._summary(i, {k: v[i] for k, v in cols.items()}) for i in range(self.blocks)]
 
-    def _summary(self, i: int) -> dict:
-        dev = np.abs(np.concatenate(self.dev[i]) - 1.0) if self.dev[i] else np.zeros(0)
-        decision = dev[np.exp(np.concatenate(self.dev_p[i])) < DECISION_P_OLD] if self.dev_p[i] else dev
+    def _summary(self, i: int, col: dict) -> dict:
         tokens, up, low = self.tokens[i], self.up[i], self.low[i]
-        active = tokens - self.zero_adv[i]
-        out = {"ratio_dev_median": _median(dev) if dev.size else None,
-               "decision_dev_q50": _median(decision) if decision.size else None,
-               "decision_dev_q90": float(np.quantile(decision, 0.9)) if decision.size else None,
-               "zero_adv_frac": _ratio(self.zero_adv[i], tokens), "on_policy_frac": _ratio(self.on_policy[i], tokens)}
+        out = {"ratio_dev_median": col["ratio_dev_median"], "decision_dev_q50": col["decision_dev_q50"],
+               "decision_dev_q90": col["decision_dev_q90"], "zero_adv_frac": _ratio(self.zero_adv[i], tokens),
+               "on_policy_frac": _ratio(self.on_policy[i], tokens)}
         if self.alg.clip != "truncated":
             out["trunc_frac"] = None
         if not self.fixed or not tokens:
             return out | dict.fromkeys(CLIP_KEYS)
-        up_p, low_p, freed_p = (np.exp(np.concatenate(x[i])) for x in (self.up_p, self.low_p, self.freed_p))
-        return out | {"clip_frac_active": _ratio(up + low, active),
+        return out | {"clip_frac_active": _ratio(up + low, tokens - self.zero_adv[i]),
                       "clip_up_frac": float(up / tokens), "clip_low_frac": float(low / tokens),
-                      "upclip_pold_median": _median(up_p) if up_p.size else None,
-                      "upclip_pold_lt02": _share_below(up_p, EXPLORATION_P_OLD),
-                      "lowclip_pold_median": _median(low_p) if low_p.size else None,
-                      "lowclip_pold_lt02": _share_below(low_p, EXPLORATION_P_OLD),
+                      "upclip_pold_median": col["upclip_pold_median"], "upclip_pold_lt02": col["upclip_pold_lt02"],
+                      "lowclip_pold_median": col["lowclip_pold_median"],
+                      "lowclip_pold_lt02": col["lowclip_pold_lt02"],
                       "upclip_fork_share": float(self.up_fork[i] / up) if self.has_fork and up else None,
-                      "freed_frac": float(self.freed[i] / tokens),
-                      "freed_pold_median": _median(freed_p) if freed_p.size else None}
+                      "freed_frac": float(self.freed[i] / tokens), "freed_pold_median": col["freed_pold_median"]}
 
 
-def _share_below(x: np.ndarray, bound: float) -> float | None:
-    """Share of ``x`` below ``bound``, None if empty."""
-    return _ratio(np.count_nonzero(x < bound), x.size)
-
-
-def _median(x) -> float:
-    """``float(np.median(x))`` of a non-empty 1-D float array, computed as NumPy does (partition at the middle,
-    and at the end to see a NaN), without its overhead."""
-    h, odd = len(x) // 2, len(x) % 2
-    p = np.partition(x, [h, -1] if odd else [h - 1, h, -1])
-    if np.isnan(p[-1]):
-        return float(p[-1])
-    return float(p[h] if odd else (p[h - 1] + p[h]) / 2)
+def _present(values: np.ndarray, n: np.ndarray) -> list:
+    """Each block's value as a float, None where it had no tokens."""
+    return [float(v) if k else None for v, k in zip(values, n)]
 
 
 def clean(record: dict) -> dict:

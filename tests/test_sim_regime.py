@@ -5,7 +5,7 @@ import pytest
 
 from sim.loop import run_stack
 from harness.reports.regime import label_card
-from sim.metrics import CLIP_KEYS, DEFINITIONS, StepClips, summarise_run
+from sim.metrics import CLIP_KEYS, DEFINITIONS, StepClips, _medians, _Picks, _quantiles, summarise_run
 from spec.regime import ENTRIES, NOT_APPLICABLE, STEP_METRICS, reduce_values
 
 # two responses of five tokens; the last token of the second is padding
@@ -53,6 +53,29 @@ def test_stacked_blocks_are_counted_each_on_its_own():
         alone = StepClips("grpo", GRPO)
         _add(alone, slice(i, i + 1), on_policy=i == 0)
         assert got == alone.summary()[0]
+
+
+def test_every_blocks_median_and_quantile_from_one_sort_are_numpys():
+    """The per-block medians and 90th percentiles taken at once from one sorted grid are np.median's and
+    np.quantile's of each block alone, bit for bit: ties, inf, NaN, one value, none, over several updates."""
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        blocks = int(rng.integers(1, 6))
+        picks, alone = _Picks(blocks), [[] for _ in range(blocks)]
+        for _ in range(int(rng.integers(1, 4))):
+            counts = rng.integers(0, 5, blocks)
+            values = rng.choice([0.0, 0.1, 0.25, 0.3, 1.7, np.inf, np.nan], size=counts.sum(),
+                                p=[0.2, 0.2, 0.2, 0.2, 0.1, 0.05, 0.05]) + rng.random(counts.sum()) * (rng.random() < 0.5)
+            picks.add(values, counts)
+            for i, part in enumerate(np.split(values, np.cumsum(counts)[:-1])):
+                alone[i].append(part)
+        grid, n, nan = picks.sorted()
+        with np.errstate(invalid="ignore"):
+            medians, q90 = _medians(grid, n, nan), _quantiles(grid, n, nan, 0.9)
+            for i, parts in enumerate(alone):
+                x = np.concatenate(parts)
+                want = (np.median(x), np.quantile(x, 0.9)) if x.size else (np.nan, np.nan)
+                assert np.array_equal([medians[i], q90[i]], want, equal_nan=True)
 
 
 @pytest.mark.parametrize("algo", ["sapo", "cispo", "gpg"])
