@@ -14,21 +14,9 @@ SEEDS=${SEEDS:-0-9:10-19}
 STEPS=${STEPS:-150}
 OUT=${OUT:-reports/sim}
 ALGOS=grpo,dr_grpo,dapo,gspo,dcpo,sapo  # the algorithms the claims compare
-DIRS=()
-FAILED=$(mktemp)
-trap 'kill $(jobs -p) 2> /dev/null || true; rm -f "$FAILED"' EXIT
-T0=$SECONDS
-sweep() {  # sweep ENV NAME ARGS...: one `cliplab sim` into RUNS/ENV/NAME, timed, in the background
-  local env=$1 name=$2; shift 2
-  while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || true; done
-  DIRS+=("$RUNS/$env/$name")
-  mkdir -p "$RUNS/$env"
-  (t0=$SECONDS  # the progress bar and any error go to RUNS/ENV/NAME.log
-   if $PY -m harness.cli sim --env "$env" --seeds "$SEEDS" --steps "$STEPS" --workers 1 --out "$RUNS/$env/$name" "$@" \
-        > /dev/null 2> "$RUNS/$env/$name.log"
-   then echo "$env/$name: $((SECONDS - t0)) s"
-   else echo "$env/$name: $(tail -n 1 "$RUNS/$env/$name.log")" >> "$FAILED"; fi) &
-}
+EXTRA=()
+# shellcheck source=reports/sim/sweeps.sh
+source "$(dirname "$0")/sweeps.sh"
 # the two comparisons first (the largest sweeps)
 sweep feature_lm main --algos $ALGOS
 sweep toy_lm main --algos $ALGOS
@@ -64,6 +52,13 @@ SAPO_STRESS=(--set staleness=6 --set minibatches=16 --set lr=0.06)
 sweep feature_lm sapo_stress_a --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=1.0 --set tau_neg=4.0
 sweep feature_lm sapo_stress_b --algos sapo "${SAPO_STRESS[@]}" --set tau_pos=4.0 --set tau_neg=1.0
 sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
+# the exploration axis (the tiny tier's two priors): clip-higher, Clip-Cov / KL-Cov and SAPO's temperatures again with
+# the tokens RL must raise below pi_old 0.2 (explore=exploration; the sweeps above run the default, sharpening)
+EXPLORE=(--set explore=exploration)
+sweep feature_lm clip_higher_exploration --algos grpo --set beta=0 --set eps_high=0.2,0.28,100 "${EXPLORE[@]}"
+sweep feature_lm cov_exploration --algos grpo,clip_cov,kl_cov,cispo "${COV[@]}" "${EXPLORE[@]}"
+sweep feature_lm sapo_exploration_a --algos sapo --set tau_pos=1.0 --set tau_neg=4.0 "${EXPLORE[@]}"
+sweep feature_lm sapo_exploration_b --algos sapo --set tau_pos=4.0 --set tau_neg=1.0 "${EXPLORE[@]}"
 # toy LM (tabular): DCPO with the binary reward; clip-higher with the KL penalty off (GRPO beta=0), and under the
 # random reward; SAPO's mirrored temperatures at the defaults
 sweep toy_lm dcpo_binary --algos dcpo --set reward=binary
@@ -71,11 +66,4 @@ sweep toy_lm clip_higher --algos grpo --set beta=0 --set eps_high=0.2,0.28,100
 sweep toy_lm random_reward --algos grpo --set reward=random --set beta=0 --set eps_high=0.2,100
 sweep toy_lm sapo_a --algos sapo --set tau_pos=1.0 --set tau_neg=4.0
 sweep toy_lm sapo_b --algos sapo --set tau_pos=4.0 --set tau_neg=1.0
-wait
-if [[ -s $FAILED ]]; then echo "failed (rerun to resume):" >&2; cat "$FAILED" >&2; exit 1; fi
-$PY -m harness.cli report "${DIRS[@]}" --out "$OUT/report.md"
-mkdir -p "$OUT/summaries"
-for d in "${DIRS[@]}"; do
-  env=$(basename "$(dirname "$d")"); cp "$d/summary.json" "$OUT/summaries/${env}_$(basename "$d").json"
-done
-echo "total: $((SECONDS - T0)) s"
+report_sweeps
