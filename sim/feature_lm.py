@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tabular import CORRECT, MALFORMED, WRONG, Rollout, Snapshot, distinct, dot, tables, uniforms, xlogx
+from .tabular import (CORRECT, MALFORMED, WRONG, Rollout, Snapshot, distinct, dot, softmax_parts, tables, uniforms,
+                      xlogx)
 
 EOS = 0
 #: The random features sit on a grid of 2^-PHI_BITS (|phi| <= 1), so that their products are exact in float64.
@@ -222,6 +223,10 @@ class FeatureLM:
         local = np.arange(self.n_rows) if rows is None else np.asarray(rows)
         return self._logits(theta, self._layout([(0, copy * self.n_rows + local)]))[0]
 
+    def _copy(self, theta, c):
+        """Copy c's ``theta`` in the stacked parameters."""
+        return theta[c * self.n_features:(c + 1) * self.n_features]
+
     def _by_copy(self, ids):
         """Sorted stacked context ids -> (copy, its slice of ``ids``) for each copy present."""
         cuts = np.searchsorted(ids, np.arange(self.copies + 1) * self.n_rows)
@@ -238,46 +243,53 @@ class FeatureLM:
         """The logits of the rows of ``layout`` (``_layout``), each copy with its own ``theta``: phi theta by
         fixed-point slices (``fixed_point``, split once for every copy, one quantum per copy) with one batched BLAS
         product over the copies (``padded``), the same bits on every CPU; then EOS's logit set from the format
-        logit, z_EOS = f + logsumexp of the other tokens' logits. Also the softmax of the other tokens' logits."""
+        logit, z_EOS = f + logsumexp of the other tokens' logits. Also the softmax of the other tokens' logits.
+        ``layout`` may instead be one copy's number, ``theta`` its alone: every row of that copy, in order, read in
+        place (the same values as through a layout of them)."""
         F, V = self.n_features, self.vocab
-        copies, rows, grid, cell = layout
         top = np.abs(theta).reshape(len(theta) // F, -1).max(1)
         parts = fixed_point(theta, np.repeat(top, F), self.theta_bits).reshape(2, -1, F, V)
-        if copies != list(range(parts.shape[1])):
-            parts = parts[:, copies]
-        products = combine(np.matmul(self.phi[rows[grid]], parts)).reshape(-1, V)
-        z = self.base[rows] + products[cell]
+        if isinstance(layout, int):
+            rows = slice(layout * self.n_rows, (layout + 1) * self.n_rows)
+            z = combine(np.matmul(self.phi[rows], parts[:, 0]))
+            z += self.base[rows]
+        else:
+            copies, rows, grid, cell = layout
+            if copies != list(range(parts.shape[1])):
+                parts = parts[:, copies]
+            products = combine(np.matmul(self.phi[rows[grid]], parts)).reshape(-1, V)
+            z = self.base[rows] + products[cell]
         lse, q = logsumexp(z[:, EOS + 1:])
         z[:, EOS] += lse - self.lse_base[rows]
         return z, q
 
     def rows(self, theta, states, tokens, mask):
-        """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi, the
-        softmax of their non-EOS logits): the softmax is computed once per distinct context, the logits copy by
+        """log pi(a_t | c_t) [B, T] of the response tokens, and (contexts visited, token -> context, their pi(EOS),
+        the softmax of their non-EOS logits): the softmax is computed once per distinct context, the logits copy by
         copy."""
         on = mask > 0
         uniq, inv = distinct(states[on], self.n_states)
         blocks = self._by_copy(uniq)
         layout = self._layout([(c, uniq[part]) for c, part in blocks])
         z, q = self._logits(theta, layout)
-        logp_u, pi_u = tables(z)
+        shifted, e, total = softmax_parts(z)  # only the tokens' entries of log pi, and pi(EOS), are read
         logp = np.zeros(mask.shape)
-        logp[on] = logp_u[inv, tokens[on]]
-        return logp, (uniq, inv, pi_u, q, blocks, layout)
+        logp[on] = shifted[inv, tokens[on]] - np.log(total)[inv]
+        return logp, (uniq, inv, e[:, EOS] / total, q, blocks, layout)
 
     def grad(self, theta, states, tokens, mask, rows, grad_logp):
         """d loss / d theta = sum_c phi(c)^T dz(c), masked by ``trained``, summed per distinct context ``c``, per
         copy; returned with rows None (every row of theta). With G(c) = sum_{t: c_t = c} g_t and n_v(c) the sum of
         g_t over the tokens v there, the two-level softmax gives dz_EOS = n_EOS - G sigmoid(f) (the format
         logit's Bernoulli gradient) and dz_v = n_v - (G - n_EOS) q_v for the other tokens, q their softmax."""
-        uniq, inv, pi_u, q_u, blocks, (present, _, grid, cell) = rows
+        uniq, inv, eos_u, q_u, blocks, (present, _, grid, cell) = rows
         on = mask > 0
         g = grad_logp[on]
         n, V = len(uniq), self.vocab
         dz = np.bincount(inv * V + tokens[on], weights=g, minlength=n * V).reshape(n, V)
         total = np.bincount(inv, weights=g, minlength=n)
         dz[:, EOS + 1:] -= (total - dz[:, EOS])[:, None] * q_u
-        dz[:, EOS] -= total * pi_u[:, EOS]
+        dz[:, EOS] -= total * eos_u
         F = self.n_features
         # phi^T dz by fixed-point slices of dz (``fixed_point``), one quantum per copy, in one batched product over
         # the copies (the rows' ``padded`` grid, the padding's dz 0): the same bits on every CPU
@@ -317,10 +329,10 @@ class FeatureLM:
         copy_of = prompts // self.P
         pid = prompts % self.P
         on_rows = (prompts[:, None] * (K + 1) + copy_of[:, None] * T + np.arange(K + 1)).reshape(copies, -1)
-        logp_t, pi_t = tables(self._logits(theta, self._layout(
+        shifted, e, total = softmax_parts(self._logits(theta, self._layout(
             [(c, np.concatenate([on_rows[i], c * self.n_rows + self.off0 + np.arange(T)]))
-             for i, c in enumerate(copy_of[::n])]))[0])
-        cdf = np.cumsum(pi_t, axis=1)
+             for i, c in enumerate(copy_of[::n])]))[0])  # ``tables``, log pi read at the drawn tokens only
+        cdf = np.cumsum(e / total[:, None], axis=1)
         cdf[:, -1] = 1.0
         cdf += (np.arange(len(cdf)) % width)[:, None]  # row r of a copy's table shifted into [r, r + 1]
         stacked = cdf.reshape(copies, -1)
@@ -357,7 +369,7 @@ class FeatureLM:
         first = eos.argmax(1)  # the position of the EOS that ended the response (if any)
         at_answer = (first == K) & on[np.arange(copies * batch), first]
         outcome = np.where(alive, MALFORMED, np.where(at_answer, CORRECT, WRONG))
-        old_logp = np.where(mask > 0, logp_t[local, tokens], 0.0)
+        old_logp = np.where(mask > 0, shifted[local, tokens] - np.log(total)[local], 0.0)
         return Rollout(prompts, states, tokens, mask, old_logp, outcome, mask.sum(1).astype(np.int64), alive)
 
     # ---- exact expectations -------------------------------------------------------------------------------
@@ -381,25 +393,18 @@ class FeatureLM:
         return o, f, acc, o[:, K] * eos_on[:, K]
 
     def snapshots(self, theta) -> list[Snapshot]:
-        """Each copy's exact metrics: the logit, log-probability and entropy tables of every copy in one pass (the
-        rows' values as one copy alone computes them), then each copy's recursion over positions."""
-        n = self.n_rows
-        z = self._logits(theta, self._layout([(c, c * n + np.arange(n)) for c in range(self.copies)]))[0]
+        """Each copy's exact metrics, one copy at a time (its tables stay in the cache)."""
+        return [self.snapshot(self._copy(theta, c), c) for c in range(self.copies)]
+
+    def snapshot(self, theta, copy: int = 0) -> Snapshot:
+        """Exact metrics of one copy's policy ``theta`` over its pool (each prompt equally likely)."""
+        P, K = self.P, self.K
+        rows = slice(copy * self.n_rows, (copy + 1) * self.n_rows)
+        z = self._logits(theta, copy)[0]
         logp, pi = tables(z)
         pi_logp = pi * logp
         ent = -pi_logp.sum(1)
-        kl = (pi * (logp - self.ref)).sum(1)
-        return [self._snapshot(c, *(x[c * n:(c + 1) * n] for x in (z, logp, pi, pi_logp, ent, kl)))
-                for c in range(self.copies)]
-
-    def snapshot(self, theta) -> Snapshot:
-        """Exact metrics of a one-copy environment's policy ``theta`` over its pool (each prompt equally likely)."""
-        return self.snapshots(theta)[0]
-
-    def _snapshot(self, copy, z, logp, pi, pi_logp, ent, kl) -> Snapshot:
-        """Copy ``copy``'s exact metrics from its rows of the tables."""
-        P, K = self.P, self.K
-        rows = slice(copy * self.n_rows, (copy + 1) * self.n_rows)
+        kl = (pi * (logp - self.ref[rows])).sum(1)
         o, f, acc, success = self.masses(pi, copy)
         eos = pi[:, EOS]
         decision = -(xlogx(eos) + xlogx(1.0 - eos))

@@ -316,7 +316,7 @@ class Trainer:
                     hp = {**hp, "cov_seed": [int(rng.integers(2**31 - 1)) for rng in rngs]}
                 kept: dict = {}  # the token ratio (and DCPO's bounds) the loss computed, for StepClips
                 loss, grad, stats = policy_terms(alg, hp, logp, old, a, m, g, ref_mb, rollout_mb, keep=kept,
-                                                 blocks=k)
+                                                 blocks=k, shown_stats=False)
                 on_policy = (lag == 0) & (updates == 0) & (cfg["rollout_noise"] == 0)  # r = 1 exactly
                 zeroed = clips.add(logp, old, a, m, None if fork is None else fork[mb], on_policy=on_policy,
                                    **kept)

@@ -232,14 +232,16 @@ def policy_loss(name, logp, old_logp, adv, mask, *, group_size=None, ref_logp=No
 
 
 def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=None, rollout_logp=None,
-                 cov_select=None, keep=None, blocks=1):
+                 cov_select=None, keep=None, blocks=1, shown_stats=True):
     """``policy_loss`` on inputs already checked: ``alg`` the registry entry, ``hp`` its resolved hyper-parameters,
     float64 [B, T] arrays (the simulator's loop checks once per run, not once per update). ``keep`` (a dict, optional)
     receives what ``StepClips.add`` would compute again: ``token_ratio`` and, for DCPO, ``bounds`` (q, lo, hi).
 
     ``blocks``: the rows are that many independent batches of equal size (the simulator's stacked seeds), each
     aggregated on its own; the loss and every stat are then [blocks] arrays (Clip-Cov takes a ``cov_seed`` per
-    block)."""
+    block). ``shown_stats=False`` leaves out the stats only a caller that shows them reads (``ratio_mean``,
+    ``kl_mean``): the simulator's loop reads the loss, the gradient, ``tokens``, ``clip_frac`` and the losses' own
+    stats."""
     on = mask > 0
     tokens = block_count(on, blocks)  # the mask is 0/1: its sum per block
     n = np.maximum(tokens, 1).astype(float)
@@ -312,8 +314,10 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
         exponent = np.frexp(np.abs(dtok).max(initial=0.0))[1]
         loss_tok = np.ldexp(dtok, -exponent) * logp
     loss_tok = _weighted(policy_weights, np.where(on, loss_tok, 0.0))
-    stats.update(clip_frac=block_count(clipped & on, blocks) / n,
-                 ratio_mean=block_sum(_weighted(mask, ratio), blocks) / n, tokens=tokens)
+    stats["clip_frac"] = block_count(clipped & on, blocks) / n
+    if shown_stats:
+        stats["ratio_mean"] = block_sum(_weighted(mask, ratio), blocks) / n
+    stats["tokens"] = tokens
     if alg.select is not None:
         stats["cov_frac"] = block_count(chosen & on, blocks) / n
     loss = np.ldexp(block_sum(loss_tok, blocks), exponent)
@@ -325,7 +329,8 @@ def policy_terms(alg, hp, logp, old_logp, adv, mask, group_size=None, ref_logp=N
         dkl = np.where(on, dkl, 0.0)
         dkl *= beta_weights
         grad += dkl
-        stats["kl_mean"] = block_sum(kl_tok, blocks) / n
+        if shown_stats:
+            stats["kl_mean"] = block_sum(kl_tok, blocks) / n
     return loss, grad, stats
 
 

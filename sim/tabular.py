@@ -49,6 +49,13 @@ def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def tables(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(log pi, pi) of a [S, V] logit table with one exp: pi = softmax(z - max_v z) row-wise."""
+    shifted, e, total = softmax_parts(logits)
+    return shifted - np.log(total)[:, None], e / total[:, None]
+
+
+def softmax_parts(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``tables``' parts of a [S, V] logit table: z - max_v z, its exponentials and their row sums (log pi =
+    shifted - log total, pi = e / total), for a caller that needs only some entries of the tables."""
     narrow = logits.shape[1] <= NARROW
     if logits.shape[0] < 4096 and not narrow:
         top = logits.max(1)
@@ -58,8 +65,7 @@ def tables(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             np.maximum(top, logits[:, v], out=top)
     z = logits - top[:, None]
     e = np.exp(z)
-    total = row_sum(e)
-    return z - np.log(total)[:, None], e / total[:, None]
+    return z, e, row_sum(e)
 
 
 @dataclass

@@ -79,6 +79,17 @@ def test_policy_terms_over_blocks_equal_each_block_alone(name, agg):
         assert {k: v[i] for k, v in stats.items()} == {k: v[0] for k, v in s1.items()}
 
 
+@pytest.mark.parametrize("name", POLICY_ALGORITHMS)
+def test_policy_terms_without_the_shown_stats_keep_every_other_number(name):
+    """The simulator's call leaves out ratio_mean and kl_mean and changes no other bit."""
+    c = make_case(21, prompts=2, group_size=3, length=4)
+    hp = resolve_hparams(name, {"beta": 0.04, "cov_seed": 5, "max_len": 4})
+    args = (get_algorithm(name), hp, c.logp, c.old_logp, c.adv, c.mask, 3, c.ref_logp)
+    (loss, grad, stats), (l1, g1, s1) = policy_terms(*args), policy_terms(*args, shown_stats=False)
+    assert np.array_equal(loss, l1) and np.array_equal(grad, g1)
+    assert {k: v for k, v in stats.items() if k not in ("ratio_mean", "kl_mean")} == s1 and "ratio_mean" in stats
+
+
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_aggregation_weights_over_blocks_normalise_each_block(agg):
     masks = [make_case(seed, prompts=2, group_size=2, length=5).mask for seed in range(3)]
