@@ -109,6 +109,21 @@ def test_values_are_read_at_equal_generation_and_at_equal_updates():
     assert "dapo 3x the fewest" in " ".join(ranking_text(gen))
 
 
+def test_a_trainers_logged_updates_per_batch_count_where_runs_have_no_simulator_settings():
+    # cliplab train runs carry no simulator settings: grpo logs 16 updates a step, dapo 4. The budget is the fewest
+    # updates any label reached, dapo's 3 x 4 = 12 by its last evaluation; grpo made 16 in its first step, so it is
+    # read at its first evaluation (0.1), dapo at its last (0.7)
+    runs = _runs({"grpo": NOISE + 0.5, "dapo": NOISE + 0.7})
+    for r in runs:
+        r.pop("settings")
+        for rec in r["records"]:
+            rec["updates_per_batch"] = 16 if r["label"] == "grpo" else 4
+    upd = rankings(runs)[1]
+    assert upd.axis == "optimiser updates" and upd.budget == 3 * 4  # dapo's 3 trained steps of 4 updates
+    by_upd = {s.label: s.metric.mean for s in upd.standings}
+    assert by_upd["dapo"] == pytest.approx(0.7) and by_upd["grpo"] == pytest.approx(0.1)
+
+
 def test_a_sparse_evaluation_is_interpolated_at_the_budget():
     used = np.array([[0.0, 32, 64, 96], [0, 32, 64, 96], [0, 60, 120, 180]])
     values = np.array([[0.1, np.nan, 0.5, 0.7], [0.1, 0.2, 0.3, np.nan], [np.nan, 0.3, 0.4, 0.5]])

@@ -184,14 +184,16 @@ def _seed_text(runs: list[dict]) -> str:
 def _per_step(g: Groups, label: str, axis: str) -> np.ndarray:
     """[seed, step]: the responses generated at each step, or the optimiser updates each step made: epochs x
     minibatches on a step that trained (fewer minibatches when the batch has fewer groups, or DPO pairs, than
-    minibatches, as ``sim.loop`` splits them); one a step for runs without the simulator's settings."""
+    minibatches, as ``sim.loop`` splits them); for runs without the simulator's settings, the ``updates_per_batch``
+    they log (cliplab's trainer), else one a step."""
     if axis == "generated":
         return g.curve(label, "generated")
     run = g.runs[label][0]
     st = run.get("settings")
     trained = g.curve(label, "trained")
     if not st:
-        return np.ones_like(trained)
+        logged = g.curve(label, "updates_per_batch")
+        return np.where(np.isfinite(logged), logged, 1.0)
     units = trained / 2 if run["algo"] == "dpo" else trained / st["group_size"]
     updates = np.where(trained > 0, st["epochs"] * np.minimum(st["minibatches"], units), 0.0)
     return np.where(np.isnan(trained), np.nan, updates)  # a step that logs no trained count: unknown

@@ -27,7 +27,8 @@ from harness.reports.claim_render import JSON_NAME, cell, prose, read_claims, su
 from harness.reports.claims import run_claims
 from harness.reports.regime import FIT_FILE, card_lines, run_set_card
 from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file
-from harness.reports.sim import plot_lines
+from harness.reports.ranking import rankings
+from harness.reports.sim import plot_lines, ranking_lines
 from harness.reports.stats import paired_test, proportion_interval, share_interval, t_interval
 
 DISCOVERY = frozenset(range(5))  # seeds 0-4 decide; every other seed (5-9) replicates
@@ -238,11 +239,11 @@ def what_moved(claim: str, by: dict, sims: dict) -> str:
 
 
 def tier_records(runs: list[dict]) -> RunSet:
-    """This tier's records: a claim the tier's sweep lacks names configs/tiny, not the simulator's command."""
+    """This tier's records: a claim the tier's runs lack names the sweep that runs it, not the simulator's command."""
     rs = run_claims(runs)
-    return replace(rs, records=tuple(
-        replace(r, command=None, reason=f"{r.reason}; not in this tier's sweep (configs/tiny)")
-        if r.kind is Kind.NOT_MEASURED else r for r in rs.records))
+    missing = "not in this tier's runs yet (reports/tiny/run_sweep.sh, configs/tiny)"
+    return replace(rs, records=tuple(replace(r, command=None, reason=f"{r.reason}; {missing}")
+                                     if r.kind is Kind.NOT_MEASURED else r for r in rs.records))
 
 
 def claims_lines(rs: RunSet, runs: list[dict], sim_dir) -> list[str]:
@@ -447,6 +448,9 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs_re
         "averaged over the step's micro-batches (a sampled estimate of the simulator's exact expectation), TCR the "
         "token-weighted clipped share over the step's minibatch updates, RUR the share of trained responses with a "
         "non-zero advantage, all-equal groups the share of generated groups whose rewards are all equal.", "",
+        "## Ranking: the seven algorithms at equal generated responses and at equal optimiser updates", "",
+        *(ranking_lines(rankings([{**r, "dir": "main", "env": "tiny"} for r in runs if r["label"] in MAIN]))
+          or ["Fewer than two of the seven algorithms have runs here yet.", ""]),
         "## Per setting (mean ± 95% t half-width over seeds; the header gives the seeds)", "",
         *summary_table(runs), "",
         *card_lines(run_set_card(runs)),
