@@ -184,7 +184,7 @@ def test_the_claims_table_compares_with_the_simulator_and_names_what_moved(tmp_p
     assert "The simulator predicted 1 of the 2 verdicts both tiers could test at a matching regime card (50%" in text
     # a claim without runs here names what it needs, not the simulator's command
     assert "cliplab sim" not in text and "not measured; needs clip_cov / kl_cov runs beside grpo with the same " \
-        "settings; not in this tier's sweep (configs/tiny)" in text
+        "settings; not in this tier's runs yet (reports/tiny/run_sweep.sh, configs/tiny)" in text
     # the disagreement: GRPO's clipping fell 100x from the simulator's (0.05% vs 5%), GSPO's rose under 3x
     moved = next(line for line in lines if line.startswith(f"- {GSPO}"))
     assert "what moved most (this tier vs the simulator): grpo clip_frac 0.0005 vs 0.05; gspo clip_frac 0.5 vs 0.18" \
