@@ -225,15 +225,17 @@ def test_the_smollm2_verdicts_credit_the_reward_and_call_clip_higher_untestable(
     assert by["clip_higher"].kind is Kind.NOT_TESTABLE and "no effect" not in by["clip_higher"].reason
 
 
-def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path):
+def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path, monkeypatch):
     """Once the tiny tier's report or its runs are committed, both must be, and the report must be what
-    `python -m harness.reports.tiny` writes from the runs, plots included."""
+    `python -m harness.reports.tiny` writes from the runs, plots included (run from the repository's root, as the
+    command is: its simulator column reads reports/tiny/sim where it exists)."""
     readme, runs = TINY / "README.md", TINY / "runs_regime"
     if not readme.exists() and not runs.exists():
         pytest.skip("the tiny tier's runs are not committed yet (reports/tiny/run_sweep.sh)")
     assert readme.exists(), "reports/tiny/runs_regime is committed without its report: python -m harness.reports.tiny"
     assert runs.is_dir(), "reports/tiny/README.md is committed without its runs (reports/tiny/runs_regime)"
-    out = tiny.write_readme(tmp_path / "README.md", runs, ROOT / "reports" / "sim")
+    monkeypatch.chdir(ROOT)
+    out = tiny.write_readme(tmp_path / "README.md", runs)
     assert out.read_text() == readme.read_text(), "reports/tiny/README.md is stale: python -m harness.reports.tiny"
     for name in ("claims.json", "claims.md"):
         assert (tmp_path / name).read_text() == (TINY / name).read_text(), f"reports/tiny/{name} is stale"
