@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass
 
 from spec.contract import resolve_hparams
+from spec.regime import EXPLORE_SETTINGS
 from spec.registry import ALGORITHMS, HPARAMS, POLICY_ALGORITHMS, ROLLOUT_READS
 from spec.schema import Rule, did_you_mean
 
-from .feature_lm import EXPLORE
 
 ENVS = ("bandit", "toy_lm", "feature_lm")
 REWARD_SCHEMES = {  # reward of (CORRECT, WRONG, MALFORMED)
@@ -84,7 +84,7 @@ ENV_SETTINGS = {
                                               "improbable: most up-clipped tokens have pi_old < 0.2, DAPO Fig. 3a) "
                                               "or sharpening (ordinary positions about as sure of their dominant "
                                               "token as of its runners-up: most up-clipped tokens are likely ones)",
-                               Rule(str, choices=EXPLORE))},
+                               Rule(str, choices=EXPLORE_SETTINGS))},
 }
 ENV_DIFFICULTY = {"bandit": (-4.0, 3.0), "toy_lm": (-6.0, 4.0), "feature_lm": (-8.0, 4.0)}
 ENV_DEFAULTS = {"bandit": {"eval_every": 1}, "toy_lm": {"eval_every": 1},

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from spec.regime import EXPLORE_SETTINGS
+
 from .tabular import (CORRECT, MALFORMED, WRONG, Rollout, Snapshot, distinct, dot, softmax_parts, tables, uniforms,
                       xlogx)
 
@@ -52,13 +54,12 @@ PHI_BITS = 12
 #: Kinds of context, for the entropy's attribution: answer positions (ordinary, forking), the EOS decision after
 #: the answer, and off-track contexts.
 PARTS = ("ordinary", "fork", "end", "offtrack")
-#: Where the tokens RL must raise sit (``explore``). "sharpening": ordinary answer positions start about as sure
-#: of their dominant token as of its runners-up, and a fork's first acceptable token carries its difficulty, so RL
-#: mostly raises tokens that are already likely. "exploration": the dominant token of ordinary positions is SURE
-#: nats surer (near-certain: it cannot clip up), and a fork accepts 2 n_correct pool tokens that share the mass of
-#: one at delta, so the tokens that rise are improbable ones (most up-clipped tokens have pi_old < 0.2, DAPO
-#: 2503.14476 Fig. 3a).
-EXPLORE = ("sharpening", "exploration")
+#: Where the tokens RL must raise sit (``explore``, spec.regime.EXPLORE_SETTINGS). "sharpening": ordinary answer
+#: positions start about as sure of their dominant token as of its runners-up, and a fork's first acceptable token
+#: carries its difficulty, so RL mostly raises tokens that are already likely. "exploration": the dominant token of
+#: ordinary positions is SURE nats surer (near-certain: it cannot clip up), and a fork accepts 2 n_correct pool tokens
+#: that share the mass of one at delta, so the tokens that rise are improbable ones (most up-clipped tokens have pi_old
+#: < 0.2, DAPO 2503.14476 Fig. 3a).
 SURE = 3.0
 
 
@@ -127,8 +128,8 @@ class FeatureLM:
             raise ValueError(f"n_correct: expected at most vocab - 2 ({vocab - 2}), got {n_correct}")
         if forks > answer_len:
             raise ValueError(f"forks: expected at most answer_len ({answer_len}), got {forks}")
-        if explore not in EXPLORE:
-            raise ValueError(f"explore: expected one of {', '.join(EXPLORE)}, got {explore!r}")
+        if explore not in EXPLORE_SETTINGS:
+            raise ValueError(f"explore: expected one of {', '.join(EXPLORE_SETTINGS)}, got {explore!r}")
         if explore == "exploration" and n_correct > (vocab - 2) // 2:
             raise ValueError(f"n_correct: explore=exploration (forks accept 2 n_correct tokens) needs at most "
                              f"(vocab - 2) // 2 ({(vocab - 2) // 2}), got {n_correct}")

@@ -23,6 +23,7 @@ EXPLORATION_P_OLD = 0.2
 #: The exploration axis: where the tokens RL must raise sit, below EXPLORATION_P_OLD at high-entropy positions
 #: ("exploration") or above it ("sharpening"). The simulator's ``explore`` knob (sim/feature_lm.py) takes these
 #: settings, and the tiny tier's priors (gpu.models.TINY_CHAR_RECIPES) are one each, by model name.
+EXPLORE_SETTINGS = ("sharpening", "exploration")
 TINY_CHAR_PRIORS: Mapping[str, str] = MappingProxyType({"tiny_char": "exploration",
                                                          "tiny_char_sharpening": "sharpening"})
 

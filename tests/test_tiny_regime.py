@@ -9,7 +9,7 @@ import torch
 
 from gpu import models, tiny_char
 from gpu.data import column_addition, encode_prompt, relevant_token_ids
-from spec.regime import EXPLORATION_P_OLD, TINY_CHAR_PRIORS
+from spec.regime import EXPLORATION_P_OLD, EXPLORE_SETTINGS, TINY_CHAR_PRIORS
 
 
 def test_a_slipped_column_writes_its_digit_off_by_the_pairs_offset_and_keeps_its_carry():
@@ -79,7 +79,7 @@ def _right_digit_probs(setting: str):
 
 def test_each_named_prior_has_a_recipe_and_an_exploration_setting():
     assert set(models.TINY_CHAR_RECIPES) == set(TINY_CHAR_PRIORS)
-    assert sorted(TINY_CHAR_PRIORS.values()) == ["exploration", "sharpening"]
+    assert sorted(TINY_CHAR_PRIORS.values()) == sorted(EXPLORE_SETTINGS)  # one prior per setting of the axis
 
 
 @pytest.mark.parametrize("setting, below", [("tiny_char", True), ("tiny_char_sharpening", False)])
