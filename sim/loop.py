@@ -334,9 +334,9 @@ class Trainer:
         rur = (np.abs(adv) > 1e-12).any(1).reshape(k, -1).mean(1)
         tok_n = np.maximum(tok_sum, 1.0)
         clip_frac = None if alg.clip in NO_CLIP else clip_sum / tok_n
-        return [{"clip_frac": None if clip_frac is None else clip_frac[i], "rur": float(rur[i]), "loss": loss_sum[i] / updates,
-                 "trained": trained, "cov_logp_adv": covs[i], "updates_per_batch": updates,
-                 "staleness": int(lag[i]), **clip_rec,
+        return [{"clip_frac": None if clip_frac is None else clip_frac[i], "rur": float(rur[i]),
+                 "loss": loss_sum[i] / updates, "trained": trained, "cov_logp_adv": covs[i],
+                 "updates_per_batch": updates, "staleness": int(lag[i]), **clip_rec,
                  **{key: v[i] / tok_n[i] for key, v in extra_sums.items()}}
                 for i, clip_rec in enumerate(clips.summary())]
 

@@ -190,10 +190,10 @@ def _per_step(g: Groups, label: str, axis: str) -> np.ndarray:
         return g.curve(label, "generated")
     run = g.runs[label][0]
     st = run.get("settings")
-    trained = g.curve(label, "trained")
     if not st:
         logged = g.curve(label, "updates_per_batch")
         return np.where(np.isfinite(logged), logged, 1.0)
+    trained = g.curve(label, "trained")
     units = trained / 2 if run["algo"] == "dpo" else trained / st["group_size"]
     updates = np.where(trained > 0, st["epochs"] * np.minimum(st["minibatches"], units), 0.0)
     return np.where(np.isnan(trained), np.nan, updates)  # a step that logs no trained count: unknown

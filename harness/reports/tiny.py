@@ -79,9 +79,8 @@ def _params(algo: dict, model: dict) -> dict:
     """The settings a run's config names, under the simulator's names (what the claims compare): its loss
     hyper-parameters, its reward scheme and advantage where it chose them (not "auto"), the prior's exploration
     setting (``explore``, spec.regime.TINY_CHAR_PRIORS) where the model is a tiny_char prior other than the tier's
-    default; and the settings
-    (``SHARED_WITH_GRPO``) that the simulator's sweep names for both sides of a comparison with GRPO, at the
-    registry default where the config leaves them."""
+    default; and the settings (``SHARED_WITH_GRPO``) that the simulator's sweep names for both sides of a
+    comparison with GRPO, at the registry default where the config leaves them."""
     defaults = ALGORITHMS[algo["name"]].defaults if algo.get("name") in ALGORITHMS else {}
     params = {k: defaults[k] for k in SHARED_WITH_GRPO.get(algo.get("name"), ()) if k in defaults}
     params.update(algo.get("hp") or {})
@@ -114,8 +113,8 @@ def load_tiny(runs_dir) -> list[dict]:
                 raise ValueError(f"{folder / 'config.json'}: expected a config written by cliplab train (algo, "
                                  f"run.seed)")
             seed = cfg["run"]["seed"]
-            runs.append({**run, "label": folder.parent.name, "params": _params(cfg["algo"], cfg.get("model") or {}), "seed": seed,
-                         "set": "discovery" if seed in DISCOVERY else "replication", "cfg": cfg,
+            runs.append({**run, "label": folder.parent.name, "params": _params(cfg["algo"], cfg.get("model") or {}),
+                         "seed": seed, "set": "discovery" if seed in DISCOVERY else "replication", "cfg": cfg,
                          "summary": summarise_run(run["records"])})
     if not runs:
         raise ValueError(f"runs: no <config>/seed<k>/ folders with config.json and metrics.jsonl under {runs_dir}")
@@ -434,11 +433,12 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs_re
     variants = [lbl for lbl in groups.labels() if lbl.startswith("grpo_beta0")]  # clip-higher, both priors
     png_main, png_var = readme.with_name("tiny_curves.png"), readme.with_name("tiny_variants.png")
     figures = plot_lines(groups, main, png_main, "tiny tier", panels=PANELS) if main else []
-    figures += plot_lines(groups, variants, png_var, "tiny tier, clip-higher", panels=VARIANT_PANELS) if variants else []
+    if variants:
+        figures += plot_lines(groups, variants, png_var, "tiny tier, clip-higher", panels=VARIANT_PANELS)
     lines = [
         "# Tiny tier: a character-level Llama trained by RL on 3-digit addition", "",
         "Regenerate this file from the run folders (reports/tiny/runs_regime/<config>/seed<k>/) and the simulator's "
-        "report (reports/sim): `python -m harness.reports.tiny`. The runs: `reports/tiny/run_sweep.sh` (resumable; "
+        f"report ({md(str(sim))}): `python -m harness.reports.tiny`. The runs: `reports/tiny/run_sweep.sh` (resumable; "
         "configs/tiny).", "",
         _setting(runs), "",
         "Metrics have the simulator's names and definitions (sim/metrics.py; gpu/train.py logs them, "

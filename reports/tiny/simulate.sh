@@ -37,7 +37,9 @@ sweep feature_lm main --algos grpo,dr_grpo,dapo,gspo,dcpo,sapo,cispo "${X[@]}"
 for setting in exploration sharpening; do
   E=(--set "explore=$setting")
   sweep feature_lm "clip_higher_$setting" --algos grpo --set beta=0 --set eps_high=0.2,0.28,100 "${E[@]}"
-  sweep feature_lm "cov_$setting" --algos "$([[ $setting == exploration ]] && echo clip_cov,kl_cov || echo grpo,clip_cov,kl_cov)" "${E[@]}"
+  cov=clip_cov,kl_cov
+  [[ $setting == exploration ]] || cov=grpo,$cov  # main runs GRPO at the exploration setting already
+  sweep feature_lm "cov_$setting" --algos "$cov" "${E[@]}"
   sweep feature_lm "sapo_a_$setting" --algos sapo --set tau_pos=1.0 --set tau_neg=1.05 "${E[@]}"
   sweep feature_lm "sapo_b_$setting" --algos sapo --set tau_pos=1.05 --set tau_neg=1.0 "${E[@]}"
 done
