@@ -146,7 +146,10 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
         match_label: Optional[str] = typer.Option(None, help="The label of the --match runs to fit (needed when they "
                                                              "hold several)."),
         match_budget: int = typer.Option(240, help="Simulator runs the --match fit may spend (3 seeds each; about 3 "
-                                                  "minutes on 2 cores at 100 steps).")):
+                                                  "minutes on 2 cores at 100 steps)."),
+        fitted: Optional[Path] = typer.Option(None, help="The fit.json of an earlier --match: run at its settings "
+                                                        "(feature_lm) without fitting again; they are every run's, "
+                                                        "so labels name only what --set varies.")):
     """Simulate algorithms x seeds x grid on a contextual bandit or a toy language model (tabular, or feature_lm with
     shared parameters), writing per-step metrics as it goes (resumable) and OUT/summary.json with the means over
     seeds. With --match, first fit feature_lm's learning rate, schedule and prior to the regime card of your own
@@ -154,12 +157,14 @@ def sim(env: str = typer.Option("toy_lm", help="Environment: bandit, toy_lm or f
     from harness.runs.sim import match_command, sim_command  # first: importing sim keeps BLAS to one thread
     from harness.reports.rundirs import shell_line
     if match:
+        if fitted is not None:
+            _user_errors(_refuse, "fitted: --match fits anew; give --fitted (an earlier fit) or --match, not both")
         if not _user_errors(match_command, match, match_label, match_budget, env, algos, seeds, steps, set_,
                             str(out), json_out, workers):
             raise typer.Exit(1)
         return
     _user_errors(sim_command, env, algos, seeds, steps, set_, str(out), json_out, workers, True, backend,
-                 ray_address, wandb)
+                 ray_address, wandb, None if fitted is None else str(fitted))
     if missing("reports"):
         typer.echo(f"note: the plots and claims of `{shell_line('cliplab', 'report', out)}` need the reports extra: "
                    f"{install_hint('reports')}", err=True)

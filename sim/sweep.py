@@ -2,8 +2,10 @@
 
 Layout (shared with the real-model harness, which the report also reads)::
 
-    DIR/sweep.json                    env and steps, and every command (algos, seeds, grid) that wrote into DIR
-    DIR/runs/<run>/config.json        algo, seed, label, env, params (the --set values) and the full settings
+    DIR/sweep.json                    env, steps and base settings, and every command (algos, seeds, grid) that
+                                      wrote into DIR
+    DIR/runs/<run>/config.json        algo, seed, label, env, params (the --set values), base (the settings every
+                                      run of DIR shares, such as a fit's: in no label) and the full settings
     DIR/runs/<run>/metrics.jsonl      one JSON object per step (complete runs only)
     DIR/runs/<run>/done.json          the run's summary; written last, so a run is done iff it exists
     DIR/summary.json                  per label, the mean over seeds of every summary metric (every done run in DIR)
@@ -121,11 +123,15 @@ def run_id(algo: str, params: dict, seed: int) -> str:
     return f"{safe_name(label_of(algo, params))}__seed{seed}"
 
 
-def plan(env: str, algos: list[str], seeds, steps: int, grid: dict) -> list[dict]:
+def plan(env: str, algos: list[str], seeds, steps: int, grid: dict, base: dict | None = None) -> list[dict]:
     """Every run of the sweep, each checked (so a bad setting fails before any process starts). ``seeds``: a
     count, a ``--seeds`` text or ``Seeds`` (``sim.config.parse_seeds``); ``grid`` keys ``algo.key`` apply to that
-    algorithm only. Each run records its seed's set (discovery or replication) and environment draw."""
+    algorithm only; ``base``: settings under the grid that every run shares (a ``--match`` fit's), named in no label
+    (a grid value of the same key wins). Each run records its seed's set (discovery or replication) and environment
+    draw."""
     check_env(env)
+    base = dict(base or {})
+    check_keys(env, algos, base)
     if not algos:
         raise ValueError("algos: expected at least one algorithm")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -142,7 +148,7 @@ def plan(env: str, algos: list[str], seeds, steps: int, grid: dict) -> list[dict
     for algo in algos:
         check_algo_keys(env, algo, own.get(algo, {}))
         for params in grid_points({**shared, **own.get(algo, {})}):
-            cfg = resolve(env, algo, params)
+            cfg = resolve(env, algo, {**base, **params})
             if run_id(algo, params, 0) in ids:
                 raise ValueError(f"set: two grid points of {algo} have the same folder name "
                                  f"{safe_name(label_of(algo, params))!r}; give values that differ in letters or digits")
@@ -150,7 +156,7 @@ def plan(env: str, algos: list[str], seeds, steps: int, grid: dict) -> list[dict
                 draw = env_draw(cfg, seed)
                 tasks.append({"env": env, "algo": algo, "seed": seed, "set": sets.role(seed), "steps": steps,
                               "params": params, "label": label_of(algo, params), "id": run_id(algo, params, seed),
-                              "settings": {**cfg, "env_seed": draw}})
+                              "base": base, "settings": {**cfg, "env_seed": draw}})
                 ids.add(tasks[-1]["id"])
     return tasks
 
@@ -221,14 +227,14 @@ def run_tasks(tasks: list[dict], out: str) -> list[dict]:
             files[i].write(json.dumps(rec) + "\n")
             files[i].flush()
         first = tasks[0]
-        records = run_stack(first["env"], first["algo"], [t["seed"] for t in tasks], first["steps"], first["params"],
-                            on_step, [t["settings"]["env_seed"] for t in tasks])
+        records = run_stack(first["env"], first["algo"], [t["seed"] for t in tasks], first["steps"],
+                            {**first["base"], **first["params"]}, on_step, [t["settings"]["env_seed"] for t in tasks])
         for f in files:
             os.fsync(f.fileno())
     summaries = []
     for task, folder, recs in zip(tasks, folders, records):
         write_json(folder / "config.json", {k: task[k] for k in ("env", "algo", "seed", "set", "steps", "params",
-                                                                 "label", "settings")})
+                                                                 "base", "label", "settings")})
         os.replace(folder / "metrics.jsonl.part", folder / "metrics.jsonl")
         summary = {"label": task["label"], "algo": task["algo"], "seed": task["seed"], **summarise_run(recs)}
         write_json(folder / "done.json", summary)
@@ -304,35 +310,36 @@ def _died(code: int, job: list[dict]) -> str:
             f"done runs are kept: rerun the same command to resume")
 
 
-def prepare(env: str, algos: list[str], seeds, steps: int, grid: dict | None, out: str):
+def prepare(env: str, algos: list[str], seeds, steps: int, grid: dict | None, out: str, base: dict | None = None):
     """Plan a sweep, check that ``out`` holds the same sweep if anything, and list the runs not yet done:
     returns (tasks, out path, tasks to run)."""
-    grid = grid or {}
-    tasks = plan(env, algos, seeds, steps, grid)
+    grid, base = grid or {}, dict(base or {})
+    tasks = plan(env, algos, seeds, steps, grid, base)
     out_path = writable_folder(out, "out")
     writable_folder(out_path / "runs", "out")
-    _check_resumable(out_path, env, steps)
+    _check_resumable(out_path, env, steps, base)
     history = commands(out_path / "sweep.json") if (out_path / "sweep.json").exists() else []
     _check_seed_sets(out_path, history, parse_seeds(seeds))
     command = {"algos": list(algos), "seeds": parse_seeds(seeds).text(), "grid": grid}
-    write_json(out_path / "sweep.json", {"env": env, "steps": steps,
+    write_json(out_path / "sweep.json", {"env": env, "steps": steps, **({"base": base} if base else {}),
                                          "commands": history + ([command] if command not in history else [])})
     todo = [t for t in tasks if not (out_path / "runs" / t["id"] / "done.json").exists()]
     return tasks, out_path, todo
 
 
 def run_sweep(env: str, algos: list[str], seeds, steps: int, grid: dict | None = None, out: str = "runs/sim",
-              workers: int = 2, progress: bool = True, on_run=None) -> dict:
+              workers: int = 2, progress: bool = True, on_run=None, base: dict | None = None) -> dict:
     """Run (or resume) a sweep into ``out`` and return its summary (also written to ``out/summary.json``).
-    ``on_run(folder)``, if given, is called in the sweep's process with each run's folder as the run is done."""
+    ``on_run(folder)``, if given, is called in the sweep's process with each run's folder as the run is done;
+    ``base``: settings every run shares, in no label (``plan``)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: expected a positive integer, got {workers!r}")
-    planned = plan(env, algos, seeds, steps, grid or {})  # bad settings fail before the folder is touched
+    planned = plan(env, algos, seeds, steps, grid or {}, base)  # bad settings fail before the folder is touched
     check_memory(jobs([t for t in planned if not (Path(out) / "runs" / t["id"] / "done.json").exists()], workers),
                  workers)
     keep_heap()
     with owned(out):
-        tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
+        tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out, base)
         grouped = jobs(todo, workers)
 
         def done(job):
@@ -405,13 +412,17 @@ def _size(n: int) -> str:
     return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
 
 
-def _check_resumable(out: Path, env: str, steps: int) -> None:
+def _check_resumable(out: Path, env: str, steps: int, base: dict) -> None:
+    """A sweep folder holds one env, one number of steps and one set of base settings (they are in no run's name)."""
     old = out / "sweep.json"
     if old.exists():
         prev = read_json(old)
         if prev.get("env") != env or prev.get("steps") != steps:
             raise ValueError(f"out: {out} holds a sweep with env={prev.get('env')!r}, steps={prev.get('steps')}; "
                              f"expected env={env!r}, steps={steps} to resume it (use another --out)")
+        if prev.get("base", {}) != base:
+            raise ValueError(f"out: {out} holds a sweep at base settings {prev.get('base', {})}; expected {base} "
+                             f"to resume it (use another --out)")
 
 
 def _check_seed_sets(out: Path, history: list[dict], seeds: Seeds) -> None:

@@ -105,8 +105,8 @@ def _sapo_runs(regime: dict) -> list[dict]:
     for seed in range(10):
         for tp, tn, fall in ((1.0, 4.0, 0.1), (4.0, 1.0, 0.2)):
             acc = [0.3, 0.5, 0.5 - fall + 0.001 * WIGGLE[seed] * 100]
-            records = [{"accuracy_exact": a, "entropy": 0.5, "ratio_dev_median": 0.1, "ppo_zeroed_frac": 0.03}
-                       for a in acc]
+            records = [{"accuracy_exact": a, "entropy": 0.5, "decision_dev_q50": 0.1, "ratio_dev_median": 1e-9,
+                        "ppo_zeroed_frac": 0.03} for a in acc]  # near-certain tokens hold r = 1: not the gates' scale
             params = {"algo": "sapo", **regime, "tau_pos": tp, "tau_neg": tn}
             label = "sapo[" + ",".join(f"{k}={v}" for k, v in sorted(params.items()) if k != "algo") + "]"
             runs.append(_run(label, params, seed, records))
@@ -123,7 +123,7 @@ def test_sapo_states_each_regimes_mechanism_beside_its_verdict():
     meas = rec.discovery.measured
     assert rec.kind is Kind.NA and rec.verdict_text() == "measured"
     assert rec.attribution.startswith("the principle: with tau_neg > tau_pos")
-    assert "median |r - 1| (A != 0) 0.1 vs 0.1" in meas and "[0.8, 1.2] in their advantage's direction 3% vs 3%" in meas
+    assert "median |r - 1| on decision tokens 0.1 vs 0.1" in meas and "[0.8, 1.2] in their advantage's direction 3% vs 3%" in meas
     assert "gate weights at |r - 1| = 0.2: tau 1.0 0.99, tau 4.0 0.856" in meas
 
 

@@ -19,7 +19,7 @@ from harness.reports.sim import write_report
 from harness.runs.sim import parse_algos, sim_command
 from sim.config import parse_seeds, parse_sets
 from sim.loop import run
-from sim.sweep import jobs, plan, run_sweep
+from sim.sweep import jobs, plan, run_id, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS, SEEDS, STEPS = ["grpo", "dcpo"], 2, 60
@@ -401,3 +401,23 @@ def test_cliplab_sim_imports_numpy_with_one_blas_thread():
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip().splitlines()[-1] == "['1']", done.stdout + done.stderr
+
+
+def test_base_settings_are_every_runs_and_in_no_label_and_a_resume_at_other_ones_is_refused(tmp_path):
+    base = {"lr": 0.05, "group_size": 4}
+    run_sweep("bandit", ["grpo"], 1, 3, {"eps_high": [0.2, 0.28]}, out=str(tmp_path), workers=1, progress=False,
+              base=base)
+    configs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("runs/*/config.json"))]
+    assert {c["label"] for c in configs} == {"grpo[eps_high=0.2]", "grpo[eps_high=0.28]"}
+    assert all(c["base"] == base and c["settings"]["lr"] == 0.05 and c["settings"]["group_size"] == 4
+               for c in configs)
+    alone = run("bandit", "grpo", 0, 3, {**base, "eps_high": 0.28, "env_seed": configs[1]["settings"]["env_seed"]})
+    lines = (tmp_path / "runs" / run_id("grpo", {"eps_high": 0.28}, 0) / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == json.loads(json.dumps(alone))  # the same run as the settings alone
+    with pytest.raises(ValueError, match=r"^out: .* base settings"):
+        run_sweep("bandit", ["grpo"], 1, 3, {"eps_high": [0.2]}, out=str(tmp_path), workers=1, progress=False,
+                  base={"lr": 0.1, "group_size": 4})
+    with pytest.raises(ValueError, match="^set: unknown key"):
+        plan("bandit", ["grpo"], 1, 3, {}, {"not_a_key": 1})
+    over = plan("bandit", ["grpo"], 1, 3, {"lr": [0.2]}, base)  # a grid value wins over the base
+    assert over[0]["settings"]["lr"] == 0.2 and over[0]["label"] == "grpo[lr=0.2]"

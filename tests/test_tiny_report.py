@@ -299,13 +299,13 @@ def test_cispo_and_clip_higher_pair_the_tiny_configs_that_differ_only_by_the_com
     assert params["cispo"] == params["grpo_beta0"] == {"beta": 0.0, **explore} and params["grpo"] == explore
     rows = {(r.claim.id, r.regime): r for r in run_claims(runs).records}
     # CISPO beside GRPO at beta 0, not beside GRPO's beta 0.04: on both seed sets equal accuracy, 1% of tokens kept
-    rec = rows["cispo", "beta=0.0"]
+    rec = rows["cispo", "beta=0"]
     assert rec.kind is Kind.REPRODUCED and rec.reason.startswith("CISPO's gradient on those 1% of tokens is -sg(w) A")
     assert rec.compared == ("cispo", "grpo_beta0")
     # clip-higher: the unclipped runs end higher by 0.05 (paired differences over seeds 0-4: t = 0.05 / (SD 0.0089 /
     # sqrt 5) = 12.5, p < 0.001, significant after Holm's correction)
-    assert rows["clip_higher", "grpo, beta=0.0"].kind is Kind.REPRODUCED
-    assert ("clip_higher", "grpo, beta=0.0: mechanism") in rows
+    assert rows["clip_higher", "grpo, beta=0"].kind is Kind.REPRODUCED
+    assert ("clip_higher", "grpo, beta=0: mechanism") in rows
 
 
 def test_verdicts_are_compared_only_at_a_matching_regime_card():
@@ -358,8 +358,8 @@ def test_the_exploration_axis_names_each_claims_prior_beside_where_its_up_clippe
     lines = tiny.axis_lines(run_claims(runs), runs)
     rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| Clip-higher")}  # by regime
     # the looser bound ends 0.05 higher on the exploration prior and 0.05 lower on the sharpening one
-    assert rows["grpo, beta=0.0"].endswith("| **reproduced** | exploration | 70% |")
-    assert rows["grpo, beta=0.0, explore=sharpening"].endswith("| **reversed** | sharpening | 10% |")
-    assert rows["grpo, beta=0.0, explore=sharpening: mechanism"].endswith("| **not reproduced** | sharpening | 10% |")
+    assert rows["grpo, beta=0"].endswith("| **reproduced** | exploration | 70% |")
+    assert rows["grpo, beta=0, explore=sharpening"].endswith("| **reversed** | sharpening | 10% |")
+    assert rows["grpo, beta=0, explore=sharpening: mechanism"].endswith("| **not reproduced** | sharpening | 10% |")
     assert tiny.axis_lines(RunSet("tiny", ()), []) == ["Not measured: none of clip_higher, cov_entropy, "
                                                        "sapo_temperatures has runs here yet.", ""]

@@ -153,7 +153,13 @@ def _setting(algo: str, rest: dict, **compared) -> str:
     hp = {k: v for k, v in {**rest, **compared}.items() if k in HPARAMS}
     reads = set(ALGORITHMS[algo].reads(hp)) if algo in ALGORITHMS else set(HPARAMS)
     shown = {k: v for k, v in rest.items() if k not in HPARAMS or k in reads}
-    return "defaults" if not shown else ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+    return "defaults" if not shown else ", ".join(f"{k}={_value(v)}" for k, v in sorted(shown.items()))
+
+
+def _value(v) -> str:
+    """A setting's value as text, one spelling per value (a whole float as an integer: YAML's 0.0 and --set's 0
+    are one setting)."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
 
 class Family:
@@ -619,14 +625,14 @@ def claim_sapo(g: Groups):
         da, sa, oka = compare(ar, ag)
         fg, fr = (np.nanmax(g.curve(x, key), axis=1) - _final(g, x, key) for x in (good, rev))
         df, sf, okf = compare(fg, fr)
-        dev = mean_se(g.per_seed(good, "ratio_dev_median"))[0]
+        dev = mean_se(g.per_seed(good, DECISION_DEV))[0]
         meas = (f"tau_pos/tau_neg {tp}/{tn} vs {tn}/{tp}: worst drop of {key} {fmt(*mean_se(ig))} vs "
                 f"{fmt(*mean_se(ir))} (diff {sig(d, se, ok)}); peak minus final accuracy {fmt(*mean_se(fg))} vs "
                 f"{fmt(*mean_se(fr))} (diff {sig(df, sf, okf)}); final accuracy {fmt(*mean_se(ag))} vs "
                 f"{fmt(*mean_se(ar))} (diff {sig(da, sa, oka)}); final entropy "
                 f"{fmt(mean_se(_final(g, good, 'entropy'))[0])} vs {fmt(mean_se(_final(g, rev, 'entropy'))[0])}")
         slope = [1 / np.cosh(t * dev / 2) ** 2 for t in (tp, tn)] if np.isfinite(dev) else [np.nan, np.nan]
-        scale = (f"median |r - 1| of tokens with A != 0: {fmt(dev)}; there the gate slopes sech^2(tau (r - 1) / 2) "
+        scale = (f"median |r - 1| on decision tokens: {fmt(dev)}; there the gate slopes sech^2(tau (r - 1) / 2) "
                  f"of tau {tp} and {tn} are {fmt(slope[0])} and {fmt(slope[1])}")
         worst = float(np.nanmax([np.nanmax(ig), np.nanmax(ir)]))
         favour = [name for name, s, x in (("worst drop", ok, d), ("fall from the peak", okf, df),
@@ -661,23 +667,28 @@ SAPO_PRINCIPLE = ("with tau_neg > tau_pos the soft gate of a negative-advantage 
                   "ratios leave 1 (stale, off-policy updates)")
 #: |r - 1| at which ``sapo_mechanism`` states the gates' weights: PPO's eps, where a clip would begin to act.
 SAPO_GATE_AT = 0.2
+#: How far ratios leave 1 where SAPO's gates can act: the median |r - 1| on decision tokens (spec.regime; near-certain
+#: tokens hold r = 1 to round-off, and there both gates weigh 1).
+DECISION_DEV = "decision_dev_q50"
 
 
 def sapo_mechanism(g: Groups, regime: str, taus: tuple[float, float], good: str, rev: str) -> ClaimRecord:
-    """A regime's mechanism row for SAPO: how far ratios leave 1 (median |r - 1| of tokens with A != 0, and the
+    """A regime's mechanism row for SAPO: how far ratios leave 1 (median |r - 1| on decision tokens, and the
     share of tokens whose ratio left [0.8, 1.2] in their advantage's direction: where the gates damp) in both
     orderings, and the gates' weights sech^2(tau (r - 1) / 2) there (SAPO Eq. 6's gradient weight)."""
     tp, tn = taus
-    dev = [mean_se(g.per_seed(x, "ratio_dev_median"))[0] for x in (good, rev)]
+    dev = [mean_se(g.per_seed(x, DECISION_DEV))[0] for x in (good, rev)]
     far = [mean_se(g.per_seed(x, "ppo_zeroed_frac"))[0] for x in (good, rev)]
     weight = [1 / np.cosh(t * SAPO_GATE_AT / 2) ** 2 for t in (tp, tn)]
-    meas = (f"tau_pos/tau_neg {tp}/{tn} vs {tn}/{tp}: median |r - 1| (A != 0) {fmt(dev[0])} vs {fmt(dev[1])}; tokens "
+    meas = (f"tau_pos/tau_neg {tp}/{tn} vs {tn}/{tp}: median |r - 1| on decision tokens {fmt(dev[0])} vs "
+            f"{fmt(dev[1])}; tokens "
             f"whose ratio left [0.8, 1.2] in their advantage's direction {fmt(far[0], pct=True)} vs "
             f"{fmt(far[1], pct=True)}; gate weights at |r - 1| = {SAPO_GATE_AT}: tau {tp} {fmt(weight[0])}, tau {tn} "
             f"{fmt(weight[1])}")
     verdict = Verdict(Kind.NA, note="measured") if np.isfinite(dev[0]) else Verdict(Kind.NOT_MEASURED)
     return finding(f"{regime}: mechanism", verdict, "the gates' weights where ratios leave 1, in both orderings",
-                   meas, Estimate("median |r - 1| (A != 0)", dev[0]), (good, rev), f"the principle: {SAPO_PRINCIPLE}",
+                   meas, Estimate("median |r - 1| on decision tokens", dev[0]), (good, rev),
+                   f"the principle: {SAPO_PRINCIPLE}",
                    mechanism=True)
 
 

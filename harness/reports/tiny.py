@@ -43,11 +43,19 @@ REWARD_NAMES = {"accuracy": "binary", "dapo": "pm1", "dcpo": "ternary"}
 SHARED_WITH_GRPO = {"cispo": ("beta",)}
 DEFAULT_PRIOR = "tiny_char"  # the tier's prior where a config names no other (configs/tiny/model.yaml: exploration)
 NO_UPPER_CLIP = 100.0  # the simulator's eps_high for "no upper clip"; a larger one bounds nothing more either
-#: Each tiny label's counterpart in the simulator's summaries (reports/sim/summaries/<SIM_ENV>_<sweep>.json).
-SIM_LABELS = {**{a: ("main", a) for a in ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo")},
-              "grpo_beta0": ("clip_higher", "grpo[beta=0,eps_high=0.2]"),
-              "grpo_beta0_eps_high028": ("clip_higher", "grpo[beta=0,eps_high=0.28]"),
-              "grpo_beta0_unclipped": ("clip_higher", "grpo[beta=0,eps_high=100]"),
+#: Each tiny label's counterpart in the simulator's summaries at the fitted settings
+#: (reports/tiny/sim/summaries/<SIM_ENV>_<sweep>.json, sweeps of reports/tiny/simulate.sh).
+SIM_LABELS = {**{a: ("main", a) for a in ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo")},
+              **{f"grpo_beta0{suffix}{'_sharpening' if sharp else ''}":
+                 (f"clip_higher_{'sharpening' if sharp else 'exploration'}",
+                  f"grpo[beta=0,eps_high={high}{',explore=sharpening' if sharp else ''}]")
+                 for suffix, high in (("", 0.2), ("_eps_high028", 0.28), ("_unclipped", 100)) for sharp in (0, 1)},
+              **{a: ("beside_grpo_exploration", a) for a in ("clip_cov", "kl_cov")},
+              **{f"{a}_sharpening": ("beside_grpo_sharpening", f"{a}[explore=sharpening]")
+                 for a in ("grpo", "clip_cov", "kl_cov", "sapo")},
+              "sapo_tau_reversed": ("sapo_reversed_exploration", "sapo[tau_neg=1.0,tau_pos=1.05]"),
+              "sapo_tau_reversed_sharpening": ("sapo_reversed_sharpening",
+                                               "sapo[explore=sharpening,tau_neg=1.0,tau_pos=1.05]"),
               "dcpo_binary_reward": ("dcpo_binary", "dcpo[reward=binary]")}
 #: Per claim (its id in claims.CLAIMS): the labels it compares and the metrics (sim.metrics summary keys) through
 #: which it acts, compared between the tiers where the verdicts differ.

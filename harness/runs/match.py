@@ -169,6 +169,26 @@ class Fit:
         return out
 
 
+def read_fit(path) -> dict:
+    """The settings a fit ran at (``--match``'s fit.json, ``Fit.record``), to run a sweep there (``cliplab sim
+    --fitted``); a ValueError naming the file and what was expected."""
+    from spec.records import read_json
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"fitted: {path} is {'a folder' if path.exists() else 'missing'}; expected the fit.json "
+                         f"that cliplab sim --match writes")
+    try:
+        rec = read_json(path)
+    except ValueError as exc:
+        raise ValueError(f"fitted: {exc}") from None
+    settings = rec.get("settings")
+    if (rec.get("env") != ENV or not isinstance(settings, dict)
+            or not all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in settings.values())):
+        raise ValueError(f"fitted: {path}: expected a fit record of cliplab sim --match (env {ENV!r}, settings "
+                         f"{{name: number or text}})")
+    return settings
+
+
 def _short(v) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
@@ -195,6 +215,6 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
                                     rng=0, polish=False, tol=0.0, workers=workers if workers > 1 else 1,
                                     updating="deferred" if workers > 1 else "immediate")
     card = objective.card(result.x)
-    settings = {k: v for k, v in objective.settings(result.x).items() if k not in (fixed or {})}
+    settings = objective.settings(result.x)  # the fixed settings with the fitted: what the card was fitted at
     return Fit(label, algo, settings, target, card, {e: residual(e, card[e], t) for e, t in target.items()},
                int(result.nfev) + 1)

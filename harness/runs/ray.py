@@ -40,7 +40,7 @@ def store(out: Path, task_id: str, files: dict) -> None:
 
 def run_sweep_ray(env: str, algos: list[str], seeds, steps: int, grid: dict | None = None,
                   out: str = "runs/sim", address: str | None = None, num_cpus: int | None = None,
-                  progress: bool = True, on_run=None) -> dict:
+                  progress: bool = True, on_run=None, base: dict | None = None) -> dict:
     """``sim.sweep.run_sweep`` with the runs spread over Ray workers; returns (and writes) the same summary.
     Connects to ``address`` (a running cluster, e.g. ``auto``) or starts a local instance with ``num_cpus``."""
     from sim.sweep import jobs, owned, plan, prepare, summarise, write_json
@@ -48,9 +48,9 @@ def run_sweep_ray(env: str, algos: list[str], seeds, steps: int, grid: dict | No
         import ray
     except ImportError:
         raise ValueError("backend: 'ray' needs Ray; install it with: pip install ray==2.60.0") from None
-    plan(env, algos, seeds, steps, grid or {})  # bad settings fail before the folder is touched
+    plan(env, algos, seeds, steps, grid or {}, base)  # bad settings fail before the folder is touched
     with owned(out):
-        tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out)
+        tasks, out_path, todo = prepare(env, algos, seeds, steps, grid, out, base)
         started = not ray.is_initialized()
         if started:
             ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,

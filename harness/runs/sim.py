@@ -42,18 +42,19 @@ def format_table(summary: dict) -> str:
 
 def run_sweep_on(backend: str, env: str, algos: list[str], seeds: int, steps: int, grid: dict | None = None,
                  out: str = "runs/sim", workers: int = 2, progress: bool = True, address: str | None = None,
-                 on_run=None) -> dict:
+                 on_run=None, base: dict | None = None) -> dict:
     """The sweep on ``backend``: ``process`` (sim.sweep.run_sweep, local processes) or ``ray``; ``on_run(folder)``
-    is called with each run's folder as it is done."""
+    is called with each run's folder as it is done; ``base``: settings every run shares, in no label."""
     if backend == "process":
         if address is not None:
             raise ValueError("address: only the ray backend connects to a cluster")
         from sim.sweep import run_sweep
-        return run_sweep(env, algos, seeds, steps, grid, out, workers=workers, progress=progress, on_run=on_run)
+        return run_sweep(env, algos, seeds, steps, grid, out, workers=workers, progress=progress, on_run=on_run,
+                         base=base)
     if backend == "ray":
         from harness.runs.ray import run_sweep_ray
         return run_sweep_ray(env, algos, seeds, steps, grid, out, address=address, num_cpus=workers,
-                             progress=progress, on_run=on_run)
+                             progress=progress, on_run=on_run, base=base)
     raise ValueError(f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
 
 
@@ -76,13 +77,18 @@ def wandb_logger(project: str, out: str):
 
 def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[str] | None, out: str,
                 json_out: bool = False, workers: int = 2, progress: bool = True, backend: str = "process",
-                address: str | None = None, wandb: str | None = None) -> dict:
+                address: str | None = None, wandb: str | None = None, fitted: str | dict | None = None) -> dict:
     """Run ``algos`` x ``seeds`` x the ``--set`` grid on ``env`` into ``out``; print the summary (JSON if asked).
-    With ``wandb`` (a project), each finished run is also logged to Weights & Biases."""
+    With ``wandb`` (a project), each finished run is also logged to Weights & Biases. ``fitted``: a fit's settings
+    (or its fit.json, ``--fitted``) that every run shares under the grid, named in no label."""
+    from harness.runs.match import ENV, read_fit
+    if fitted is not None and env != ENV:
+        raise ValueError(f"env: --fitted runs at a fit of {ENV}, got {env!r}")
+    base = read_fit(fitted) if isinstance(fitted, (str, Path)) else fitted
     names = parse_algos(algos) if isinstance(algos, str) else parse_algos(",".join(algos))
     on_run = wandb_logger(wandb, out) if wandb is not None else None
     summary = run_sweep_on(backend, env, names, seeds, steps, parse_sets(sets), out, workers=workers,
-                           progress=progress, address=address, on_run=on_run)
+                           progress=progress, address=address, on_run=on_run, base=base)
     if json_out:
         from harness.reports.claim_record import to_json
         from harness.reports.ranking import as_json, rankings
@@ -104,8 +110,9 @@ def sim_command(env: str, algos: str | list[str], seeds, steps: int, sets: list[
 def match_command(paths, label: str | None, budget: int, env: str, algos: str, seeds, steps: int,
                   sets: list[str] | None, out: str, json_out: bool, workers: int) -> bool:
     """``cliplab sim --match``: fit feature_lm to the regime card of ``paths`` (``harness.runs.match``), print the
-    fit; if it matches, run ``algos`` there (single ``--set`` values stay fixed in the fit). The fit's record is
-    ``out``/fit.json either way. Returns whether the card was matched."""
+    fit; if it matches, run ``algos`` there (single ``--set`` values stay fixed in the fit; the fit's settings are
+    every run's, in no label). The fit's record is ``out``/fit.json either way. Returns whether the card was
+    matched."""
     from spec.records import write_json
 
     from harness.reports.regime import FIT_FILE
@@ -117,8 +124,7 @@ def match_command(paths, label: str | None, budget: int, env: str, algos: str, s
     result = fit(paths, label=label, budget=budget, workers=workers, fixed=fixed)
     print("\n".join(result.lines()), flush=True)
     if result.matched:
-        fitted = [f"{k}={v}" for k, v in result.settings.items()]
-        sim_command(ENV, algos, seeds, steps, [*(sets or []), *fitted], out, json_out, workers)
+        sim_command(ENV, algos, seeds, steps, sets, out, json_out, workers, fitted=result.settings)
     Path(out).mkdir(parents=True, exist_ok=True)
     write_json(Path(out) / FIT_FILE, result.record())
     return result.matched

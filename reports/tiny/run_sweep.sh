@@ -3,9 +3,11 @@
 # batch): the seven algorithms GRPO, Dr.GRPO, DAPO, GSPO, DCPO, SAPO, CISPO, and the variants: clip-higher at
 # eps_high 0.2 / 0.28 / none with KL off, Clip-Cov and KL-Cov beside GRPO, and SAPO's temperatures, each on both
 # priors (exploration, sharpening); SAPO also at staleness 2, TIS / MIS under a sampler mismatch (staleness 2, pi_old
-# recomputed), DCPO's attribution (binary reward; SAS off) and GSPO at staleness 2. 10 seeds x 200 steps, seed-major
-# (every setting's seed k before any seed k + 1, so the discovery seeds 0-4 finish first), in two lanes, in the
-# background, on the tiny_char models (`make tiny-model` first).
+# recomputed), DCPO's attribution (binary reward; SAS off) and GSPO at staleness 2. 10 seeds x 200 steps in two lanes,
+# in the background, on the tiny_char models (`make tiny-model` first), in four phases, each seed-major (every
+# setting's seed k before any seed k + 1): seed 0 of every setting; the discovery seeds 1-4 of the settings the
+# exploration axis compares (clip-higher, Clip-Cov / KL-Cov, SAPO's temperatures, on both priors); seeds 1-4 of the
+# others; then the replication seeds 5-9 of all.
 # Resumable: run it again and finished runs are skipped, partial ones resume from their checkpoints.
 # Arguments go to harness.runs.evidence (e.g. --seeds 0 1 2). Output: runs/tiny_regime/ (weights, outside git); each
 # finished run's config.json + metrics.jsonl are committed under $COPY_TO/<name>/seed<k>/ (default
@@ -14,17 +16,19 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 COPY_TO=${COPY_TO:-reports/tiny/runs_regime}
-NAMES="grpo dr_grpo dapo gspo dcpo sapo cispo
-  grpo_beta0 grpo_beta0_eps_high028 grpo_beta0_unclipped
+AXIS="grpo grpo_sharpening grpo_beta0 grpo_beta0_eps_high028 grpo_beta0_unclipped
   grpo_beta0_sharpening grpo_beta0_eps_high028_sharpening grpo_beta0_unclipped_sharpening
-  clip_cov kl_cov grpo_sharpening clip_cov_sharpening kl_cov_sharpening
-  sapo_tau_reversed sapo_sharpening sapo_tau_reversed_sharpening sapo_stale2 sapo_tau_reversed_stale2
+  clip_cov kl_cov clip_cov_sharpening kl_cov_sharpening sapo sapo_tau_reversed sapo_sharpening sapo_tau_reversed_sharpening"
+OTHERS="dr_grpo dapo gspo dcpo cispo sapo_stale2 sapo_tau_reversed_stale2
   grpo_stale2_recompute grpo_stale2_recompute_tis grpo_stale2_recompute_mis dcpo_binary_reward dcpo_no_sas gspo_stale2"
+PHASES=("$AXIS $OTHERS|0" "$AXIS|1 2 3 4" "$OTHERS|1 2 3 4" "$AXIS $OTHERS|5 6 7 8 9")
 mkdir -p runs/tiny_regime
 for lane in 0 1; do
-  # shellcheck disable=SC2086  # the names are words
-  (HF_HUB_OFFLINE=1 PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 "$PY" -m harness.runs.evidence --lane $lane --lanes 2 \
-     --configs configs/tiny --out runs/tiny_regime --copy-to "$COPY_TO" --algos $NAMES --seeds 0 1 2 3 4 5 6 7 8 9 "$@" \
-     >> runs/tiny_regime/lane$lane.log 2>&1) &
+  (for phase in "${PHASES[@]}"; do
+     # shellcheck disable=SC2086  # the names and seeds are words
+     HF_HUB_OFFLINE=1 PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 "$PY" -m harness.runs.evidence --lane $lane --lanes 2 \
+       --configs configs/tiny --out runs/tiny_regime --copy-to "$COPY_TO" --algos ${phase%|*} --seeds ${phase#*|} "$@" \
+       || exit 1
+   done >> runs/tiny_regime/lane$lane.log 2>&1) &
   echo "lane $lane: pid $!"
 done

@@ -4,9 +4,10 @@
 # 1. `cliplab sim --match`: fit feature_lm's knobs (learning rate, minibatches, staleness, prior confidence, difficulty
 #    spread) to the card of the tier's GRPO runs on its default, exploration prior, within BUDGET simulator runs; the
 #    fit's record (settings, and per card entry target, fitted, residual) goes to OUT/fit.json.
-# 2. The tier's comparisons on feature_lm at the fitted settings, each with the exploration setting of the tier
-#    configs it mirrors: the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov
-#    beside GRPO, and SAPO's temperatures (1.0 / 1.05 and reversed), each on both settings; DCPO with the binary
+# 2. The tier's comparisons on feature_lm at the fitted settings (`cliplab sim --fitted`: every run's settings, named
+#    in no label, so the labels are the tier's), each with the exploration setting of the tier configs it mirrors:
+#    the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov beside GRPO, and
+#    SAPO's temperatures (the registry's 1.0 / 1.05 and reversed), each on both settings; DCPO with the binary
 #    reward. SEEDS (default 0-9:10-19, discovery and replication) x STEPS (default 200, the tier's) each.
 # 3. Their report into OUT (report.md, claims.json, summaries/). Each sweep resumes where it stopped.
 # Usage: reports/tiny/simulate.sh [RUNS_DIR] (default runs/tiny_sim).
@@ -27,21 +28,18 @@ $PY -m harness.cli sim --match "$TARGET" --match-label "$LABEL" --match-budget "
   --algos grpo --seeds 0 --steps 1 --workers "$JOBS" --out "$RUNS/fit" || rc=$?
 (( rc <= 1 )) || exit "$rc"
 cp "$RUNS/fit/fit.json" "$OUT/fit.json"
-mapfile -t EXTRA < <($PY -c 'import json, sys
-for key, value in json.load(open(sys.argv[1]))["settings"].items():
-    print("--set"); print(f"{key}={value}")' "$OUT/fit.json")
+EXTRA=(--fitted "$RUNS/fit/fit.json")  # every sweep at the fit's settings (explore=exploration among them)
 # shellcheck source=reports/sim/sweeps.sh
 source reports/sim/sweeps.sh
-X=(--set explore=exploration)
-sweep feature_lm main --algos grpo,dr_grpo,dapo,gspo,dcpo,sapo,cispo "${X[@]}"
+sweep feature_lm main --algos grpo,dr_grpo,dapo,gspo,dcpo,sapo,cispo
 for setting in exploration sharpening; do
-  E=(--set "explore=$setting")
-  sweep feature_lm "clip_higher_$setting" --algos grpo --set beta=0 --set eps_high=0.2,0.28,100 "${E[@]}"
-  cov=clip_cov,kl_cov
-  [[ $setting == exploration ]] || cov=grpo,$cov  # main runs GRPO at the exploration setting already
-  sweep feature_lm "cov_$setting" --algos "$cov" "${E[@]}"
-  sweep feature_lm "sapo_a_$setting" --algos sapo --set tau_pos=1.0 --set tau_neg=1.05 "${E[@]}"
-  sweep feature_lm "sapo_b_$setting" --algos sapo --set tau_pos=1.05 --set tau_neg=1.0 "${E[@]}"
+  E=()  # the fit's own setting (exploration) names no label, as the tier's default prior names none
+  [[ $setting == exploration ]] || E=(--set "explore=$setting")
+  sweep feature_lm "clip_higher_$setting" --algos grpo --set beta=0 --set eps_high=0.2,0.28,100 ${E[@]+"${E[@]}"}
+  beside=clip_cov,kl_cov
+  [[ $setting == exploration ]] || beside=grpo,$beside,sapo  # main runs GRPO and SAPO at the exploration setting
+  sweep feature_lm "beside_grpo_$setting" --algos "$beside" ${E[@]+"${E[@]}"}
+  sweep feature_lm "sapo_reversed_$setting" --algos sapo --set tau_pos=1.05 --set tau_neg=1.0 ${E[@]+"${E[@]}"}
 done
-sweep feature_lm dcpo_binary --algos dcpo --set reward=binary "${X[@]}"
+sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
 report_sweeps
