@@ -37,7 +37,7 @@ def _missing(what: str, command: str) -> list[ClaimRecord]:
 def card(g: Groups, label: str, *conditions) -> tuple[CardCheck, ...]:
     """The ``conditions`` of the regime card (``harness.reports.regime``) on ``label``, each with its measured
     value (None: not logged, or not defined for the algorithm)."""
-    values = label_card(g.runs[label])
+    values = label_card(g.runs[label], {c.entry for c in conditions})
     return tuple(CardCheck(c, values[c.entry].value, label, values[c.entry].applicable) for c in conditions)
 
 

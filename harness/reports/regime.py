@@ -63,11 +63,11 @@ def _by_step(records: list[dict], metric: str) -> dict[int, float]:
     return out
 
 
-def label_card(runs: list[dict]) -> dict[str, CardValue]:
-    """One label's card from its runs (each with ``algo`` and ``records``)."""
+def label_card(runs: list[dict], names=None) -> dict[str, CardValue]:
+    """One label's card from its runs (each with ``algo`` and ``records``): every entry, or those ``names``d."""
     algo = runs[0].get("algo") if runs else None
     card = {}
-    for entry in CARD:
+    for entry in CARD if names is None else [e for e in CARD if e.name in names]:
         if not applicable(algo, entry.name):
             card[entry.name] = CardValue(None, 0, applicable=False)
             continue
