@@ -363,3 +363,20 @@ def test_the_exploration_axis_names_each_claims_prior_beside_where_its_up_clippe
     assert rows["grpo, beta=0, explore=sharpening: mechanism"].endswith("| **not reproduced** | sharpening | 10% |")
     assert tiny.axis_lines(RunSet("tiny", ()), []) == ["Not measured: none of clip_higher, cov_entropy, "
                                                        "sapo_temperatures has runs here yet.", ""]
+
+
+def test_the_claims_the_fit_cannot_predict_are_said_in_advance_from_its_residuals(tmp_path):
+    from harness.reports.claim_record import CardCheck, finding
+    from spec.regime import CLIP_BINDS, ENTROPY_FALLS
+    (tmp_path / "fit.json").write_text(json.dumps({"entries": [
+        {"entry": "entropy_relevant_fall", "target": 0.72, "fitted": 0.42, "residual": -2.98},
+        {"entry": "clip_frac", "target": 0.0035, "fitted": 0.005, "residual": 0.5}]}))
+    misses = tiny.fit_misses(tmp_path)
+    assert misses == {"entropy_relevant_fall": -2.98}  # within -1 to 1 is reached
+    collapse = finding("grpo", Kind.REPRODUCED, "", conditions=(CardCheck(ENTROPY_FALLS, 0.72, "grpo"),
+                                                                CardCheck(CLIP_BINDS, 0.0035, "grpo")))
+    clips = finding("grpo", Kind.REPRODUCED, "", conditions=(CardCheck(CLIP_BINDS, 0.0035, "grpo"),))
+    assert tiny.said_in_advance(collapse, misses) == "no: the fit misses entropy_relevant_fall (-3.0)"
+    assert tiny.said_in_advance(clips, misses) == "yes"
+    assert tiny.said_in_advance(finding("dapo", Kind.REPRODUCED, ""), misses) == "yes (no card condition)"
+    assert tiny.fit_misses(tmp_path / "none") == {}

@@ -188,6 +188,12 @@ COMPARED = ("A prediction counts where the verdicts have the same kind (reproduc
             "entropy falls); the table says why a claim is not compared.")
 
 
+#: What "predictable from the fit?" says.
+ADVANCE = ("\"Predictable from the fit?\" is said before any verdict is compared, from the fit alone: a claim whose "
+           "regime conditions read a card entry the fitted simulator could not reach (its residual beyond -1 to 1 "
+           "tolerance units) is not expected to be predicted.")
+
+
 def not_compared(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
     """Why a claim's verdicts are not compared between this tier and the simulator; None where they are."""
     if sim is None:
@@ -199,6 +205,24 @@ def not_compared(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
                                      "this tier" if rec.kind is Kind.NOT_TESTABLE else "the simulator")
     gap = card_gap(rec, sim)
     return None if gap is None else f"{gap} (this tier, the simulator)"
+
+
+def fit_misses(sim_dir: Path) -> dict[str, float]:
+    """The card entries the simulator's fit to this tier (sim_dir/fit.json) could not reach: entry -> residual in
+    tolerance units (beyond -1 to 1); empty where there is no fit."""
+    path = Path(sim_dir) / FIT_FILE
+    if not path.exists():
+        return {}
+    return {e["entry"]: e["residual"] for e in read_json(path)["entries"] if abs(e["residual"]) > 1}
+
+
+def said_in_advance(rec: ClaimRecord, misses: dict[str, float]) -> str:
+    """Whether the fitted simulator can predict this claim, said from the fit alone, before any verdict is compared:
+    not where the claim's regime conditions read a card entry the fit could not reach."""
+    read = sorted({c.condition.entry for c in rec.conditions} & set(misses))
+    if read:
+        return "no: the fit misses " + ", ".join(f"{e} ({misses[e]:+.1f})" for e in read)
+    return "yes" if rec.conditions else "yes (no card condition)"
 
 
 def sim_claims(sim_dir: Path) -> list[ClaimRecord]:
@@ -258,19 +282,21 @@ def claims_lines(rs: RunSet, runs: list[dict], sim_dir) -> list[str]:
     details in claims.md); the claims not measured or not testable here; the agreement rate; each disagreement with
     what moved."""
     sim_dir = Path(sim_dir)
-    sim = sim_claims(sim_dir)
+    sim, misses = sim_claims(sim_dir), fit_misses(sim_dir)
     sims, by = _sim_summaries(sim_dir), _by_label(runs)
     (n_d, n_r), (s_d, s_r) = rs.tests, rs.seeds
 
     def beside(rec: ClaimRecord) -> list[str]:  # the simulator's verdict and whether it predicted this tier's
         other = sim_record(sim, rec)
         said = predicted(rec, other)
-        return [(f"**{cell(other.verdict_text())}**" + (f" ({cell(other.regime)})" if other.regime else "")
+        return [cell(said_in_advance(rec, misses)),
+                (f"**{cell(other.verdict_text())}**" + (f" ({cell(other.regime)})" if other.regime else "")
                  if other else "no record"), said or f"not compared: {cell(not_compared(rec, other))}"]
     agree, disagree = [], []
     lines = [f"Discovery seeds {s_d} ({n_d} tests, Holm-adjusted together); replication seeds {s_r or 'none'} "
              f"({n_r} tests).", ""]
-    table = summary_lines(rs, extra=((f"simulator ({SIM_ENV})", "simulator predicted?"), beside))
+    table = summary_lines(rs, extra=(("predictable from the fit?", f"simulator ({SIM_ENV})", "simulator predicted?"),
+                                     beside))
     for rec in rs.records:
         other = sim_record(sim, rec)
         said = predicted(rec, other)
@@ -282,15 +308,19 @@ def claims_lines(rs: RunSet, runs: list[dict], sim_dir) -> list[str]:
     n = len(agree) + len(disagree)
     if n:
         lo, hi = proportion_interval(len(agree), n)
+        fore = [r for r in agree + [d[0] for d in disagree] if said_in_advance(r, misses).startswith("yes")]
+        hits = sum(r in agree for r in fore)
         lines += [f"**The simulator predicted {len(agree)} of the {n} verdicts both tiers could test at a matching "
                   f"regime card ({fmt(len(agree) / n, pct=True)}; exact 95% interval {fmt(lo, pct=True)} to "
-                  f"{fmt(hi, pct=True)}).** {COMPARED}", ""]
+                  f"{fmt(hi, pct=True)}); of the {len(fore)} said predictable from the fit in advance, "
+                  f"{hits}.** {COMPARED} {ADVANCE}", ""]
     else:
         lines += [f"**No claim could be compared: none was tested by both tiers at a matching regime card.** "
-                  f"{COMPARED}", ""]
+                  f"{COMPARED} {ADVANCE}", ""]
     if disagree:
         lines += ["Disagreements, each with what moved (means over this tier's seeds against the simulator's "
-                  f"summary in reports/sim/summaries/{SIM_ENV}_*.json; n/a: not logged, or no counterpart run):", ""]
+                  f"summary in {md(str(sim_dir))}/summaries/{SIM_ENV}_*.json; n/a: not logged, or no counterpart "
+                  "run):", ""]
         lines += [f"- {prose(rec.claim.text)}{f' ({prose(rec.regime)})' if rec.regime else ''}: here "
                   f"**{prose(rec.verdict_text())}**, simulator **{prose(other.verdict_text())}**; "
                   f"{prose(moved) or 'no mechanism metrics listed'}" for rec, other, moved in disagree]
