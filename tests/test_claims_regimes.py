@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from harness.reports.claim_record import Kind
-from harness.reports.claims import (CLIP_ACTIVE, claim_clip_higher, claim_dcpo_tcr, claim_gspo_clips, claim_sapo,
-                                    run_claims)
+from harness.reports.claims import (CLIP_ACTIVE, claim_clip_higher, claim_dcpo_tcr, claim_gspo_clips,
+                                    claim_rollout_correction, claim_sapo, run_claims)
 from harness.reports.rundirs import Groups
 
 #: Per-seed noise of the fabricated entropies: mean 0, sample SD 0.01 * sqrt(10 / 9) over the 10 seeds.
@@ -199,3 +199,19 @@ def test_a_regime_the_replication_seeds_did_not_run_stands_on_the_discovery_seed
     assert rec.status == "discovery only" and not rec.comparable
     assert rec.replication.verdict.kind is Kind.NOT_MEASURED and rec.replication.seeds == "10-19"
     assert rec.verdict_text() == "discovery only: reproduced (not run on the replication seeds)"
+
+
+@pytest.mark.parametrize("mismatch, testable", [({"rollout_noise": 0.2}, True),
+                                                ({"staleness": 2, "old_logp": "policy"}, True),
+                                                ({"staleness": 2}, False),  # pi_old is the sampler's: weights are 1
+                                                ({}, False)])
+def test_a_rollout_correction_is_testable_under_noise_or_a_stale_sampler_whose_pi_old_is_recomputed(mismatch,
+                                                                                                       testable):
+    runs = [_run(f"grpo{kind or ''}", {"beta": 0, **mismatch, **({"rollout_correction": kind} if kind else {})},
+                 seed, [{"accuracy_exact": 0.5 + 0.01 * WIGGLE[seed] * 100, "rc_weight_mean": 1.0,
+                         "rc_cut_frac": 0.01}] * 3)
+            for kind in (None, "tis") for seed in range(10)]
+    rec = claim_rollout_correction(Groups(runs))[0]
+    assert (rec.kind is not Kind.NOT_TESTABLE) is testable, rec.reason
+    if mismatch.get("staleness") and testable:
+        assert "a sampler 2 updates behind the policy that recomputes pi_old" in rec.attribution

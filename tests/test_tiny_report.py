@@ -380,3 +380,12 @@ def test_the_claims_the_fit_cannot_predict_are_said_in_advance_from_its_residual
     assert tiny.said_in_advance(clips, misses) == "yes"
     assert tiny.said_in_advance(finding("dapo", Kind.REPRODUCED, ""), misses) == "yes (no card condition)"
     assert tiny.fit_misses(tmp_path / "none") == {}
+
+
+def test_a_stale_sampler_and_a_recomputed_pi_old_are_settings_of_the_run_under_the_simulators_names():
+    algo, model = {"name": "sapo"}, {"name": "tiny_char"}
+    assert tiny._params(algo, model, {"epochs": 4}) == {}
+    assert tiny._params(algo, model, {"staleness": 2}) == {"staleness": 2}  # SAPO at staleness 2: its own regime
+    assert tiny._params({"name": "grpo", "hp": {"beta": 0.0}}, {"name": "tiny_char_sharpening"},
+                        {"staleness": 2, "old_logp": "policy"}) == {"beta": 0.0, "explore": "sharpening",
+                                                                    "staleness": 2, "old_logp": "policy"}

@@ -877,6 +877,9 @@ def claim_rollout_correction(g: Groups):
     for kind in ("tis", "mis"):
         for off, on, rest in pairs(g, "grpo", {"rollout_correction": (None, kind)}):
             noise = rest.get("rollout_noise", 0)
+            stale = rest.get("staleness", 0) if rest.get("old_logp") == "policy" else 0  # pi_old not the sampler's
+            source = (f"zero-mean noise N(0, {noise}^2) on the sampler's parameters" if noise else
+                      f"a sampler {stale} updates behind the policy that recomputes pi_old")
             key = acc_key(g, off)
             a0, a1 = _final(g, off, key), _final(g, on, key)
             d, se, ok = compare(a0, a1)
@@ -891,11 +894,12 @@ def claim_rollout_correction(g: Groups):
             acts = "truncates the weight of" if kind == "tis" else "takes the gradient away from"
             cost = (f"the correction {acts} {fmt(cut, pct=True)} of tokens, and the mean weight is {fmt(w)}, "
                     f"while the uncorrected run's fall from its peak is "
-                    f"{fmt(mean_se(p0)[0])}: this mismatch (zero-mean noise on the sampler's parameters) leaves no "
-                    "instability to remove, only fewer effective updates")
+                    f"{fmt(mean_se(p0)[0])}: this mismatch ({source}) leaves no instability to remove, only fewer "
+                    "effective updates")
             attributed = ""
-            if not noise:
-                verdict, why = Kind.NOT_TESTABLE, "no mismatch (rollout_noise 0): every weight is 1"
+            if not (noise or stale):
+                verdict, why = Kind.NOT_TESTABLE, ("no mismatch (no rollout_noise, and pi_old is the sampler's): "
+                                                   "every weight is 1")
             elif (ok and d > 0) or (okd and dd > 0):
                 verdict, why = Kind.REPRODUCED, "the correction keeps accuracy higher or its fall from the peak smaller"
             elif ok and d < 0:

@@ -83,12 +83,13 @@ VARIANT_PANELS = ("entropy", "clip_up_frac", "rur", "zero_grad_frac", "accuracy"
 
 
 # ---- runs -------------------------------------------------------------------------------------------------------
-def _params(algo: dict, model: dict) -> dict:
+def _params(algo: dict, model: dict, train: dict) -> dict:
     """The settings a run's config names, under the simulator's names (what the claims compare): its loss
     hyper-parameters, its reward scheme and advantage where it chose them (not "auto"), the prior's exploration
     setting (``explore``, spec.regime.TINY_CHAR_PRIORS) where the model is a tiny_char prior other than the tier's
-    default; and the settings (``SHARED_WITH_GRPO``) that the simulator's sweep names for both sides of a
-    comparison with GRPO, at the registry default where the config leaves them."""
+    default, a stale sampler (``staleness``) and pi_old recomputed by the policy (``old_logp``) where set; and the
+    settings (``SHARED_WITH_GRPO``) that the simulator's sweep names for both sides of a comparison with GRPO, at
+    the registry default where the config leaves them."""
     defaults = ALGORITHMS[algo["name"]].defaults if algo.get("name") in ALGORITHMS else {}
     params = {k: defaults[k] for k in SHARED_WITH_GRPO.get(algo.get("name"), ()) if k in defaults}
     params.update(algo.get("hp") or {})
@@ -100,6 +101,10 @@ def _params(algo: dict, model: dict) -> dict:
         params["adv"] = algo["advantage"]
     if model.get("name") in TINY_CHAR_PRIORS and model["name"] != DEFAULT_PRIOR:
         params["explore"] = TINY_CHAR_PRIORS[model["name"]]
+    if train.get("staleness"):
+        params["staleness"] = train["staleness"]
+    if train.get("old_logp", "sampler") != "sampler":
+        params["old_logp"] = train["old_logp"]
     return params
 
 
@@ -121,8 +126,9 @@ def load_tiny(runs_dir) -> list[dict]:
                 raise ValueError(f"{folder / 'config.json'}: expected a config written by cliplab train (algo, "
                                  f"run.seed)")
             seed = cfg["run"]["seed"]
-            runs.append({**run, "label": folder.parent.name, "params": _params(cfg["algo"], cfg.get("model") or {}),
-                         "seed": seed, "set": "discovery" if seed in DISCOVERY else "replication", "cfg": cfg,
+            params = _params(cfg["algo"], cfg.get("model") or {}, cfg.get("train") or {})
+            runs.append({**run, "label": folder.parent.name, "params": params, "seed": seed,
+                         "set": "discovery" if seed in DISCOVERY else "replication", "cfg": cfg,
                          "summary": summarise_run(run["records"])})
     if not runs:
         raise ValueError(f"runs: no <config>/seed<k>/ folders with config.json and metrics.jsonl under {runs_dir}")
