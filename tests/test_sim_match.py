@@ -36,7 +36,7 @@ def test_residuals_are_in_tolerance_units():
 
 def test_the_objective_is_zero_at_the_targets_own_settings(tmp_path):
     settings = {"lr": 0.01, "minibatches": 4, "staleness": 1, "confidence": 2.5, "difficulty_low": -6.0,
-                "difficulty_high": 2.0}
+                "difficulty_high": 2.0, "n_features": 64}
     records = run_stack("feature_lm", "grpo", [0, 1], 20, settings)
     _sweep_folder(tmp_path, "grpo", records, settings=settings)
     label, algo, target = target_card([tmp_path], None)
@@ -106,3 +106,12 @@ def test_fitted_runs_at_a_fits_settings_in_no_label_and_bad_fits_are_one_line_er
     out = CliRunner().invoke(app, ["sim", "--fitted", str(fit), "--match", str(tmp_path), "--out",
                                    str(tmp_path / "x")])
     assert out.exit_code == 2 and "error: fitted: --match fits anew" in out.output
+
+
+def test_a_log_scaled_whole_number_knob_is_searched_in_log_space_and_rounded():
+    from harness.runs.match import Knob
+    k = next(k for k in knobs() if k.key == "n_features")
+    assert k.log and k.integer and not k.integral  # x is log10(n): integrality on x would allow only 10, 100
+    assert k.bounds() == (math.log10(32), math.log10(256))
+    assert [k.value(math.log10(n)) for n in (32, 64, 100, 256)] == [32, 64, 100, 256]
+    assert Knob("minibatches", 1, 16, integer=True).integral

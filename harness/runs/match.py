@@ -36,7 +36,8 @@ ENV = "feature_lm"
 @dataclass(frozen=True)
 class Knob:
     """One fitted setting: ``key`` of the simulator's settings over [low, high] (log-uniform if ``log``, whole
-    numbers if ``integer``; ``choices``: a categorical setting, searched as an index)."""
+    numbers if ``integer``, both: searched in log space, rounded; ``choices``: a categorical setting, searched as an
+    index)."""
     key: str
     low: float
     high: float
@@ -49,9 +50,13 @@ class Knob:
         and run exactly the settings fitted."""
         if self.choices:
             return self.choices[int(round(x))]
-        if self.integer:
-            return int(round(x))
-        return float(f"{10 ** x if self.log else x:.4g}")
+        x = 10 ** x if self.log else x
+        return int(round(x)) if self.integer else float(f"{x:.4g}")
+
+    @property
+    def integral(self) -> bool:
+        """Searched on whole numbers (a log-scaled integer is searched in log space and rounded)."""
+        return bool(self.choices) or (self.integer and not self.log)
 
     def bounds(self) -> tuple[float, float]:
         if self.choices:
@@ -60,11 +65,14 @@ class Knob:
 
 
 def knobs() -> list[Knob]:
-    """The knobs the environment has: the schedule's, the prior's and, where feature_lm has it, exploration's."""
+    """The knobs the environment has: the schedule's, the prior's, how much contexts share parameters (the number
+    of features: with few, an update at one context moves the others, and entropy at reward-irrelevant positions
+    rises as the relevant entropy falls) and, where feature_lm has it, exploration's."""
     from sim.config import known_keys, schema
     out = [Knob("lr", 1e-3, 0.3, log=True), Knob("minibatches", 1, 16, integer=True),
            Knob("staleness", 0, 6, integer=True), Knob("confidence", 0.0, 6.0),
-           Knob("difficulty_low", -10.0, -1.0), Knob("difficulty_high", -1.0, 6.0)]
+           Knob("difficulty_low", -10.0, -1.0), Knob("difficulty_high", -1.0, 6.0),
+           Knob("n_features", 32, 256, log=True, integer=True)]
     if "explore" in known_keys(ENV):
         out.append(Knob("explore", 0, 0, choices=tuple(schema(ENV)["explore"].choices)))
     return out
@@ -211,7 +219,7 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     popsize = 2 if budget >= 4 * len(knob_list) else 1  # scipy's population: popsize x the number of knobs; small, so that the budget buys generations
     generations = max(0, budget // (popsize * len(knob_list)) - 1)
     result = differential_evolution(objective, [k.bounds() for k in knob_list], popsize=popsize,
-                                    maxiter=generations, integrality=[k.integer or bool(k.choices) for k in knob_list],
+                                    maxiter=generations, integrality=[k.integral for k in knob_list],
                                     rng=0, polish=False, tol=0.0, workers=workers if workers > 1 else 1,
                                     updating="deferred" if workers > 1 else "immediate")
     card = objective.card(result.x)

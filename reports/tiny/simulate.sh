@@ -2,8 +2,8 @@
 # The simulator beside the tiny tier, at settings fitted to the tier's regime card; reports/tiny/README.md's
 # simulator column reads what this writes.
 # 1. `cliplab sim --match`: fit feature_lm's knobs (learning rate, minibatches, staleness, prior confidence, difficulty
-#    spread) to the card of the tier's GRPO runs on its default, exploration prior, within BUDGET simulator runs; the
-#    fit's record (settings, and per card entry target, fitted, residual) goes to OUT/fit.json.
+#    spread, number of features) to the card of the tier's GRPO runs on its default, exploration prior, within BUDGET
+#    simulator runs; the fit's record (settings, and per card entry target, fitted, residual) goes to OUT/fit.json.
 # 2. The tier's comparisons on feature_lm at the fitted settings (`cliplab sim --fitted`: every run's settings, named
 #    in no label, so the labels are the tier's), each with the exploration setting of the tier configs it mirrors:
 #    the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov beside GRPO, and
