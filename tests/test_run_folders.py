@@ -171,3 +171,25 @@ def test_one_label_in_two_environments_is_not_kept_apart_by_folder(tmp_path):
         runs = load_runs([tmp_path / "bandit", tmp_path / "toy_lm"])
     assert sorted((r["env"], r["label"], r["seed"]) for r in runs) == [
         ("bandit", "grpo", 0), ("bandit", "grpo", 1), ("toy_lm", "grpo", 0), ("toy_lm", "grpo", 1)]
+
+
+def test_train_runs_of_one_label_with_other_settings_in_one_folder_are_not_pooled_as_seeds(tmp_path):
+    """configs/tiny's grpo and grpo_sharpening: the same algorithm and hyper-parameters, another model."""
+    for config, model in (("grpo", "tiny_char"), ("grpo_sharpening", "tiny_char_sharpening")):
+        for seed in (0, 1):
+            d = tmp_path / config / f"seed{seed}"
+            d.mkdir(parents=True)
+            (d / "config.json").write_text(json.dumps({
+                "algo": {"name": "grpo"}, "model": {"name": model}, "train": {"epochs": 4},
+                "run": {"seed": seed, "out_dir": str(d), "steps": 2, "progress": seed == 1}}))
+            (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "accuracy": 0.1 * seed}) + "\n")
+    with pytest.warns(UserWarning, match=r"^grpo: runs with other settings in .* \(grpo; grpo_sharpening\); kept "
+                                         r"apart, one label a setting"):
+        runs = load_runs([tmp_path])
+    counts = {}
+    for r in runs:
+        counts[r["label"]] = counts.get(r["label"], 0) + 1
+    assert counts == {"grpo (grpo)": 2, "grpo (grpo_sharpening)": 2}  # each config's seeds, a display flag aside
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert {r["label"] for r in load_runs([tmp_path / "grpo"])} == {"grpo"}  # one setting: its plain label

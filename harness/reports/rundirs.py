@@ -151,16 +151,48 @@ def load_runs(dirs) -> list[dict]:
 
 
 def _setup(cfg: dict) -> str:
-    """What a simulator run was, but for its seed: env, steps and settings (its seed's environment draw left out)."""
+    """What a run was, but for its seed: a simulator run's env, steps and settings (its seed's environment draw left
+    out); a cliplab train run's config but for its run section's seed, folder and display (its steps kept)."""
+    if isinstance(cfg.get("algo"), dict):
+        return json.dumps({**cfg, "run": {"steps": (cfg.get("run") or {}).get("steps")}}, sort_keys=True)
     settings = {k: v for k, v in (cfg.get("settings") or {}).items() if k != "env_seed"}
     return json.dumps([cfg.get("env"), cfg.get("steps"), settings], sort_keys=True)
+
+
+def _config_name(folder: Path) -> str:
+    """The name of a run's config: its folder's, or its parent's in the <config>/seed<k>/ layout."""
+    folder = Path(folder)
+    return folder.parent.name if folder.name.startswith("seed") and folder.name[4:].isdigit() else folder.name
+
+
+def _one_setting_a_label(runs: list[dict], setups: list[tuple[Path, str]]) -> None:
+    """Within one folder of runs, a label whose cliplab train runs hold different settings (configs alike in
+    their algorithm's hyper-parameters, unlike in their model, say) becomes one label per setting, named by each
+    run's config (``label (config)``), with one warning: their seeds are not one setting's. (A simulator sweep's
+    folder holds one setting a label: a run with other settings there is an error, ``_apart``.)"""
+    groups: dict[tuple, dict[str, list[int]]] = {}
+    for i, r in enumerate(runs):
+        if r["env"] is not None:  # a simulator run
+            continue
+        groups.setdefault((r["env"], r["dir"], r["label"]), {}).setdefault(setups[i][1], []).append(i)
+    for (_, folder, label), kinds in groups.items():
+        if len(kinds) < 2:
+            continue
+        names = {k: ", ".join(sorted({_config_name(setups[i][0]) for i in idx})) for k, idx in kinds.items()}
+        warnings.warn(f"{label}: runs with other settings in {folder} ({'; '.join(names.values())}); kept apart, "
+                      "one label a setting", stacklevel=4)
+        for k, idx in kinds.items():
+            for i in idx:
+                runs[i]["label"] = f"{label} ({names[k]})"
 
 
 def _apart(runs: list[dict], setups: list[tuple[Path, str]]) -> list[dict]:
     """Each label's runs in an environment pooled as its seeds, unless they differ: a seed twice within one folder
     of runs is a ValueError naming both run folders; a label found in several folders that share a seed or hold
     other settings (steps, say) is kept apart as ``label (folder)``, with one warning. (The reports never pool
-    environments: a label in two is named by each.)"""
+    environments: a label in two is named by each.) Within one folder, runs of a label with other settings are
+    kept apart first (``_one_setting_a_label``)."""
+    _one_setting_a_label(runs, setups)
     by_label: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
         by_label.setdefault((r["env"], r["label"]), []).append(i)

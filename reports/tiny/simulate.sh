@@ -20,7 +20,7 @@ SEEDS=${SEEDS:-0-9:10-19}
 STEPS=${STEPS:-200}
 OUT=${OUT:-reports/tiny/sim}
 BUDGET=${BUDGET:-240}
-TARGET=${TARGET:-reports/tiny/runs_regime}
+TARGET=${TARGET:-reports/tiny/runs_regime/grpo}  # the GRPO runs on the default prior (a label of its own)
 LABEL=${LABEL:-grpo}
 mkdir -p "$OUT" "$RUNS"
 rc=0  # 1: the knobs cannot reach the card; the sweeps then run at the best fit, and the report says so
