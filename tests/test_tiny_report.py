@@ -244,6 +244,17 @@ def test_the_committed_tiny_report_is_what_the_command_writes(tmp_path, monkeypa
     shutil.rmtree(tmp_path)
 
 
+def test_each_tier_setting_has_its_counterpart_in_the_fitted_simulators_committed_summaries():
+    """SIM_LABELS names, per tier config, the label reports/tiny/simulate.sh's sweeps give its setting."""
+    summaries = TINY / "sim" / "summaries"
+    if not summaries.is_dir():
+        pytest.skip("the fitted simulator's report is not committed yet (reports/tiny/simulate.sh)")
+    for config, (sweep, label) in tiny.SIM_LABELS.items():
+        assert (ROOT / "configs" / "tiny" / f"{config}.yaml").exists(), config
+        found = json.loads((summaries / f"{tiny.SIM_ENV}_{sweep}.json").read_text())["algorithms"]
+        assert label in found, f"{config}: no {label} in {sweep} ({', '.join(found)})"
+
+
 #: The simulator's records of claims in several regimes, the default regime first (as reports/sim/claims.json).
 SIM_RECORDS = [_rec("clip_higher", Kind.NOT_DETECTABLE, "grpo, beta=0", seeds=10, algorithm="grpo"),
                _rec("clip_higher", Kind.NOT_REPRODUCED, "grpo, beta=0: mechanism", algorithm="grpo"),
