@@ -115,3 +115,9 @@ def test_a_log_scaled_whole_number_knob_is_searched_in_log_space_and_rounded():
     assert k.bounds() == (math.log10(32), math.log10(256))
     assert [k.value(math.log10(n)) for n in (32, 64, 100, 256)] == [32, 64, 100, 256]
     assert Knob("minibatches", 1, 16, integer=True).integral
+
+
+def test_the_ablations_arguments_are_checked_before_the_fit_spends_its_budget(tmp_path):
+    _sweep_folder(tmp_path, "grpo", [[{"step": s, "clip_frac": 0.01, "accuracy": 0.3} for s in range(10)]])
+    out = CliRunner().invoke(app, ["sim", "--match", str(tmp_path), "--seeds", "0", "--out", str(tmp_path / "x")])
+    assert out.exit_code == 2 and out.output.startswith("error: seeds: ") and "fit of the simulator" not in out.output

@@ -119,7 +119,9 @@ def match_command(paths, label: str | None, budget: int, env: str, algos: str, s
     from harness.runs.match import ENV, fit
     if env not in ("toy_lm", ENV):  # toy_lm: the option's default
         raise ValueError(f"env: --match fits and ablates on {ENV}, got {env!r}")
+    from sim.sweep import plan
     grid = parse_sets(sets)
+    plan(ENV, parse_algos(algos), seeds, steps, grid)  # the ablation's arguments checked before the fit's minutes
     fixed = {k: v[0] for k, v in grid.items() if len(v) == 1 and "." not in k}
     result = fit(paths, label=label, budget=budget, workers=workers, fixed=fixed)
     print("\n".join(result.lines()), flush=True)

@@ -25,7 +25,7 @@ LABEL=${LABEL:-grpo}
 mkdir -p "$OUT" "$RUNS"
 rc=0  # 1: the knobs cannot reach the card; the sweeps then run at the best fit, and the report says so
 $PY -m harness.cli sim --match "$TARGET" --match-label "$LABEL" --match-budget "$BUDGET" --set explore=exploration \
-  --algos grpo --seeds 0 --steps 1 --workers "$JOBS" --out "$RUNS/fit" || rc=$?
+  --algos grpo --seeds 1 --steps 1 --workers "$JOBS" --out "$RUNS/fit" || rc=$?
 (( rc <= 1 )) || exit "$rc"
 cp "$RUNS/fit/fit.json" "$OUT/fit.json"
 EXTRA=(--fitted "$RUNS/fit/fit.json")  # every sweep at the fit's settings (explore=exploration among them)
