@@ -180,7 +180,7 @@ def test_train_runs_of_one_label_with_other_settings_in_one_folder_are_not_poole
             d = tmp_path / config / f"seed{seed}"
             d.mkdir(parents=True)
             (d / "config.json").write_text(json.dumps({
-                "algo": {"name": "grpo"}, "model": {"name": model}, "train": {"epochs": 4},
+                "algo": {"name": "grpo"}, "model": {"name": model}, "train": {"epochs": 4}, "seed": seed,
                 "run": {"seed": seed, "out_dir": str(d), "steps": 2, "progress": seed == 1}}))
             (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "accuracy": 0.1 * seed}) + "\n")
     with pytest.warns(UserWarning, match=r"^grpo: runs with other settings in .* \(grpo; grpo_sharpening\); kept "

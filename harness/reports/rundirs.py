@@ -152,9 +152,11 @@ def load_runs(dirs) -> list[dict]:
 
 def _setup(cfg: dict) -> str:
     """What a run was, but for its seed: a simulator run's env, steps and settings (its seed's environment draw left
-    out); a cliplab train run's config but for its run section's seed, folder and display (its steps kept)."""
+    out); a cliplab train run's config but for its seed and its run section's folder and display (its steps
+    kept)."""
     if isinstance(cfg.get("algo"), dict):
-        return json.dumps({**cfg, "run": {"steps": (cfg.get("run") or {}).get("steps")}}, sort_keys=True)
+        rest = {k: v for k, v in cfg.items() if k not in ("seed", "run")}
+        return json.dumps({**rest, "run": {"steps": (cfg.get("run") or {}).get("steps")}}, sort_keys=True)
     settings = {k: v for k, v in (cfg.get("settings") or {}).items() if k != "env_seed"}
     return json.dumps([cfg.get("env"), cfg.get("steps"), settings], sort_keys=True)
 
