@@ -400,3 +400,16 @@ def test_a_stale_sampler_and_a_recomputed_pi_old_are_settings_of_the_run_under_t
     assert tiny._params({"name": "grpo", "hp": {"beta": 0.0}}, {"name": "tiny_char_sharpening"},
                         {"staleness": 2, "old_logp": "policy"}) == {"beta": 0.0, "explore": "sharpening",
                                                                     "staleness": 2, "old_logp": "policy"}
+
+
+def test_clip_cov_and_kl_cov_pair_with_grpo_at_their_settings_not_at_grpos_defaults():
+    import yaml
+    params = {}
+    for name in ("clip_cov", "kl_cov", "grpo", "grpo_cov_baseline", "clip_cov_sharpening",
+                 "grpo_cov_baseline_sharpening"):
+        cfg = yaml.safe_load((ROOT / "configs" / "tiny" / f"{name}.yaml").read_text())
+        params[name] = tiny._params(cfg["algo"], cfg["model"], cfg["train"])
+    assert params["clip_cov"] == params["kl_cov"] == params["grpo_cov_baseline"] != params["grpo"]
+    assert params["clip_cov"]["beta"] == 0 and params["clip_cov"]["agg"] == "token_mean"
+    assert params["clip_cov_sharpening"] == params["grpo_cov_baseline_sharpening"] == {**params["clip_cov"],
+                                                                                       "explore": "sharpening"}

@@ -134,7 +134,8 @@ def load_runs(dirs) -> list[dict]:
                 warnings.warn(f"{folder / 'metrics.jsonl'}: no metrics; this run is left out of the report",
                               stacklevel=2)
                 continue
-            identity = hashlib.sha256(cfg_path.read_bytes() + b"\0" + (folder / "metrics.jsonl").read_bytes()).hexdigest()
+            files = cfg_path.read_bytes() + b"\0" + (folder / "metrics.jsonl").read_bytes()
+            identity = hashlib.sha256(files).hexdigest()
             if identity in seen:
                 warnings.warn(f"{folder}: the same run as {seen[identity]} (same config.json and metrics.jsonl); "
                               "counted once", stacklevel=2)

@@ -39,8 +39,10 @@ REWARD_NAMES = {"accuracy": "binary", "dapo": "pm1", "dcpo": "ternary"}
 #: Per algorithm, the settings its claims compare with GRPO's at a stated value, which the simulator's sweep names for
 #: both algorithms (CISPO against GRPO with the KL penalty off: `cliplab sim --algos grpo,cispo --set beta=0`;
 #: claims.same_setting pairs labels whose params are equal) while a tiny config names only what departs from its
-#: algorithm's registry defaults (cispo.yaml leaves beta at CISPO's 0, grpo_beta0.yaml names GRPO's beta 0).
-SHARED_WITH_GRPO = {"cispo": ("beta",)}
+#: algorithm's registry defaults (cispo.yaml leaves beta at CISPO's 0, grpo_beta0.yaml names GRPO's beta 0; Clip-Cov
+#: and KL-Cov against grpo_cov_baseline.yaml, GRPO at their beta 0 and token mean with both selection ratios named).
+COV_SHARED = ("beta", "agg", "clip_cov_ratio", "kl_cov_ratio")
+SHARED_WITH_GRPO = {"cispo": ("beta",), "clip_cov": COV_SHARED, "kl_cov": COV_SHARED}
 DEFAULT_PRIOR = "tiny_char"  # the tier's prior where a config names no other (configs/tiny/model.yaml: exploration)
 NO_UPPER_CLIP = 100.0  # the simulator's eps_high for "no upper clip"; a larger one bounds nothing more either
 #: Each tiny label's counterpart in the simulator's summaries at the fitted settings
