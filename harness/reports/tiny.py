@@ -52,9 +52,13 @@ SIM_LABELS = {**{a: ("main", a) for a in ("grpo", "dr_grpo", "dapo", "gspo", "dc
                  (f"clip_higher_{'sharpening' if sharp else 'exploration'}",
                   f"grpo[beta=0,eps_high={high}{',explore=sharpening' if sharp else ''}]")
                  for suffix, high in (("", 0.2), ("_eps_high028", 0.28), ("_unclipped", 100)) for sharp in (0, 1)},
-              **{a: ("beside_grpo_exploration", a) for a in ("clip_cov", "kl_cov")},
-              **{f"{a}_sharpening": ("beside_grpo_sharpening", f"{a}[explore=sharpening]")
-                 for a in ("grpo", "clip_cov", "kl_cov", "sapo")},
+              **{f"{c}{'_sharpening' if sharp else ''}":
+                 (f"cov_{'sharpening' if sharp else 'exploration'}",
+                  f"{a}[agg=token_mean,beta=0,clip_cov_ratio=0.0002{',explore=sharpening' if sharp else ''},"
+                  "kl_cov_ratio=0.002]")
+                 for c, a in (("clip_cov", "clip_cov"), ("kl_cov", "kl_cov"), ("grpo_cov_baseline", "grpo"))
+                 for sharp in (0, 1)},
+              **{f"{a}_sharpening": ("sharpening", f"{a}[explore=sharpening]") for a in ("grpo", "sapo")},
               "sapo_tau_reversed": ("sapo_reversed_exploration", "sapo[tau_neg=1.0,tau_pos=1.05]"),
               "sapo_tau_reversed_sharpening": ("sapo_reversed_sharpening",
                                                "sapo[explore=sharpening,tau_neg=1.0,tau_pos=1.05]"),

@@ -6,7 +6,8 @@
 #    simulator runs; the fit's record (settings, and per card entry target, fitted, residual) goes to OUT/fit.json.
 # 2. The tier's comparisons on feature_lm at the fitted settings (`cliplab sim --fitted`: every run's settings, named
 #    in no label, so the labels are the tier's), each with the exploration setting of the tier configs it mirrors:
-#    the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov beside GRPO, and
+#    the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov beside GRPO at their
+#    settings (beta 0, token mean), and
 #    SAPO's temperatures (the registry's 1.0 / 1.05 and reversed), each on both settings; DCPO with the binary
 #    reward. SEEDS (default 0-9:10-19, discovery and replication) x STEPS (default 200, the tier's) each.
 # 3. Their report into OUT (report.md, claims.json, summaries/). Each sweep resumes where it stopped.
@@ -32,13 +33,14 @@ EXTRA=(--fitted "$RUNS/fit/fit.json")  # every sweep at the fit's settings (expl
 # shellcheck source=reports/sim/sweeps.sh
 source reports/sim/sweeps.sh
 sweep feature_lm main --algos grpo,dr_grpo,dapo,gspo,dcpo,sapo,cispo
+# Clip-Cov and KL-Cov beside GRPO at their settings (configs/tiny/grpo_cov_baseline.yaml)
+COV=(--set beta=0 --set agg=token_mean --set clip_cov_ratio=0.0002 --set kl_cov_ratio=0.002)
 for setting in exploration sharpening; do
   E=()  # the fit's own setting (exploration) names no label, as the tier's default prior names none
   [[ $setting == exploration ]] || E=(--set "explore=$setting")
   sweep feature_lm "clip_higher_$setting" --algos grpo --set beta=0 --set eps_high=0.2,0.28,100 ${E[@]+"${E[@]}"}
-  beside=clip_cov,kl_cov
-  [[ $setting == exploration ]] || beside=grpo,$beside,sapo  # main runs GRPO and SAPO at the exploration setting
-  sweep feature_lm "beside_grpo_$setting" --algos "$beside" ${E[@]+"${E[@]}"}
+  sweep feature_lm "cov_$setting" --algos grpo,clip_cov,kl_cov "${COV[@]}" ${E[@]+"${E[@]}"}
+  [[ $setting == exploration ]] || sweep feature_lm "sharpening" --algos grpo,sapo "${E[@]}"  # main's, on this prior
   sweep feature_lm "sapo_reversed_$setting" --algos sapo --set tau_pos=1.05 --set tau_neg=1.0 ${E[@]+"${E[@]}"}
 done
 sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
