@@ -12,6 +12,7 @@ from harness.reports import tiny
 from harness.reports.claim_record import Claim, ClaimRecord, Kind, RunSet, SetResult, Source, Verdict
 from harness.reports.claim_render import json_text, read_claims
 from harness.reports.claims import run_claims
+from harness.reports.regime import run_set_card
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "reports" / "tiny"
@@ -366,13 +367,13 @@ def test_the_exploration_axis_names_each_claims_prior_beside_where_its_up_clippe
         (folder / "metrics.jsonl").write_text("\n".join(json.dumps({**json.loads(x), "upclip_pold_lt02": 0.7})
                                                         for x in lines) + "\n")
     runs = tiny.load_tiny(tmp_path)
-    lines = tiny.axis_lines(run_claims(runs), runs)
+    lines = tiny.axis_lines(run_claims(runs), runs, run_set_card(runs))
     rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| Clip-higher")}  # by regime
     # the looser bound ends 0.05 higher on the exploration prior and 0.05 lower on the sharpening one
     assert rows["grpo, beta=0"].endswith("| **reproduced** | exploration | 70% |")
     assert rows["grpo, beta=0, explore=sharpening"].endswith("| **reversed** | sharpening | 10% |")
     assert rows["grpo, beta=0, explore=sharpening: mechanism"].endswith("| **not reproduced** | sharpening | 10% |")
-    assert tiny.axis_lines(RunSet("tiny", ()), []) == ["Not measured: none of clip_higher, cov_entropy, "
+    assert tiny.axis_lines(RunSet("tiny", ()), [], {}) == ["Not measured: none of clip_higher, cov_entropy, "
                                                        "sapo_temperatures has runs here yet.", ""]
 
 

@@ -177,8 +177,8 @@ def _one_setting_a_label(runs: list[dict], setups: list[tuple[Path, str]]) -> No
     for i, r in enumerate(runs):
         if r["env"] is not None:  # a simulator run
             continue
-        groups.setdefault((r["env"], r["dir"], r["label"]), {}).setdefault(setups[i][1], []).append(i)
-    for (_, folder, label), kinds in groups.items():
+        groups.setdefault((r["dir"], r["label"]), {}).setdefault(setups[i][1], []).append(i)
+    for (folder, label), kinds in groups.items():
         if len(kinds) < 2:
             continue
         names = {k: ", ".join(sorted({_config_name(setups[i][0]) for i in idx})) for k, idx in kinds.items()}

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.metrics import summarise_run
+from sim.sweep import label_of
 from spec.records import read_json, write_text
 from spec.regime import TINY_CHAR_PRIORS
 from spec.registry import ALGORITHMS
@@ -45,24 +46,30 @@ COV_SHARED = ("beta", "agg", "clip_cov_ratio", "kl_cov_ratio")
 SHARED_WITH_GRPO = {"cispo": ("beta",), "clip_cov": COV_SHARED, "kl_cov": COV_SHARED}
 DEFAULT_PRIOR = "tiny_char"  # the tier's prior where a config names no other (configs/tiny/model.yaml: exploration)
 NO_UPPER_CLIP = 100.0  # the simulator's eps_high for "no upper clip"; a larger one bounds nothing more either
+MAIN = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo")
+
+
+def _on_both_priors(config: str, sweep: str, algo: str, **setting) -> dict:
+    """``config`` and its _sharpening twin with their counterparts: the sweep's _exploration and _sharpening runs
+    of ``algo`` at ``setting``, labelled as the simulator labels them (``sim.sweep.label_of``)."""
+    return {config: (f"{sweep}_exploration", label_of(algo, setting)),
+            f"{config}_sharpening": (f"{sweep}_sharpening", label_of(algo, {**setting, "explore": "sharpening"}))}
+
+
+#: Clip-Cov's and KL-Cov's settings, which reports/tiny/simulate.sh gives GRPO beside them (grpo_cov_baseline.yaml).
+COV_SETTING = {"agg": "token_mean", "beta": 0, "clip_cov_ratio": 0.0002, "kl_cov_ratio": 0.002}
 #: Each tiny label's counterpart in the simulator's summaries at the fitted settings
 #: (reports/tiny/sim/summaries/<SIM_ENV>_<sweep>.json, sweeps of reports/tiny/simulate.sh).
-SIM_LABELS = {**{a: ("main", a) for a in ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo")},
-              **{f"grpo_beta0{suffix}{'_sharpening' if sharp else ''}":
-                 (f"clip_higher_{'sharpening' if sharp else 'exploration'}",
-                  f"grpo[beta=0,eps_high={high}{',explore=sharpening' if sharp else ''}]")
-                 for suffix, high in (("", 0.2), ("_eps_high028", 0.28), ("_unclipped", 100)) for sharp in (0, 1)},
-              **{f"{c}{'_sharpening' if sharp else ''}":
-                 (f"cov_{'sharpening' if sharp else 'exploration'}",
-                  f"{a}[agg=token_mean,beta=0,clip_cov_ratio=0.0002{',explore=sharpening' if sharp else ''},"
-                  "kl_cov_ratio=0.002]")
-                 for c, a in (("clip_cov", "clip_cov"), ("kl_cov", "kl_cov"), ("grpo_cov_baseline", "grpo"))
-                 for sharp in (0, 1)},
-              **{f"{a}_sharpening": ("sharpening", f"{a}[explore=sharpening]") for a in ("grpo", "sapo")},
-              "sapo_tau_reversed": ("sapo_reversed_exploration", "sapo[tau_neg=1.0,tau_pos=1.05]"),
-              "sapo_tau_reversed_sharpening": ("sapo_reversed_sharpening",
-                                               "sapo[explore=sharpening,tau_neg=1.0,tau_pos=1.05]"),
-              "dcpo_binary_reward": ("dcpo_binary", "dcpo[reward=binary]")}
+SIM_LABELS = {**{a: ("main", a) for a in MAIN},
+              **_on_both_priors("grpo_beta0", "clip_higher", "grpo", beta=0, eps_high=0.2),
+              **_on_both_priors("grpo_beta0_eps_high028", "clip_higher", "grpo", beta=0, eps_high=0.28),
+              **_on_both_priors("grpo_beta0_unclipped", "clip_higher", "grpo", beta=0, eps_high=100),
+              **_on_both_priors("clip_cov", "cov", "clip_cov", **COV_SETTING),
+              **_on_both_priors("kl_cov", "cov", "kl_cov", **COV_SETTING),
+              **_on_both_priors("grpo_cov_baseline", "cov", "grpo", **COV_SETTING),
+              **_on_both_priors("sapo_tau_reversed", "sapo_reversed", "sapo", tau_pos=1.05, tau_neg=1.0),
+              **{f"{a}_sharpening": ("sharpening", label_of(a, {"explore": "sharpening"})) for a in ("grpo", "sapo")},
+              "dcpo_binary_reward": ("dcpo_binary", label_of("dcpo", {"reward": "binary"}))}
 #: Per claim (its id in claims.CLAIMS): the labels it compares and the metrics (sim.metrics summary keys) through
 #: which it acts, compared between the tiers where the verdicts differ.
 MECHANISMS = {
@@ -83,7 +90,6 @@ TABLE = (("accuracy", "accuracy, last 10% of steps"), ("entropy_final", "entropy
          ("clip_up_frac", "up-clipped share"), ("rur", "RUR"), ("zero_grad_frac", "all-equal groups"),
          ("decision_dev_q50", "median |r - 1| on decision tokens"), ("len_wrong", "length of wrong answers"),
          ("gen_per_trained", "generations per trained response"))
-MAIN = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo")
 PANELS = ("accuracy", "entropy", "clip_frac", "rur", "zero_grad_frac", "resp_len")
 VARIANT_PANELS = ("entropy", "clip_up_frac", "rur", "zero_grad_frac", "accuracy", "decision_dev_q50")
 
@@ -228,10 +234,16 @@ def fit_misses(sim_dir: Path) -> dict[str, float]:
     return {e["entry"]: e["residual"] for e in read_json(path)["entries"] if abs(e["residual"]) > 1}
 
 
+def missed_conditions(rec: ClaimRecord, misses: dict[str, float]) -> list[str]:
+    """The card entries the claim's regime conditions read that the fit could not reach: where there are any, the
+    fitted simulator is not expected to predict the claim."""
+    return sorted({c.condition.entry for c in rec.conditions} & set(misses))
+
+
 def said_in_advance(rec: ClaimRecord, misses: dict[str, float]) -> str:
-    """Whether the fitted simulator can predict this claim, said from the fit alone, before any verdict is compared:
-    not where the claim's regime conditions read a card entry the fit could not reach."""
-    read = sorted({c.condition.entry for c in rec.conditions} & set(misses))
+    """Whether the fitted simulator can predict this claim, said from the fit alone, before any verdict is compared
+    (``missed_conditions``)."""
+    read = missed_conditions(rec, misses)
     if read:
         return "no: the fit misses " + ", ".join(f"{e} ({misses[e]:+.1f})" for e in read)
     return "yes" if rec.conditions else "yes (no card condition)"
@@ -320,7 +332,7 @@ def claims_lines(rs: RunSet, runs: list[dict], sim_dir) -> list[str]:
     n = len(agree) + len(disagree)
     if n:
         lo, hi = proportion_interval(len(agree), n)
-        fore = [r for r in agree + [d[0] for d in disagree] if said_in_advance(r, misses).startswith("yes")]
+        fore = [r for r in agree + [d[0] for d in disagree] if not missed_conditions(r, misses)]
         hits = sum(r in agree for r in fore)
         lines += [f"**The simulator predicted {len(agree)} of the {n} verdicts both tiers could test at a matching "
                   f"regime card ({fmt(len(agree) / n, pct=True)}; exact 95% interval {fmt(lo, pct=True)} to "
@@ -346,12 +358,11 @@ AXIS_CLAIMS = ("clip_higher", "cov_entropy", "sapo_temperatures")
 AXIS_BASELINES = {"exploration": "grpo_beta0", "sharpening": "grpo_beta0_sharpening"}
 
 
-def axis_lines(rs: RunSet, runs: list[dict]) -> list[str]:
+def axis_lines(rs: RunSet, runs: list[dict], cards: dict) -> list[str]:
     """Each exploration-axis claim's verdict per prior, beside the share of up-clipped tokens below pi_old 0.2
-    that GRPO (beta 0) measured on that prior: the condition under which each paper's effect appears, and how a
-    reader checks it on a run of their own."""
+    that GRPO (beta 0) measured on that prior (``cards``: the run set's, ``run_set_card``): the condition under
+    which each paper's effect appears, and how a reader checks it on a run of their own."""
     params = {r["label"]: r["params"] for r in runs}
-    cards = run_set_card(runs)
     default = TINY_CHAR_PRIORS[DEFAULT_PRIOR]
 
     def share(setting: str) -> str:
@@ -477,7 +488,7 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs_re
     sim = Path(sim) if sim is not None else simulator_dir()
     readme = output_file(readme, "readme", inputs=[runs_dir])
     runs = load_tiny(runs_dir)
-    records = tier_records(runs)
+    records, cards = tier_records(runs), run_set_card(runs)
     groups = Groups(runs)
     main = [lbl for lbl in groups.labels() if lbl in MAIN]
     variants = [lbl for lbl in groups.labels() if lbl.startswith("grpo_beta0")]  # clip-higher, both priors
@@ -503,9 +514,9 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs_re
           or ["Fewer than two of the seven algorithms have runs here yet.", ""]),
         "## Per setting (mean ± 95% t half-width over seeds; the header gives the seeds)", "",
         *summary_table(runs), "",
-        *card_lines(run_set_card(runs)),
+        *card_lines(cards),
         "## Where each effect appears: the exploration axis", "",
-        *axis_lines(records, runs),
+        *axis_lines(records, runs, cards),
         "## The simulator fitted to this tier's regime card", "",
         *fit_lines(sim),
         "## Claims: this tier beside the simulator", "",
