@@ -214,6 +214,22 @@ def test_the_readme_regenerates_from_fabricated_runs_and_says_what_is_wrong(tmp_
         tiny.main(["--readme", str(tmp_path / "o3" / "README.md"), "--runs", str(tmp_path / "nowhere")])
 
 
+def test_the_run_length_is_explained_by_the_sweeps_time_and_the_cards_headroom(tmp_path):
+    # 2 settings x 10 seeds x 20 steps at a median 90 s a step in two lanes: 20 * 20 * 90 / 2 s = 5 h; at 300: 75 h
+    times = lambda seed, s: {"step_time_s": 90.0 if s % 4 else 1000.0}  # one slow step in four: the median is 90
+    _write(tmp_path / "a", "grpo", {"name": "grpo"}, lambda seed, s: {**times(seed, s), "accuracy": 0.95})
+    _write(tmp_path / "a", "grpo_sharpening", {"name": "grpo"}, lambda seed, s: {**times(seed, s), "accuracy": 0.5},
+           model="tiny_char_sharpening")
+    runs = tiny.load_tiny(tmp_path / "a")
+    line = tiny.length_line(runs, run_set_card(runs))
+    assert "take 5.0 h at 20 steps and 75.0 h at 300" in line
+    assert "5% (grpo), 50% (grpo_sharpening): the regime has ended for grpo (headroom below 0.1)" in line
+    _write(tmp_path / "b", "grpo", {"name": "grpo"}, lambda seed, s: {"accuracy": 0.5})
+    runs = tiny.load_tiny(tmp_path / "b")
+    line = tiny.length_line(runs, run_set_card(runs))
+    assert "log no step times" in line and "the regime has not ended" in line
+
+
 def test_the_smollm2_verdicts_credit_the_reward_and_call_clip_higher_untestable():
     """reports/real/README.md: DCPO's RUR gain there is largest at step 1, before SAS has history; clip-higher
     cannot act in 3 steps."""

@@ -20,7 +20,7 @@ import numpy as np
 from sim.metrics import summarise_run
 from sim.sweep import label_of
 from spec.records import read_json, write_text
-from spec.regime import TINY_CHAR_PRIORS
+from spec.regime import HEADROOM, TINY_CHAR_PRIORS
 from spec.registry import ALGORITHMS
 
 from harness.reports.claim_record import ClaimRecord, Kind, RunSet, card_gap
@@ -47,6 +47,8 @@ SHARED_WITH_GRPO = {"cispo": ("beta",), "clip_cov": COV_SHARED, "kl_cov": COV_SH
 DEFAULT_PRIOR = "tiny_char"  # the tier's prior where a config names no other (configs/tiny/model.yaml: exploration)
 NO_UPPER_CLIP = 100.0  # the simulator's eps_high for "no upper clip"; a larger one bounds nothing more either
 MAIN = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo")
+PLANNED_STEPS, SWEEP_HOURS = 300, 6.0  # the runs' length the tier aims at, and the sweep's time budget
+SEEDS_PLANNED = 10  # discovery and replication seeds of every setting (reports/tiny/run_sweep.sh)
 
 
 def _on_both_priors(config: str, sweep: str, algo: str, **setting) -> dict:
@@ -482,6 +484,34 @@ def _setting(runs: list[dict]) -> str:
             f"sequences. Each algorithm keeps its paper's reward, advantage and registry defaults.")
 
 
+def length_line(runs: list[dict], cards: dict) -> str:
+    """Why the runs have the length they have, from the runs' own step times and the card: the whole sweep's time
+    at that length and at PLANNED_STEPS (two lanes), and whether GRPO's regime has ended by then (headroom)."""
+    steps = max(len(run["records"]) for run in runs)
+    times = [rec["step_time_s"] for run in runs for rec in run["records"] if "step_time_s" in rec]
+    n_settings = len(_by_label(runs))
+    n_runs = n_settings * SEEDS_PLANNED
+    if times:
+        per_step = float(np.median(times))
+        hours = {n: n_runs * n * per_step / 2 / 3600 for n in (steps, PLANNED_STEPS)}
+        cost = (f"At the runs' median step time, {per_step:.2f} s (wall, two lanes side by side; the mean reads the "
+                f"machine's other work too), the {n_runs} runs of the {n_settings} settings x {SEEDS_PLANNED} seeds "
+                f"take {hours[steps]:.1f} h at {steps} steps and {hours[PLANNED_STEPS]:.1f} h at {PLANNED_STEPS}, "
+                f"against a {SWEEP_HOURS:g} h budget.")
+    else:
+        cost = "The runs log no step times, so the sweep's time is not measured here."
+    heads = {label: cards[label]["headroom"].value for label in ("grpo", "grpo_sharpening") if label in cards}
+    heads = {label: h for label, h in heads.items() if h is not None}
+    if not heads:
+        return f"Runs are {steps} steps long. {cost} No GRPO run says whether the regime has ended."
+    ended = [label for label, h in heads.items() if h < HEADROOM.threshold]
+    return (f"Runs are {steps} steps long. {cost} At step {steps} GRPO's headroom reads "
+            + ", ".join(f"{fmt(h, pct=True)} ({md(label)})" for label, h in heads.items())
+            + (f": the regime has ended for {', '.join(map(md, ended))} (headroom below {HEADROOM.threshold:g})."
+               if ended else f": the regime has not ended (headroom at least {HEADROOM.threshold:g}), so the runs "
+               "stop for the time budget, not because the card shows nothing left to measure."))
+
+
 def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs_regime", sim=None) -> Path:
     """Regenerate the tiny tier's README and its plots from the run folders and the simulator's report (``sim``;
     by default ``simulator_dir()``)."""
@@ -502,6 +532,7 @@ def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs_re
         f"report ({md(str(sim))}): `python -m harness.reports.tiny`. The runs: `reports/tiny/run_sweep.sh` (resumable; "
         "configs/tiny).", "",
         _setting(runs), "",
+        length_line(runs, cards), "",
         "Metrics have the simulator's names and definitions (sim/metrics.py; gpu/train.py logs them, "
         "gpu/step_metrics.py): accuracy is the share of sampled responses that are correct (the simulator's "
         "`accuracy`; where the simulator's claims read its exact expected accuracy, these read this sampled "
