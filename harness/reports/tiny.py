@@ -49,6 +49,7 @@ NO_UPPER_CLIP = 100.0  # the simulator's eps_high for "no upper clip"; a larger 
 MAIN = ("grpo", "dr_grpo", "dapo", "gspo", "dcpo", "sapo", "cispo")
 PLANNED_STEPS, SWEEP_HOURS = 300, 6.0  # the runs' length the tier aims at, and the sweep's time budget
 SEEDS_PLANNED = 10  # discovery and replication seeds of every setting (reports/tiny/run_sweep.sh)
+LANES = 2  # the sweep's runs side by side (reports/tiny/run_sweep.sh)
 
 
 def _on_both_priors(config: str, sweep: str, algo: str, **setting) -> dict:
@@ -493,15 +494,15 @@ def length_line(runs: list[dict], cards: dict) -> str:
     n_runs = n_settings * SEEDS_PLANNED
     if times:
         per_step = float(np.median(times))
-        hours = {n: n_runs * n * per_step / 2 / 3600 for n in (steps, PLANNED_STEPS)}
-        cost = (f"At the runs' median step time, {per_step:.2f} s (wall, two lanes side by side; the mean reads the "
-                f"machine's other work too), the {n_runs} runs of the {n_settings} settings x {SEEDS_PLANNED} seeds "
+        hours = {n: n_runs * n * per_step / LANES / 3600 for n in (steps, PLANNED_STEPS)}
+        cost = (f"At the runs' median step time, {per_step:.2f} s (wall, {LANES} lanes side by side; the mean reads "
+                f"the machine's other work too), the {n_runs} runs of the {n_settings} settings x {SEEDS_PLANNED} seeds "
                 f"take {hours[steps]:.1f} h at {steps} steps and {hours[PLANNED_STEPS]:.1f} h at {PLANNED_STEPS}, "
                 f"against a {SWEEP_HOURS:g} h budget.")
     else:
         cost = "The runs log no step times, so the sweep's time is not measured here."
-    heads = {label: cards[label]["headroom"].value for label in ("grpo", "grpo_sharpening") if label in cards}
-    heads = {label: h for label, h in heads.items() if h is not None}
+    heads = {label: cards[label]["headroom"].value for label in ("grpo", "grpo_sharpening")
+             if label in cards and cards[label]["headroom"].value is not None}
     if not heads:
         return f"Runs are {steps} steps long. {cost} No GRPO run says whether the regime has ended."
     ended = [label for label, h in heads.items() if h < HEADROOM.threshold]
