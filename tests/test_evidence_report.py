@@ -3,9 +3,11 @@ fabricated run folders, against values worked by hand; and the evidence runner's
 import json
 
 import pytest
+import yaml
 
 from gpu.config import from_dict
-from harness.runs.evidence import finished, jobs
+from gpu_helpers import tiny_config, tiny_path  # noqa: F401  (fixture)
+from harness.runs.evidence import finished, jobs, run_lane
 from harness.reports.claim_record import Claim, ClaimRecord, Kind, RunSet, SetResult, Source, Verdict
 from harness.reports.claim_render import json_text, read_claims
 from harness.reports.evidence import Evidence, paired, t_interval
@@ -124,6 +126,29 @@ def test_runner_jobs_and_finished(tmp_path):
     _run(tmp_path, "grpo", 0)
     assert finished(tmp_path / "grpo" / "seed0", STEPS) and not finished(tmp_path / "grpo" / "seed0", STEPS + 1)
     assert not finished(tmp_path / "nothing", 1)
+
+
+def test_runner_extends_finished_runs_as_if_they_had_been_started_longer(tmp_path, tiny_path):
+    """``--steps`` past the configs' run.steps: a finished run resumes from its last checkpoint and its copy is
+    replaced; its steps are those of a run started at the longer length (resume is exact up to float order)."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    raw = tiny_config(tmp_path / "unused", "grpo", steps=2, run={"resume": True, "threads": 1})
+    (configs / "grpo.yaml").write_text(yaml.safe_dump(raw))
+    lane = {"algos": ["grpo"], "seeds": [0], "commit": False}
+    run_lane(configs, tmp_path / "runs", tmp_path / "copy", **lane)
+    assert finished(tmp_path / "copy" / "grpo" / "seed0", 2)
+    first_two = (tmp_path / "runs" / "grpo" / "seed0" / "metrics.jsonl").read_text()
+    run_lane(configs, tmp_path / "runs", tmp_path / "copy", **lane, steps=3)
+    # resumed, not started over: the first two steps' lines (their timings among them) are the ones written before
+    assert (tmp_path / "copy" / "grpo" / "seed0" / "metrics.jsonl").read_text().startswith(first_two)
+    run_lane(configs, tmp_path / "straight", tmp_path / "straight_copy", **lane, steps=3)
+    extended, straight = ([json.loads(x) for x in (root / "grpo" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+                          for root in (tmp_path / "copy", tmp_path / "straight_copy"))
+    assert [m["step"] for m in extended] == [m["step"] for m in straight] == [1, 2, 3]
+    for x, y in zip(extended, straight):
+        for k in ("reward", "loss", "rur", "len_mean", "grad_norm"):
+            assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-7), (x["step"], k)
 
 
 def test_verdict_rules():

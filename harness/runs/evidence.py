@@ -55,16 +55,18 @@ def publish(run_dir: Path, dest: Path, commit: bool) -> None:
 
 
 def run_lane(config_dir, out_root, copy_root, lane: int = 0, lanes: int = 1, algos=ALGOS + VARIANTS,
-             seeds=SEEDS,
-             commit: bool = True) -> None:
+             seeds=SEEDS, commit: bool = True, steps: int | None = None) -> None:
     """Train this lane's (name, seed) runs (configs/evidence/<name>.yaml) one after another, sharing one rollout
-    engine."""
+    engine. ``steps``: train to that many steps instead of the configs' ``run.steps``; a finished shorter run
+    resumes from its last checkpoint and continues (the schedule does not depend on the run's length, and
+    ``run.steps`` is free to change on resume), as if it had been started at that length."""
     from gpu.config import load_config
     from gpu.train import Trainer
     engine = None
     for algo, seed in jobs(algos, seeds, lane, lanes):
         run_dir, dest = Path(out_root) / algo / f"seed{seed}", Path(copy_root) / algo / f"seed{seed}"
-        cfg = load_config(Path(config_dir) / f"{algo}.yaml", [f"run.seed={seed}", f"run.out_dir={run_dir}"])
+        sets = [f"run.seed={seed}", f"run.out_dir={run_dir}"] + ([] if steps is None else [f"run.steps={steps}"])
+        cfg = load_config(Path(config_dir) / f"{algo}.yaml", sets)
         if not finished(run_dir, cfg.run.steps):
             t0 = time.perf_counter()
             trainer = Trainer(cfg, engine=engine if cfg.rollout.engine == "vllm" else None)
@@ -87,8 +89,10 @@ def main(argv=None) -> None:
     p.add_argument("--algos", nargs="+", default=list(ALGOS + VARIANTS), help="configs/evidence/<name>.yaml names")
     p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     p.add_argument("--no-commit", action="store_true")
+    p.add_argument("--steps", type=int, help="train to this many steps (extends finished shorter runs); default: "
+                                              "each config's run.steps")
     a = p.parse_args(argv)
-    run_lane(a.configs, a.out, a.copy_to, a.lane, a.lanes, a.algos, a.seeds, not a.no_commit)
+    run_lane(a.configs, a.out, a.copy_to, a.lane, a.lanes, a.algos, a.seeds, not a.no_commit, a.steps)
 
 
 if __name__ == "__main__":
