@@ -86,3 +86,17 @@ def test_the_rollout_correction_claim_runs_on_runs_with_and_without_a_correction
             for rc in (None, "tis") for s in range(3)]
     rows = claim_rollout_correction(Groups(runs))
     assert rows and rows[0].regime == "tis, defaults"
+
+
+def test_a_replication_outside_the_claims_regime_names_the_value_that_fails():
+    """The replication seeds' card fails a condition the discovery seeds' meets (headroom >= 0.1: sampled accuracy
+    0.96 leaves 0.04): the record does not stand, and its replication verdict says which value failed, not only
+    "not testable here"."""
+    runs = _runs(0.1, 0.1)
+    for run in runs:
+        acc = 0.96 if run["set"] == "replication" else 0.5
+        run["records"] = [{**rec, "accuracy": acc} for rec in run["records"]]
+    rec, _ = _dcpo_reward_record(runs)
+    assert rec.kind is Kind.NOT_REPLICATED and rec.replication.verdict.kind is Kind.NOT_TESTABLE
+    assert rec.verdict_text().startswith("not replicated (discovery: reproduced; replication: not testable here (")
+    assert "headroom is 0.04; the claim needs headroom >= 0.1" in rec.verdict_text()

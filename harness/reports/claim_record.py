@@ -201,12 +201,15 @@ def not_measured(what: str, command: str, regime: str = "") -> ClaimRecord:
 def combine(d: ClaimRecord, r: ClaimRecord | None, seeds: tuple[str, str]) -> ClaimRecord:
     """The record of a claim decided on the discovery set ``d`` and re-checked on the replication set ``r`` (None:
     no replication run of this regime): the common kind where both sets give it, else "not replicated"; on the
-    discovery seeds only where ``r`` is None (its replication: not measured where the set has seeds)."""
+    discovery seeds only where ``r`` is None (its replication: not measured where the set has seeds). Where only the
+    replication set's card fails a condition, its verdict names the failing value."""
     disc = replace(d.discovery, seeds=seeds[0])
     if r is None:
         rep = SetResult(Verdict(Kind.NOT_MEASURED), seeds=seeds[1]) if seeds[1] else None
         return replace(d, discovery=disc, replication=rep, status="discovery only")
     rep = replace(r.discovery, seeds=seeds[1])
+    if r.kind is Kind.NOT_TESTABLE and d.kind is not Kind.NOT_TESTABLE:  # the record's reason is the discovery's:
+        rep = replace(rep, verdict=replace(rep.verdict, note=r.reason))  # say which value fails on the replication
     kind = d.kind if d.kind is r.kind else Kind.NOT_REPLICATED
     return replace(d, kind=kind, discovery=disc, replication=rep, status="both")
 
