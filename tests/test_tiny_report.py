@@ -430,3 +430,18 @@ def test_clip_cov_and_kl_cov_pair_with_grpo_at_their_settings_not_at_grpos_defau
     assert params["clip_cov"]["beta"] == 0 and params["clip_cov"]["agg"] == "token_mean"
     assert params["clip_cov_sharpening"] == params["grpo_cov_baseline_sharpening"] == {**params["clip_cov"],
                                                                                        "explore": "sharpening"}
+
+
+def test_the_attribution_names_the_seeds_that_leave_the_well_formed_regime(tmp_path):
+    """A run whose malformed share averages above 3% over 10 consecutive steps (the claims' WELL_FORMED) is named,
+    with its seed and value: seed 2 of dcpo_no_sas at 50% on steps 5-14 (mean over 10 steps exactly 0.5); a spike
+    of one step at 20% (mean 2% over any 10 steps) is not."""
+    _attribution_runs(tmp_path)
+    lines = tiny.attribution_lines(tiny.load_tiny(tmp_path))
+    assert "Every run of these labels stays well formed (malformed_max <= 0.03 on each)." in lines
+    shutil.rmtree(tmp_path / "dcpo_no_sas")
+    _write(tmp_path, "dcpo_no_sas", {"name": "dcpo", "advantage": "grpo"},
+           lambda seed, s: {"rur": 0.6, "malformed": 0.5 if seed == 2 and 5 <= s < 15 else
+                            0.2 if seed == 4 and s == 3 else 0.0})
+    line = next(x for x in tiny.attribution_lines(tiny.load_tiny(tmp_path)) if x.startswith("**Outside"))
+    assert "dcpo_no_sas in 1 of 10 seeds (seeds 2; up to 50%, seed 2)" in line and "dcpo;" not in line

@@ -20,13 +20,13 @@ import numpy as np
 from sim.metrics import summarise_run
 from sim.sweep import label_of
 from spec.records import read_json, write_text
-from spec.regime import HEADROOM, TINY_CHAR_PRIORS
+from spec.regime import HEADROOM, MAX_STEPS, TINY_CHAR_PRIORS, WELL_FORMED
 from spec.registry import ALGORITHMS
 
 from harness.reports.claim_record import ClaimRecord, Kind, RunSet, card_gap
 from harness.reports.claim_render import JSON_NAME, cell, prose, read_claims, summary_lines, write_claims
 from harness.reports.claims import run_claims
-from harness.reports.regime import FIT_FILE, card_lines, run_set_card
+from harness.reports.regime import FIT_FILE, card_lines, label_card, run_set_card
 from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file
 from harness.reports.ranking import rankings
 from harness.reports.sim import plot_lines, ranking_lines
@@ -461,13 +461,32 @@ def attribution_lines(runs: list[dict]) -> list[str]:
         cells = [_cell(x, pct=True) for x in (d, b, n, g)]
         cells += [_part(gain), _part(reward, gain), _part(sas, gain), _part(gain - reward - sas)]
         lines.append(f"| {name} ({len(seeds)} seeds) | " + " | ".join(cells) + " |")
-    return lines + ["", "Each cell: mean ± 95% t half-width over the seeds every label ran (paired by seed; p: paired "
+    return lines + ["", _format_line(by), "", "Each cell: mean ± 95% t half-width over the seeds every label ran (paired by seed; p: paired "
                         "t test against no difference). Shares: the part's mean over the gain's mean, with a 95% "
                         "percentile bootstrap interval over seeds (scipy.stats.bootstrap, paired). The rest is what "
                         "neither ablation removes alone: their interaction and DCPO's clip and loss acting through the "
                         "responses each policy samples. At step 1 every label of a seed has the same model and "
                         "prompts and SAS has no history, so there the gain is its reward's (+1/0/-1: an all-wrong "
                         "group with a malformed response is not all-equal)."]
+
+
+def _format_line(by: dict) -> str:
+    """The seeds of the attribution's labels whose runs leave the well-formed regime (the claims' WELL_FORMED
+    condition on each run's malformed_max), where a RUR difference reads a format collapse as well."""
+    entry = WELL_FORMED.entry
+    out = []
+    for lbl in ATTRIBUTION:
+        values = {s: label_card([by[lbl][s]], [entry])[entry].value for s in sorted(by[lbl])}
+        bad = {s: v for s, v in values.items() if v is not None and not WELL_FORMED.holds(v)}
+        if bad:
+            worst = max(bad, key=bad.get)
+            out.append(f"{lbl} in {len(bad)} of {len(values)} seeds (seeds {', '.join(map(str, bad))}; up to "
+                       f"{fmt(bad[worst], pct=True)}, seed {worst})")
+    if not out:
+        return f"Every run of these labels stays well formed ({WELL_FORMED.text()} on each)."
+    return (f"**Outside the well-formed regime** ({entry} above {fmt(WELL_FORMED.threshold, pct=True)}: the "
+            f"largest malformed share over {MAX_STEPS} consecutive steps): {'; '.join(out)}. In those seeds a label's RUR "
+            "also reads its format collapse, not only its reward scheme or SAS.")
 
 
 # ---- the report -----------------------------------------------------------------------------------------------
