@@ -281,7 +281,9 @@ SIM_RECORDS = [_rec("clip_higher", Kind.NOT_DETECTABLE, "grpo, beta=0", seeds=10
                _rec("sapo_temperatures", Kind.NA, "defaults: mechanism"),
                _rec("sapo_temperatures", Kind.REPRODUCED, "lr=0.06, staleness=6"),
                _rec("cov_entropy", Kind.PARTLY, "clip_cov, beta=0, clip_cov_ratio=0.02", algorithm="clip_cov"),
-               _rec("cov_entropy", Kind.REPRODUCED, "kl_cov, beta=0, kl_cov_ratio=0.02", algorithm="kl_cov")]
+               _rec("cov_entropy", Kind.REPRODUCED, "kl_cov, beta=0, kl_cov_ratio=0.02", algorithm="kl_cov"),
+               _rec("rollout_correction", Kind.NOT_DETECTABLE, "tis, beta=0, rollout_noise=0.2"),
+               _rec("rollout_correction", Kind.REVERSED, "mis, beta=0, rollout_noise=0.2")]
 
 
 @pytest.mark.parametrize("claim, regime, algorithm, found", [
@@ -295,6 +297,9 @@ SIM_RECORDS = [_rec("clip_higher", Kind.NOT_DETECTABLE, "grpo, beta=0", seeds=10
     ("cov_entropy", "", None, "clip_cov, beta=0, clip_cov_ratio=0.02"),
     ("cov_entropy", "kl_cov, beta=0.0", "kl_cov", "kl_cov, beta=0, kl_cov_ratio=0.02"),
     ("no_such_claim", "", None, None),
+    # another mismatch: the regime sharing the most settings (MIS with MIS, not the first record, TIS)
+    ("rollout_correction", "mis, beta=0, old_logp=policy, staleness=2", None, "mis, beta=0, rollout_noise=0.2"),
+    ("rollout_correction", "tis, beta=0, old_logp=policy, staleness=2", None, "tis, beta=0, rollout_noise=0.2"),
 ])
 def test_the_simulator_record_is_the_same_claim_kind_and_algorithm_in_its_default_regime(claim, regime, algorithm,
                                                                                           found):

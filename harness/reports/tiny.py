@@ -179,9 +179,10 @@ def summary_table(runs: list[dict]) -> list[str]:
 
 # ---- claims against the simulator ---------------------------------------------------------------------------------
 def sim_record(sim: list[ClaimRecord], rec: ClaimRecord) -> ClaimRecord | None:
-    """The simulator's record for a claim and regime: the same regime; else the first (the simulator's default
-    regime) of the claim's records of the same kind (a verdict or a mechanism row) and, where both name algorithms,
-    the same algorithm."""
+    """The simulator's record for a claim and regime: the same regime; else, of the claim's records of the same kind
+    (a verdict or a mechanism row) and, where both name algorithms, the same algorithm, the one whose regime shares
+    the most settings with this one (TIS with TIS under another mismatch), the first (the simulator's default
+    regime) among equals."""
     rows = [r for r in sim if r.claim.id == rec.claim.id]
     same = [r for r in rows if r.regime == rec.regime]
     if same:
@@ -189,7 +190,8 @@ def sim_record(sim: list[ClaimRecord], rec: ClaimRecord) -> ClaimRecord | None:
     rows = [r for r in rows if r.mechanism == rec.mechanism]
     if rec.algorithm and any(r.algorithm for r in rows):
         rows = [r for r in rows if r.algorithm == rec.algorithm]
-    return rows[0] if rows else None
+    settings = set(rec.regime.split(", "))
+    return max(rows, key=lambda r: len(settings & set(r.regime.split(", "))), default=None)
 
 
 def predicted(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:

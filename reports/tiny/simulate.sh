@@ -7,9 +7,9 @@
 # 2. The tier's comparisons on feature_lm at the fitted settings (`cliplab sim --fitted`: every run's settings, named
 #    in no label, so the labels are the tier's), each with the exploration setting of the tier configs it mirrors:
 #    the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov beside GRPO at their
-#    settings (beta 0, token mean), and
-#    SAPO's temperatures (the registry's 1.0 / 1.05 and reversed), each on both settings; DCPO with the binary
-#    reward. SEEDS (default 0-9:10-19, discovery and replication) x STEPS (default 200, the tier's) each.
+#    settings (beta 0, token mean), and SAPO's temperatures (the registry's 1.0 / 1.05 and reversed), each on both
+#    settings; DCPO with the binary reward; TIS / MIS under a rollout/trainer mismatch. SEEDS (default 0-9:10-19,
+#    discovery and replication) x STEPS (default 200, the tier's) each.
 # 3. Their report into OUT (report.md, claims.json, summaries/). Each sweep resumes where it stopped.
 # Usage: reports/tiny/simulate.sh [RUNS_DIR] (default runs/tiny_sim).
 set -euo pipefail
@@ -44,4 +44,8 @@ for setting in exploration sharpening; do
   sweep feature_lm "sapo_reversed_$setting" --algos sapo --set tau_pos=1.05 --set tau_neg=1.0 ${E[@]+"${E[@]}"}
 done
 sweep feature_lm dcpo_binary --algos dcpo --set reward=binary
+# TIS and MIS against no correction under a rollout/trainer mismatch: feature_lm's is noise on the sampler's
+# parameters (the tier's, a sampler 2 updates stale with pi_old recomputed, has no counterpart here)
+sweep feature_lm rollout_correction --algos grpo --set beta=0 --set rollout_noise=0.2 \
+  --set rollout_correction=None,tis,mis
 report_sweeps
