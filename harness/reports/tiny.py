@@ -463,13 +463,14 @@ def attribution_lines(runs: list[dict]) -> list[str]:
         cells = [_cell(x, pct=True) for x in (d, b, n, g)]
         cells += [_part(gain), _part(reward, gain), _part(sas, gain), _part(gain - reward - sas)]
         lines.append(f"| {name} ({len(seeds)} seeds) | " + " | ".join(cells) + " |")
-    return lines + ["", _format_line(by), "", "Each cell: mean ± 95% t half-width over the seeds every label ran (paired by seed; p: paired "
-                        "t test against no difference). Shares: the part's mean over the gain's mean, with a 95% "
-                        "percentile bootstrap interval over seeds (scipy.stats.bootstrap, paired). The rest is what "
-                        "neither ablation removes alone: their interaction and DCPO's clip and loss acting through the "
-                        "responses each policy samples. At step 1 every label of a seed has the same model and "
-                        "prompts and SAS has no history, so there the gain is its reward's (+1/0/-1: an all-wrong "
-                        "group with a malformed response is not all-equal)."]
+    return lines + ["", _format_line(by), "",
+                    "Each cell: mean ± 95% t half-width over the seeds every label ran (paired by seed; p: paired "
+                    "t test against no difference). Shares: the part's mean over the gain's mean, with a 95% "
+                    "percentile bootstrap interval over seeds (scipy.stats.bootstrap, paired). The rest is what "
+                    "neither ablation removes alone: their interaction and DCPO's clip and loss acting through the "
+                    "responses each policy samples. At step 1 every label of a seed has the same model and "
+                    "prompts and SAS has no history, so there the gain is its reward's (+1/0/-1: an all-wrong "
+                    "group with a malformed response is not all-equal)."]
 
 
 def _format_line(by: dict) -> str:
@@ -487,8 +488,8 @@ def _format_line(by: dict) -> str:
     if not out:
         return f"Every run of these labels stays well formed ({WELL_FORMED.text()} on each)."
     return (f"**Outside the well-formed regime** ({entry} above {fmt(WELL_FORMED.threshold, pct=True)}: the "
-            f"largest malformed share over {MAX_STEPS} consecutive steps): {'; '.join(out)}. In those seeds a label's RUR "
-            "also reads its format collapse, not only its reward scheme or SAS.")
+            f"largest malformed share over {MAX_STEPS} consecutive steps): {'; '.join(out)}. In those seeds a "
+            "label's RUR also reads its format collapse, not only its reward scheme or SAS.")
 
 
 # ---- the report -----------------------------------------------------------------------------------------------

@@ -12,9 +12,10 @@
 # the same two of the others.
 # Resumable: run it again and finished runs are skipped, partial ones resume from their checkpoints.
 # Arguments go to harness.runs.evidence (e.g. --seeds 0 1 2; --steps 300 trains every run on to 300 steps, a finished
-# shorter one from its last checkpoint, as if it had been started at 300: with COPY_TO elsewhere until all have). Output: runs/tiny_regime/ (weights, outside git); each
-# finished run's config.json + metrics.jsonl are committed under $COPY_TO/<name>/seed<k>/ (default
-# reports/tiny/runs_regime: the older tier's runs under reports/tiny/runs are left as they are).
+# shorter one from its last checkpoint, as if it had been started at 300: with COPY_TO elsewhere until all have).
+# Output: runs/tiny_regime/ (weights, outside git); each finished run's config.json + metrics.jsonl are committed
+# under $COPY_TO/<name>/seed<k>/ (default reports/tiny/runs_regime: the older tier's runs under reports/tiny/runs are
+# left as they are).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
