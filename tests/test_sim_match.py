@@ -121,3 +121,24 @@ def test_the_ablations_arguments_are_checked_before_the_fit_spends_its_budget(tm
     _sweep_folder(tmp_path, "grpo", [[{"step": s, "clip_frac": 0.01, "accuracy": 0.3} for s in range(10)]])
     out = CliRunner().invoke(app, ["sim", "--match", str(tmp_path), "--seeds", "0", "--out", str(tmp_path / "x")])
     assert out.exit_code == 2 and out.output.startswith("error: seeds: ") and "fit of the simulator" not in out.output
+
+
+def test_a_fit_asked_the_same_again_is_reused_and_one_asked_otherwise_is_run(tmp_path, monkeypatch):
+    """simulate.sh reruns --match into the same folder: the same card, budget and settings reuse its fit.json (the
+    fit is deterministic), which the ablations then resume at; a changed budget or target card fits again."""
+    import harness.runs.match as match
+    records = [[{"step": s, "clip_frac": 0.5, "accuracy": 0.3} for s in range(10)]]
+    _sweep_folder(tmp_path / "target", "grpo", records)
+    args = ["sim", "--match", str(tmp_path / "target"), "--steps", "8", "--seeds", "1", "--workers", "1",
+            "--out", str(tmp_path / "ablation")]
+    first = CliRunner().invoke(app, [*args, "--match-budget", "8"])
+    record = json.loads((tmp_path / "ablation" / "fit.json").read_text())
+    calls = []
+    monkeypatch.setattr(match.Objective, "card", lambda self, x: calls.append(x) or dict.fromkeys(self.target, 0.5))
+    again = CliRunner().invoke(app, [*args, "--match-budget", "8"])
+    assert (first.exit_code, again.exit_code) == (1, 1) and calls == []
+    assert "reused" in again.output and json.loads((tmp_path / "ablation" / "fit.json").read_text()) == record
+    assert again.output.split("reused (delete it to fit again)\n")[1] == first.output  # the same fit, printed
+    other = CliRunner().invoke(app, [*args, "--match-budget", "9"])
+    assert other.exit_code == 1 and calls and "reused" not in other.output  # fitted again (the stand-in's card)
+    assert json.loads((tmp_path / "ablation" / "fit.json").read_text())["inputs"]["budget"] == 9

@@ -150,6 +150,7 @@ class Fit:
     fitted: dict
     residuals: dict
     evaluations: int
+    inputs: dict  # what the fit was asked (``fit_inputs``): a fit.json with the same is reused, not run again
 
     @property
     def matched(self) -> bool:
@@ -158,9 +159,18 @@ class Fit:
     def record(self) -> dict:
         """The fit as a JSON-ready record (``harness.reports.regime.FIT_FILE``), which reports render."""
         return {"env": ENV, "label": self.label, "algo": self.algo, "settings": self.settings,
-                "evaluations": self.evaluations, "matched": self.matched,
+                "evaluations": self.evaluations, "matched": self.matched, "inputs": self.inputs,
                 "entries": [{"entry": e, "target": t, "fitted": self.fitted[e], "residual": self.residuals[e]}
                             for e, t in self.target.items()]}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> Fit:
+        entries, inputs = rec["entries"], rec["inputs"]
+        order = [*inputs["fixed"], *(k for k in inputs["knobs"] if k not in inputs["fixed"])]  # as fitted
+        settings = {k: rec["settings"][k] for k in order if k in rec["settings"]}
+        return cls(rec["label"], rec["algo"], settings, {e["entry"]: e["target"] for e in entries},
+                   {e["entry"]: e["fitted"] for e in entries}, {e["entry"]: e["residual"] for e in entries},
+                   rec["evaluations"], inputs)
 
     def lines(self) -> list[str]:
         width = max(len(e) for e in self.target)
@@ -202,9 +212,11 @@ def _short(v) -> str:
 
 
 def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3, steps: int | None = None,
-        budget: int = 240, workers: int = 2, fixed: dict | None = None) -> Fit:
+        budget: int = 240, workers: int = 2, fixed: dict | None = None, previous: dict | None = None) -> Fit:
     """Fit ``KNOBS`` to the target's card within ``budget`` simulator runs (of ``seeds`` stacked seeds and
-    ``steps`` steps: by default the target's logged steps, at most 300)."""
+    ``steps`` steps: by default the target's logged steps, at most 300). ``previous``: an earlier fit's record;
+    asked the same (the same target card, algorithm, budget, seeds, steps and fixed settings), it is returned as
+    it is, since the fit is deterministic and would find the same again."""
     from scipy.optimize import differential_evolution
 
     from spec.registry import ALGORITHMS
@@ -214,6 +226,10 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     algo = algo or (target_algo if target_algo in ALGORITHMS else "grpo")
     if steps is None:
         steps = min(300, max(len(r["records"]) for r in _runs(paths) if r["label"] == label))
+    inputs = {"target": target, "algo": algo, "budget": budget, "seeds": seeds, "steps": steps,
+              "fixed": dict(fixed or {}), "knobs": [k.key for k in knobs()]}
+    if previous is not None and previous.get("label") == label and previous.get("inputs") == inputs:
+        return Fit.from_record(previous)
     knob_list = [k for k in knobs() if k.key not in (fixed or {})]
     objective = Objective(algo, target, knob_list, seeds, steps, dict(fixed or {}))
     popsize = 2 if budget >= 4 * len(knob_list) else 1  # scipy's population: popsize x the number of knobs; small, so that the budget buys generations
@@ -225,4 +241,4 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     card = objective.card(result.x)
     settings = objective.settings(result.x)  # the fixed settings with the fitted: what the card was fitted at
     return Fit(label, algo, settings, target, card, {e: residual(e, card[e], t) for e, t in target.items()},
-               int(result.nfev) + 1)
+               int(result.nfev) + 1, inputs)

@@ -123,12 +123,17 @@ def match_command(paths, label: str | None, budget: int, env: str, algos: str, s
     grid = parse_sets(sets)
     plan(ENV, parse_algos(algos), seeds, steps, grid)  # the ablation's arguments checked before the fit's minutes
     fixed = {k: v[0] for k, v in grid.items() if len(v) == 1 and "." not in k}
-    result = fit(paths, label=label, budget=budget, workers=workers, fixed=fixed)
+    record = Path(out) / FIT_FILE
+    previous = read_json(record) if record.is_file() else None
+    result = fit(paths, label=label, budget=budget, workers=workers, fixed=fixed, previous=previous)
+    if previous is not None and result.record() == previous:
+        print(f"{record} was fitted to this card with the same budget and settings: reused (delete it to fit "
+              f"again)")
     print("\n".join(result.lines()), flush=True)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    write_json(record, result.record())  # before the ablation, so that a stopped one resumes at the same fit
     if result.matched:
         sim_command(ENV, algos, seeds, steps, sets, out, json_out, workers, fitted=result.settings)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    write_json(Path(out) / FIT_FILE, result.record())
     return result.matched
 
 
