@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from sim import config
-from sim.loop import Trainer, build_env, run
+from sim.loop import Diverged, Trainer, build_env, run, run_stack
 from sim.tabular import exact, tables
 from spec.registry import ALGORITHMS
 
@@ -154,6 +154,20 @@ def test_parse_sets_rejects_malformed_items(bad):
 def test_steps_must_be_positive():
     with pytest.raises(ValueError, match="^steps:"):
         run("toy_lm", "grpo", 0, 0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow on the way, before the check stops it
+def test_parameters_that_diverge_stop_the_run_with_an_error_naming_lr():
+    """SGD at lr 10 on 16 updates a batch sends feature_lm's parameters past the floats at its first step: an
+    error naming lr and the seeds, not metrics of NaN (written as None) or a silent accuracy 0."""
+    with pytest.raises(Diverged, match=r"^lr: the policy's parameters left the finite numbers at step 0 \(seed\(s\) "
+                       r"0, 1; sgd, lr 10\); expected a smaller lr$"):
+        run_stack("feature_lm", "grpo", [0, 1], 5, {"optimizer": "sgd", "lr": 10.0, "minibatches": 16,
+                                                     "epochs": 4, "n_features": 32})
+    assert issubclass(Diverged, ValueError)  # so that cliplab prints it as a one-line error (exit 2)
+    recs = run_stack("feature_lm", "grpo", [0, 1], 5, {"optimizer": "sgd", "lr": 1.0})  # a finite run goes on
+    assert all(r["accuracy"] is not None and np.isfinite(r["accuracy"]) for seed in recs for r in seed)
+
 
 
 @pytest.mark.parametrize("env", ["bandit", "toy_lm", "feature_lm"])

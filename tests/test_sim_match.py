@@ -142,3 +142,14 @@ def test_a_fit_asked_the_same_again_is_reused_and_one_asked_otherwise_is_run(tmp
     other = CliRunner().invoke(app, [*args, "--match-budget", "9"])
     assert other.exit_code == 1 and calls and "reused" not in other.output  # fitted again (the stand-in's card)
     assert json.loads((tmp_path / "ablation" / "fit.json").read_text())["inputs"]["budget"] == 9
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_point_whose_learning_rate_diverges_is_the_farthest_fit_not_the_fits_end():
+    """The search may try a learning rate that diverges (sim.loop.Diverged): that point's every entry reads as
+    missing, so the fit goes on elsewhere."""
+    target = {"clip_frac": 0.01, "accuracy_start": 0.3}
+    diverging = {"optimizer": "sgd", "lr": 10.0, "minibatches": 16, "epochs": 4, "n_features": 32}
+    objective = Objective("grpo", target, [], 1, 3, diverging)
+    assert objective.residuals([]) == dict.fromkeys(target, MISSING)
+    assert objective([]) == 2 * MISSING ** 2

@@ -126,10 +126,13 @@ class Objective:
         return out
 
     def card(self, x) -> dict:
-        from sim.loop import run_stack
+        from sim.loop import Diverged, run_stack
 
         from harness.reports.regime import label_card
-        records = run_stack(ENV, self.algo, list(range(self.seeds)), self.steps, self.settings(x))
+        try:
+            records = run_stack(ENV, self.algo, list(range(self.seeds)), self.steps, self.settings(x))
+        except Diverged:  # a point whose learning rate diverges is as far as can be from any card
+            return dict.fromkeys(self.target)
         card = label_card([{"algo": self.algo, "records": r} for r in records])
         return {e: card[e].value for e in self.target}
 
