@@ -147,9 +147,12 @@ def test_a_fit_asked_the_same_again_is_reused_and_one_asked_otherwise_is_run(tmp
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_a_point_whose_learning_rate_diverges_is_the_farthest_fit_not_the_fits_end():
     """The search may try a learning rate that diverges (sim.loop.Diverged): that point's every entry reads as
-    missing, so the fit goes on elsewhere."""
+    missing, and it scores worse than any point with a card, however far (a finite sum of squares), so the fit
+    goes on elsewhere."""
     target = {"clip_frac": 0.01, "accuracy_start": 0.3}
     diverging = {"optimizer": "sgd", "lr": 10.0, "minibatches": 16, "epochs": 4, "n_features": 32}
     objective = Objective("grpo", target, [], 1, 3, diverging)
     assert objective.residuals([]) == dict.fromkeys(target, MISSING)
-    assert objective([]) == 2 * MISSING ** 2
+    assert objective([]) == math.inf
+    far = Objective("grpo", {"clip_frac": 0.9, "accuracy_start": 1.0}, [], 1, 3, {"optimizer": "sgd", "lr": 1e-4})
+    assert math.isfinite(far([])) and far([]) > 2 * MISSING ** 2  # a bad card still beats a diverged run

@@ -131,7 +131,7 @@ class Objective:
         from harness.reports.regime import label_card
         try:
             records = run_stack(ENV, self.algo, list(range(self.seeds)), self.steps, self.settings(x))
-        except Diverged:  # a point whose learning rate diverges is as far as can be from any card
+        except Diverged:  # no card: every entry missing, and the point worse than any that has one (``__call__``)
             return dict.fromkeys(self.target)
         card = label_card([{"algo": self.algo, "records": r} for r in records])
         return {e: card[e].value for e in self.target}
@@ -141,7 +141,10 @@ class Objective:
         return {e: residual(e, card[e], t) for e, t in self.target.items()}
 
     def __call__(self, x) -> float:
-        return float(sum(r * r for r in self.residuals(x).values()))
+        card = self.card(x)
+        if all(v is None for v in card.values()):  # diverged (or a card with nothing): never the best point
+            return math.inf
+        return float(sum(residual(e, card[e], t) ** 2 for e, t in self.target.items()))
 
 
 @dataclass
