@@ -10,7 +10,8 @@
 #    settings (beta 0, token mean), and SAPO's temperatures (the registry's 1.0 / 1.05 and reversed), each on both
 #    settings; DCPO with the binary reward; TIS / MIS under a rollout/trainer mismatch. SEEDS (default 0-9:10-19,
 #    discovery and replication) x STEPS (default 200, the tier's) each.
-# 3. Their report into OUT (report.md, claims.json, summaries/). Each sweep resumes where it stopped.
+# 3. Their report into OUT (report.md, claims.json, summaries/). Each sweep resumes where it stopped, and the fit in
+#    RUNS/fit/fit.json is reused while the card, budget and settings it was asked stay the same.
 # Usage: reports/tiny/simulate.sh [RUNS_DIR] (default runs/tiny_sim).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
