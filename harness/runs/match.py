@@ -13,7 +13,7 @@ every residual is at most 1; otherwise the best fit is reported with its residua
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -172,7 +172,7 @@ class Fit:
     @classmethod
     def from_record(cls, rec: dict) -> Fit:
         entries, inputs = rec["entries"], rec["inputs"]
-        order = [*inputs["fixed"], *(k for k in inputs["knobs"] if k not in inputs["fixed"])]  # as fitted
+        order = [*inputs["fixed"], *(k["key"] for k in inputs["knobs"] if k["key"] not in inputs["fixed"])]
         settings = {k: rec["settings"][k] for k in order if k in rec["settings"]}
         return cls(rec["label"], rec["algo"], settings, {e["entry"]: e["target"] for e in entries},
                    {e["entry"]: e["fitted"] for e in entries}, {e["entry"]: e["residual"] for e in entries},
@@ -233,7 +233,7 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     if steps is None:
         steps = min(300, max(len(r["records"]) for r in _runs(paths) if r["label"] == label))
     inputs = {"target": target, "algo": algo, "budget": budget, "seeds": seeds, "steps": steps,
-              "fixed": dict(fixed or {}), "knobs": [k.key for k in knobs()]}
+              "fixed": dict(fixed or {}), "knobs": [{**asdict(k), "choices": list(k.choices)} for k in knobs()]}
     if previous is not None and previous.get("label") == label and previous.get("inputs") == inputs:
         return Fit.from_record(previous)
     knob_list = [k for k in knobs() if k.key not in (fixed or {})]
