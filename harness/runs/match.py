@@ -238,7 +238,8 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
         return Fit.from_record(previous)
     knob_list = [k for k in knobs() if k.key not in (fixed or {})]
     objective = Objective(algo, target, knob_list, seeds, steps, dict(fixed or {}))
-    popsize = 2 if budget >= 4 * len(knob_list) else 1  # scipy's population: popsize x the number of knobs; small, so that the budget buys generations
+    # scipy's population is popsize x the number of knobs: small, so that the budget buys generations
+    popsize = 2 if budget >= 4 * len(knob_list) else 1
     generations = max(0, budget // (popsize * len(knob_list)) - 1)
     result = differential_evolution(objective, [k.bounds() for k in knob_list], popsize=popsize,
                                     maxiter=generations, integrality=[k.integral for k in knob_list],
