@@ -136,10 +136,10 @@ def _check_draws(draws, seeds: list[int], default: int) -> tuple[int, ...]:
     return tuple(int(d) for d in draws)
 
 
-
 class Diverged(ValueError):
     """The trained parameters became non-finite (a learning rate too large for the optimiser): the run stops, and
     its metrics are never written as NaN or None."""
+
 
 class Trainer:
     """Runs of one setting: an environment, the policies' parameters, reference, optimiser and advantage state.
@@ -262,10 +262,10 @@ class Trainer:
                              self._dpo_step(params)):
             rec.update(part, step=self.step_no)
         if not np.isfinite(np.add.reduce(self.params, axis=None)):  # a NaN or inf anywhere reaches the sum
-            bad = np.isfinite(self.params.reshape(self.copies, -1)).all(1)
+            finite = np.isfinite(self.params.reshape(self.copies, -1)).all(1)
             raise Diverged(f"lr: the policy's parameters left the finite numbers at step {self.step_no} (seed(s) "
-                           f"{', '.join(str(s) for s, ok in zip(self.seeds, bad) if not ok)}; {self.cfg['optimizer']}, "
-                           f"lr {self.cfg['lr']:g}); expected a smaller lr")
+                           f"{', '.join(str(s) for s, ok in zip(self.seeds, finite) if not ok)}; "
+                           f"{self.cfg['optimizer']}, lr {self.cfg['lr']:g}); expected a smaller lr")
         self.step_no += 1
         return [clean(rec) for rec in recs]
 

@@ -169,7 +169,6 @@ def test_parameters_that_diverge_stop_the_run_with_an_error_naming_lr():
     assert all(r["accuracy"] is not None and np.isfinite(r["accuracy"]) for seed in recs for r in seed)
 
 
-
 @pytest.mark.parametrize("env", ["bandit", "toy_lm", "feature_lm"])
 def test_runs_share_one_read_only_environment_per_setting(env):
     a, b = Trainer(env, "grpo", 0), Trainer(env, "grpo", 1)

@@ -137,14 +137,17 @@ class Objective:
         return {e: card[e].value for e in self.target}
 
     def residuals(self, x) -> dict:
-        card = self.card(x)
+        return self.residuals_of(self.card(x))
+
+    def residuals_of(self, card: dict) -> dict:
+        """Each target entry's residual (tolerance units) of a ``card`` of the simulator's."""
         return {e: residual(e, card[e], t) for e, t in self.target.items()}
 
     def __call__(self, x) -> float:
         card = self.card(x)
         if all(v is None for v in card.values()):  # diverged (or a card with nothing): never the best point
             return math.inf
-        return float(sum(residual(e, card[e], t) ** 2 for e, t in self.target.items()))
+        return float(sum(r * r for r in self.residuals_of(card).values()))
 
 
 @dataclass
@@ -156,7 +159,7 @@ class Fit:
     fitted: dict
     residuals: dict
     evaluations: int
-    inputs: dict  # what the fit was asked (``fit_inputs``): a fit.json with the same is reused, not run again
+    inputs: dict  # what ``fit`` was asked: a fit.json asked the same is reused, not run again
 
     @property
     def matched(self) -> bool:
@@ -247,5 +250,4 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
                                     updating="deferred" if workers > 1 else "immediate")
     card = objective.card(result.x)
     settings = objective.settings(result.x)  # the fixed settings with the fitted: what the card was fitted at
-    return Fit(label, algo, settings, target, card, {e: residual(e, card[e], t) for e, t in target.items()},
-               int(result.nfev) + 1, inputs)
+    return Fit(label, algo, settings, target, card, objective.residuals_of(card), int(result.nfev) + 1, inputs)
