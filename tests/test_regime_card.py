@@ -70,6 +70,11 @@ def test_a_claim_whose_card_fails_a_condition_is_not_testable_naming_the_value()
     assert got.kind == Kind.NOT_TESTABLE and got.reason == "grpo's clip_frac is 1e-05; the claim needs clip_frac >= 0.0001"
     got = regime_checked(finding("r", Kind.REVERSED, "x", conditions=_checks(cards, "dapo", CLIP_BINDS, WELL_FORMED)))
     assert got.kind == Kind.NOT_TESTABLE and got.reason == "dapo's malformed_max is 0.2; the claim needs malformed_max <= 0.03"
+    # a value that rounds to the threshold reads with the digits that show it fails
+    nearly = _run("grpo", "grpo", clip_frac=[0.0099996] * 10, malformed=[0.0300004] * 10)
+    cards = {**cards, **run_set_card([nearly])}
+    got = regime_checked(finding("r", Kind.REPRODUCED, "x", conditions=_checks(cards, "grpo", WELL_FORMED)))
+    assert got.reason == "grpo's malformed_max is 0.0300004; the claim needs malformed_max <= 0.03"
     # SAPO has no hard clip: its "n/a" clip share neither passes nor fails the condition
     assert regime_checked(finding("r", Kind.REPRODUCED, "x", conditions=_checks(cards, "sapo", CLIP_BINDS))).kind \
         == Kind.REPRODUCED

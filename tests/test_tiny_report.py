@@ -12,7 +12,7 @@ from harness.reports import tiny
 from harness.reports.claim_record import Claim, ClaimRecord, Kind, RunSet, SetResult, Source, Verdict
 from harness.reports.claim_render import json_text, read_claims
 from harness.reports.claims import run_claims
-from harness.reports.regime import run_set_card
+from harness.reports.regime import CardValue, run_set_card
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "reports" / "tiny"
@@ -214,7 +214,7 @@ def test_the_readme_regenerates_from_fabricated_runs_and_says_what_is_wrong(tmp_
         tiny.main(["--readme", str(tmp_path / "o3" / "README.md"), "--runs", str(tmp_path / "nowhere")])
 
 
-def test_the_run_length_is_explained_by_the_sweeps_time_and_the_cards_headroom(tmp_path):
+def test_the_run_length_is_explained_by_the_sweeps_time_and_the_cards_headroom(tmp_path, monkeypatch):
     # 2 settings x 10 seeds x 20 steps at a median 90 s a step in two lanes: 20 * 20 * 90 / 2 s = 5 h; at 300: 75 h
     times = lambda seed, s: {"step_time_s": 90.0 if s % 4 else 1000.0}  # one slow step in four: the median is 90
     _write(tmp_path / "a", "grpo", {"name": "grpo"}, lambda seed, s: {**times(seed, s), "accuracy": 0.95})
@@ -222,12 +222,18 @@ def test_the_run_length_is_explained_by_the_sweeps_time_and_the_cards_headroom(t
            model="tiny_char_sharpening")
     runs = tiny.load_tiny(tmp_path / "a")
     line = tiny.length_line(runs, run_set_card(runs))
-    assert "take 5.0 h at 20 steps and 75.0 h at 300" in line
+    assert "take 5.0 h at 20 steps and 75.0 h at 300 steps, against" in line
     assert "5% (grpo), 50% (grpo_sharpening): the regime has ended for grpo (headroom below 0.1)" in line
     _write(tmp_path / "b", "grpo", {"name": "grpo"}, lambda seed, s: {"accuracy": 0.5})
     runs = tiny.load_tiny(tmp_path / "b")
     line = tiny.length_line(runs, run_set_card(runs))
-    assert "log no step times" in line and "the regime has not ended" in line
+    assert "log no step times" in line and "the regime has not ended" in line and "for the time budget" in line
+    monkeypatch.setattr(tiny, "PLANNED_STEPS", 20)  # runs of the planned length: one figure, and no budget cut
+    runs = tiny.load_tiny(tmp_path / "a")
+    line = tiny.length_line(runs, run_set_card(runs))
+    assert "take 5.0 h at 20 steps, against" in line
+    runs = tiny.load_tiny(tmp_path / "b")
+    assert tiny.length_line(runs, run_set_card(runs)).endswith("so the runs stop at the planned 20.")
 
 
 def test_the_smollm2_verdicts_credit_the_reward_and_call_clip_higher_untestable():
@@ -358,6 +364,29 @@ def test_verdicts_are_compared_only_at_a_matching_regime_card():
     assert "no regime card entry measured in both" in tiny.not_compared(at(here, 0.01, 0.5), sim)
 
 
+def test_a_verdict_whose_regime_fails_on_one_seed_set_is_not_compared_and_says_which_set_and_value():
+    from dataclasses import replace
+
+    from harness.reports.claim_record import CardCheck, combine, finding, regime_checked
+    from spec.regime import HEADROOM
+
+    def decided(kind, headroom):
+        return regime_checked(finding("r", kind, "x", conditions=(CardCheck(HEADROOM, headroom, "dcpo"),)))
+    claim = Claim("c", "c", Source("p", None, ""))
+    # the replication seeds saturate: "not replicated", but no verdict changed, so nothing to compare
+    here = replace(combine(decided(Kind.PARTLY, 0.2), decided(Kind.PARTLY, 0.05), ("0-4", "5-9")), claim=claim)
+    assert here.kind is Kind.NOT_REPLICATED
+    sim = replace(combine(decided(Kind.PARTLY, 0.3), decided(Kind.PARTLY, 0.3), ("0-9", "10-19")), claim=claim)
+    assert tiny.predicted(here, sim) is None
+    assert tiny.not_compared(here, sim) == ("not testable on this tier's replication seeds (dcpo's headroom is 0.05; "
+                                            "the claim needs headroom >= 0.1)")
+    assert tiny.not_compared(sim, here).startswith("not testable on the simulator's replication seeds")
+    first = replace(combine(decided(Kind.PARTLY, 0.05), decided(Kind.PARTLY, 0.2), ("0-4", "5-9")), claim=claim)
+    assert tiny.not_compared(first, sim).startswith("not testable on this tier's discovery seeds (dcpo's headroom")
+    assert tiny.predicted(replace(here, replication=replace(here.replication, verdict=Verdict(Kind.REVERSED)),
+                                  kind=Kind.NOT_REPLICATED), sim) == "no"  # a verdict that did change is compared
+
+
 def test_the_fit_to_this_tiers_card_is_shown_entry_by_entry_and_its_report_is_the_simulator_column(tmp_path):
     fitted, default = tmp_path / "fitted", tmp_path / "default"
     assert tiny.simulator_dir(fitted, default) == default  # no fit yet: the simulator at its own defaults
@@ -383,17 +412,24 @@ def test_the_exploration_axis_names_each_claims_prior_beside_where_its_up_clippe
     for name, hp, gain, k in (("grpo_beta0_sharpening", {"beta": 0.0}, 0.0, 1),
                               ("grpo_beta0_unclipped_sharpening", {"beta": 0.0, "eps_high": 1e6}, -0.05, 2)):
         _write(tmp_path, name, {"name": "grpo", "hp": hp}, sharp(gain, k), model="tiny_char_sharpening")
-    for folder in (tmp_path / "grpo_beta0").glob("seed*"):  # where the exploration prior's up-clipped tokens sit
-        lines = (folder / "metrics.jsonl").read_text().splitlines()
-        (folder / "metrics.jsonl").write_text("\n".join(json.dumps({**json.loads(x), "upclip_pold_lt02": 0.7})
-                                                        for x in lines) + "\n")
+    for folder in (tmp_path / "grpo_beta0").glob("seed*"):  # where the exploration prior's up-clipped tokens sit:
+        lines = (folder / "metrics.jsonl").read_text().splitlines()  # 0.9 in the first 2 of 20 steps, then 0.3
+        (folder / "metrics.jsonl").write_text("\n".join(
+            json.dumps({**json.loads(x), "upclip_pold_lt02": 0.9 if i < 2 else 0.3}) for i, x in enumerate(lines))
+            + "\n")
     runs = tiny.load_tiny(tmp_path)
     lines = tiny.axis_lines(run_claims(runs), runs, run_set_card(runs))
     rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| Clip-higher")}  # by regime
-    # the looser bound ends 0.05 higher on the exploration prior and 0.05 lower on the sharpening one
-    assert rows["grpo, beta=0"].endswith("| **reproduced** | exploration | 70% |")
-    assert rows["grpo, beta=0, explore=sharpening"].endswith("| **reversed** | sharpening | 10% |")
-    assert rows["grpo, beta=0, explore=sharpening: mechanism"].endswith("| **not reproduced** | sharpening | 10% |")
+    # the looser bound ends 0.05 higher on the exploration prior and 0.05 lower on the sharpening one; the
+    # exploration prior's share over its first tenth and its first 100 steps (all 20): (2 * 0.9 + 18 * 0.3) / 20
+    assert rows["grpo, beta=0"].endswith("| **reproduced** | exploration | 90% / 36% |")
+    assert rows["grpo, beta=0, explore=sharpening"].endswith("| **reversed** | sharpening | 10% / 10% |")
+    assert rows["grpo, beta=0, explore=sharpening: mechanism"].endswith(
+        "| **not reproduced** | sharpening | 10% / 10% |")
+    transient = next(line for line in lines if line.startswith("On the exploration prior"))
+    assert "90% of the up-clipped tokens are below pi_old 0.2 over the first tenth of the steps, 36% over" in transient
+    steady = (CardValue(0.9, 10), CardValue(0.6, 10))  # most up-clipped tokens below 0.2 throughout: no caveat
+    assert tiny.transient_line(steady) == [] and tiny.transient_line((CardValue(0.4, 10), CardValue(0.3, 10))) == []
     assert tiny.axis_lines(RunSet("tiny", ()), [], {}) == ["Not measured: none of clip_higher, cov_entropy, "
                                                        "sapo_temperatures has runs here yet.", ""]
 

@@ -161,6 +161,16 @@ def finding(regime: str, verdict: Verdict | Kind, reason: str, measured: str = "
                        algorithm=algorithm)
 
 
+def failing_text(k: CardCheck) -> str:
+    """A failing card value in 3 significant digits, or as many more as it takes to read as failing: 0.19996
+    against ">= 0.2" reads 0.19996, not 0.2."""
+    for digits in range(3, 17):
+        text = f"{k.value:.{digits}g}"
+        if not k.condition.holds(float(text)):
+            return text
+    return repr(k.value)
+
+
 def regime_checked(r: ClaimRecord) -> ClaimRecord:
     """``r`` where its regime card meets the conditions the claim needs; else "not testable here", its reason
     naming the measured value that fails (the first such condition). A condition whose entry the runs do not log
@@ -171,7 +181,7 @@ def regime_checked(r: ClaimRecord) -> ClaimRecord:
     if not failed:
         return r
     k = failed[0]
-    reason = f"{k.label}'s {k.condition.entry} is {k.value:.3g}; the claim needs {k.condition.text()}"
+    reason = f"{k.label}'s {k.condition.entry} is {failing_text(k)}; the claim needs {k.condition.text()}"
     return replace(r, kind=Kind.NOT_TESTABLE, reason=reason,
                    discovery=replace(r.discovery, verdict=Verdict(Kind.NOT_TESTABLE)))
 

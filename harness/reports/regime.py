@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spec.regime import CARD, ENTRIES, NOT_APPLICABLE, reduce_values
+from spec.regime import CARD, ENTRIES, NOT_APPLICABLE, Entry, reduce_values
 from spec.registry import ALGORITHMS
 
 from harness.reports.rundirs import fmt, md
@@ -63,17 +63,18 @@ def _by_step(records: list[dict], metric: str) -> dict[int, float]:
     return out
 
 
+def entry_value(runs: list[dict], entry: Entry) -> CardValue:
+    """``entry`` (a card entry, or one of its metric over another window) of one label's runs (each with ``algo``
+    and ``records``): its mean over the seeds that logged it."""
+    if not applicable(runs[0].get("algo") if runs else None, entry.name):
+        return CardValue(None, 0, applicable=False)
+    values = [v for r in runs if (v := reduce_values(entry, _by_step(r["records"], entry.metric))) is not None]
+    return CardValue(math.fsum(values) / len(values) if values else None, len(values))
+
+
 def label_card(runs: list[dict], names=None) -> dict[str, CardValue]:
     """One label's card from its runs (each with ``algo`` and ``records``): every entry, or those ``names``d."""
-    algo = runs[0].get("algo") if runs else None
-    card = {}
-    for entry in CARD if names is None else [e for e in CARD if e.name in names]:
-        if not applicable(algo, entry.name):
-            card[entry.name] = CardValue(None, 0, applicable=False)
-            continue
-        values = [v for r in runs if (v := reduce_values(entry, _by_step(r["records"], entry.metric))) is not None]
-        card[entry.name] = CardValue(math.fsum(values) / len(values) if values else None, len(values))
-    return card
+    return {e.name: entry_value(runs, e) for e in CARD if names is None or e.name in names}
 
 
 def run_set_card(runs: list[dict]) -> dict[str, dict[str, CardValue]]:

@@ -20,13 +20,13 @@ import numpy as np
 from sim.metrics import summarise_run
 from sim.sweep import label_of
 from spec.records import read_json, write_text
-from spec.regime import HEADROOM, MAX_STEPS, TINY_CHAR_PRIORS, WELL_FORMED
+from spec.regime import ENTRIES, HEADROOM, MAX_STEPS, TINY_CHAR_PRIORS, WELL_FORMED
 from spec.registry import ALGORITHMS
 
 from harness.reports.claim_record import ClaimRecord, Kind, RunSet, card_gap
 from harness.reports.claim_render import JSON_NAME, cell, prose, read_claims, summary_lines, write_claims
 from harness.reports.claims import run_claims
-from harness.reports.regime import FIT_FILE, card_lines, label_card, run_set_card
+from harness.reports.regime import FIT_FILE, CardValue, card_lines, entry_value, label_card, run_set_card
 from harness.reports.rundirs import Groups, fmt, load_runs, md, output_file
 from harness.reports.ranking import rankings
 from harness.reports.sim import plot_lines, ranking_lines
@@ -197,7 +197,8 @@ def sim_record(sim: list[ClaimRecord], rec: ClaimRecord) -> ClaimRecord | None:
 def predicted(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
     """"yes" / "no": does the simulator's verdict have this tier's kind, where both tiers can test the claim at a
     matching regime card; None where either did not measure it (or measured it on its discovery seeds only, or the
-    row has no verdict of its own), either reads "not testable here", or their cards differ (``not_compared``)."""
+    row has no verdict of its own), either reads "not testable here" on a seed set, or their cards differ
+    (``not_compared``)."""
     if not_compared(rec, sim) is not None:
         return None
     return "yes" if rec.kind is sim.kind else "no"
@@ -206,7 +207,8 @@ def predicted(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
 #: How the agreement rate counts.
 COMPARED = ("A prediction counts where the verdicts have the same kind (reproduced, partly, not reproduced, "
             "reversed, not detectable, not replicated). Claims are compared only where both tiers measured them on "
-            "both seed sets, neither reads \"not testable here\", and the regime card entries both record lie "
+            "both seed sets, the claim's regime conditions hold on each seed set of each tier (neither reads \"not "
+            "testable here\", on either set), and the regime card entries both record lie "
             "within their tolerances (a factor of 2 for shares and ratio movements, 0.1 for accuracies and "
             "entropy falls); the table says why a claim is not compared.")
 
@@ -215,6 +217,17 @@ COMPARED = ("A prediction counts where the verdicts have the same kind (reproduc
 ADVANCE = ("\"Predictable from the fit?\" is said before any verdict is compared, from the fit alone: a claim whose "
            "regime conditions read a card entry the fitted simulator could not reach (its residual beyond -1 to 1 "
            "tolerance units) is not expected to be predicted.")
+
+
+def untestable_set(r: ClaimRecord) -> str | None:
+    """The seed set of ``r`` whose regime card fails a condition of the claim, and the failing value ("replication
+    seeds (grpo's malformed_max is ...)"); None where the conditions hold on each set. Such a record's "not
+    replicated" is a regime that did not hold on one set, not a verdict that changed."""
+    for name, part, why in (("discovery", r.discovery, r.reason), ("replication", r.replication, None)):
+        if part is not None and part.verdict.kind is Kind.NOT_TESTABLE:
+            why = why if why is not None else part.verdict.note
+            return f"{name} seeds" + (f" ({why})" if why else "")
+    return None
 
 
 def not_compared(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
@@ -226,6 +239,9 @@ def not_compared(rec: ClaimRecord, sim: ClaimRecord | None) -> str | None:
     if Kind.NOT_TESTABLE in (rec.kind, sim.kind):
         return "not testable in " + ("both tiers" if rec.kind is sim.kind else
                                      "this tier" if rec.kind is Kind.NOT_TESTABLE else "the simulator")
+    for tier, r in (("this tier", rec), ("the simulator", sim)):
+        if (why := untestable_set(r)) is not None:
+            return f"not testable on {tier}'s {why}"
     gap = card_gap(rec, sim)
     return None if gap is None else f"{gap} (this tier, the simulator)"
 
@@ -363,6 +379,24 @@ AXIS_CLAIMS = ("clip_higher", "cov_entropy", "sapo_temperatures")
 AXIS_BASELINES = {"exploration": "grpo_beta0", "sharpening": "grpo_beta0_sharpening"}
 
 
+#: The card's share of up-clipped tokens below pi_old 0.2 over the first tenth of the steps, beside its first 100.
+FIRST_TENTH_UPCLIP = replace(ENTRIES["upclip_pold_lt02"], window="start")
+
+
+def transient_line(shares: tuple[CardValue, CardValue] | None) -> list[str]:
+    """Where the exploration prior's up-clipped tokens are exploration tokens at first and not over the card's
+    first 100 steps: the sentence that says so, with both shares (else nothing)."""
+    if shares is None or any(v.value is None for v in shares) or not shares[0].value >= 0.5 > shares[1].value:
+        return []
+    first, early = (v.text("upclip_pold_lt02") for v in shares)
+    return ["", f"On the exploration prior that regime is where a run starts, not where it stays: {first} of the "
+            f"up-clipped tokens are below pi_old 0.2 over the first tenth of the steps, {early} over the first 100. "
+            "RL raises the prior's exploration digits past 0.2 within those steps, and the tokens the upper clip "
+            "holds are then the ones still climbing. A run has exploration tokens to clip only while it has new "
+            "ones to find: this prior has one per slip pair (configs/tiny/model.yaml), a long chain of thought "
+            "many more."]
+
+
 def axis_lines(rs: RunSet, runs: list[dict], cards: dict) -> list[str]:
     """Each exploration-axis claim's verdict per prior, beside the share of up-clipped tokens below pi_old 0.2
     that GRPO (beta 0) measured on that prior (``cards``: the run set's, ``run_set_card``): the condition under
@@ -370,9 +404,16 @@ def axis_lines(rs: RunSet, runs: list[dict], cards: dict) -> list[str]:
     params = {r["label"]: r["params"] for r in runs}
     default = TINY_CHAR_PRIORS[DEFAULT_PRIOR]
 
+    by_label: dict[str, list[dict]] = {}
+    for r in runs:
+        by_label.setdefault(r["label"], []).append(r)
+    shares = {setting: (entry_value(by_label[label], FIRST_TENTH_UPCLIP), cards[label]["upclip_pold_lt02"])
+              for setting, label in AXIS_BASELINES.items() if label in cards}
+
     def share(setting: str) -> str:
-        card = cards.get(AXIS_BASELINES[setting])
-        return card["upclip_pold_lt02"].text("upclip_pold_lt02") if card else "not run"
+        if setting not in shares:
+            return "not run"
+        return " / ".join(v.text("upclip_pold_lt02") for v in shares[setting])
     rows = [r for r in rs.records if r.claim.id in AXIS_CLAIMS and r.compared]
     lines = ["The exploration prior puts the digits RL must raise below pi_old 0.2, at positions whose other mass is "
              "spread over five wrong digits; the sharpening prior puts them at 0.3-0.6 against one wrong digit. "
@@ -382,7 +423,9 @@ def axis_lines(rs: RunSet, runs: list[dict], cards: dict) -> list[str]:
              "trainer logs `upclip_pold_lt02` each step, and `cliplab report RUN_DIR --algo RUN_DIR=grpo` prints "
              "the card (verl's and TRL's logs lack the entry: their card reads \"not logged\"). At 0.5 or more "
              "the upper clip holds mostly exploration tokens; below it, mostly tokens that are already likely.",
-             "", "| claim | regime | verdict | prior | up-clipped tokens below pi_old 0.2 |", "|---|---|---|---|---|"]
+             *transient_line(shares.get("exploration")),
+             "", "| claim | regime | verdict | prior | up-clipped tokens below pi_old 0.2: first tenth of the steps / "
+             "first 100 (the card's) |", "|---|---|---|---|---|"]
     for r in rows:
         setting = params.get(r.compared[0], {}).get("explore", default)
         lines.append(f"| {cell(r.claim.text)} | {cell(r.regime) or '-'} | **{cell(r.verdict_text())}** | {setting} | "
@@ -516,11 +559,11 @@ def length_line(runs: list[dict], cards: dict) -> str:
     n_runs = n_settings * SEEDS_PLANNED
     if times:
         per_step = float(np.median(times))
-        hours = {n: n_runs * n * per_step / LANES / 3600 for n in (steps, PLANNED_STEPS)}
+        lengths = sorted({steps, PLANNED_STEPS})
+        at = " and ".join(f"{n_runs * n * per_step / LANES / 3600:.1f} h at {n} steps" for n in lengths)
         cost = (f"At the runs' median step time, {per_step:.2f} s (wall, {LANES} lanes side by side; the mean reads "
                 f"the machine's other work too), the {n_runs} runs of the {n_settings} settings x {SEEDS_PLANNED} seeds "
-                f"take {hours[steps]:.1f} h at {steps} steps and {hours[PLANNED_STEPS]:.1f} h at {PLANNED_STEPS}, "
-                f"against a {SWEEP_HOURS:g} h budget.")
+                f"take {at}, against a {SWEEP_HOURS:g} h budget.")
     else:
         cost = "The runs log no step times, so the sweep's time is not measured here."
     heads = {label: cards[label]["headroom"].value for label in ("grpo", "grpo_sharpening")
@@ -532,7 +575,8 @@ def length_line(runs: list[dict], cards: dict) -> str:
             + ", ".join(f"{fmt(h, pct=True)} ({md(label)})" for label, h in heads.items())
             + (f": the regime has ended for {', '.join(map(md, ended))} (headroom below {HEADROOM.threshold:g})."
                if ended else f": the regime has not ended (headroom at least {HEADROOM.threshold:g}), so the runs "
-               "stop for the time budget, not because the card shows nothing left to measure."))
+               + (f"stop at the planned {PLANNED_STEPS}." if steps >= PLANNED_STEPS else
+                  "stop for the time budget, not because the card shows nothing left to measure.")))
 
 
 def write_readme(readme="reports/tiny/README.md", runs_dir="reports/tiny/runs_regime", sim=None) -> Path:

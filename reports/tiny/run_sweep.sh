@@ -4,15 +4,15 @@
 # 0.2 / 0.28 / none with KL off, Clip-Cov and KL-Cov beside GRPO at their settings (grpo_cov_baseline), and SAPO's
 # temperatures, each on both priors (exploration, sharpening); SAPO also at staleness 2, TIS / MIS under a sampler
 # mismatch (staleness 2, pi_old recomputed), DCPO's attribution (binary reward; SAS off) and GSPO at staleness 2. 10
-# seeds x 200 steps in two lanes, in the background, on the tiny_char models (`make tiny-model` first), in seven phases,
+# seeds x 300 steps in two lanes, in the background, on the tiny_char models (`make tiny-model` first), in seven phases,
 # each seed-major (every setting's seed k before any seed k + 1): seed 0 of every setting; GRPO's discovery seeds (the
 # card reports/tiny/simulate.sh fits the simulator to); the discovery seeds 1-4, then the replication seeds 5-9, of
 # the settings the exploration axis compares (clip-higher, Clip-Cov / KL-Cov, SAPO's temperatures, on both priors);
 # the discovery seeds of the other ranked algorithms (so that the seven algorithms' ranking is tested sooner); then
 # the same two of the others.
 # Resumable: run it again and finished runs are skipped, partial ones resume from their checkpoints.
-# Arguments go to harness.runs.evidence (e.g. --seeds 0 1 2; --steps 300 trains every run on to 300 steps, a finished
-# shorter one from its last checkpoint, as if it had been started at 300: with COPY_TO elsewhere until all have).
+# Arguments go to harness.runs.evidence (e.g. --seeds 0 1 2; --steps 400 trains every run on to 400 steps, a finished
+# shorter one from its last checkpoint, as if it had been started at 400: with COPY_TO elsewhere until all have).
 # Output: runs/tiny_regime/ (weights, outside git); each finished run's config.json + metrics.jsonl are committed
 # under $COPY_TO/<name>/seed<k>/ (default reports/tiny/runs_regime: the older tier's runs under reports/tiny/runs are
 # left as they are).

@@ -9,7 +9,7 @@
 #    the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov beside GRPO at their
 #    settings (beta 0, token mean), and SAPO's temperatures (the registry's 1.0 / 1.05 and reversed), each on both
 #    settings; DCPO with the binary reward; TIS / MIS under a rollout/trainer mismatch. SEEDS (default 0-9:10-19,
-#    discovery and replication) x STEPS (default 200, the tier's) each.
+#    discovery and replication) x STEPS (default 300, the tier's) each.
 # 3. Their report into OUT (report.md, claims.json, summaries/). Each sweep resumes where it stopped, and the fit in
 #    RUNS/fit/fit.json is reused while the card, budget and settings it was asked stay the same.
 # Usage: reports/tiny/simulate.sh [RUNS_DIR] (default runs/tiny_sim).
@@ -19,7 +19,7 @@ RUNS=${1:-runs/tiny_sim}
 PY=${PYTHON:-.venv/bin/python}
 JOBS=${JOBS:-$(nproc)}
 SEEDS=${SEEDS:-0-9:10-19}
-STEPS=${STEPS:-200}
+STEPS=${STEPS:-300}
 OUT=${OUT:-reports/tiny/sim}
 BUDGET=${BUDGET:-240}
 TARGET=${TARGET:-reports/tiny/runs_regime/grpo}  # the GRPO runs on the default prior (a label of its own)
