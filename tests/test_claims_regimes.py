@@ -123,7 +123,8 @@ def test_sapo_states_each_regimes_mechanism_beside_its_verdict():
     meas = rec.discovery.measured
     assert rec.kind is Kind.NA and rec.verdict_text() == "measured"
     assert rec.attribution.startswith("the principle: with tau_neg > tau_pos")
-    assert "median |r - 1| on decision tokens 0.1 vs 0.1" in meas and "[0.8, 1.2] in their advantage's direction 3% vs 3%" in meas
+    assert "median |r - 1| on decision tokens 0.1 vs 0.1" in meas
+    assert "[0.8, 1.2] in their advantage's direction 3% vs 3%" in meas
     assert "gate weights at |r - 1| = 0.2: tau 1.0 0.99, tau 4.0 0.856" in meas
 
 
@@ -215,3 +216,21 @@ def test_a_rollout_correction_is_testable_under_noise_or_a_stale_sampler_whose_p
     assert (rec.kind is not Kind.NOT_TESTABLE) is testable, rec.reason
     if mismatch.get("staleness") and testable:
         assert "a sampler 2 updates behind the policy that recomputes pi_old" in rec.attribution
+
+
+def test_a_comparison_where_one_setting_runs_on_is_not_testable_naming_that_setting():
+    """The regime's conditions read the baseline's card, and well-formedness every compared setting's: the
+    unclipped runs 20% malformed (over the card's 10 steps: all 3 here) leave the comparison to the run-on."""
+    from harness.reports.claim_record import regime_checked
+    runs = _clip_runs({"forks": 1}, 0.05, 0.2, EXPLORING)
+    for run in runs:
+        for rec in run["records"]:
+            rec["malformed"] = 0.2 if run["params"]["eps_high"] == 100 else 0.0
+    rec = claim_clip_higher(Groups(runs))[0]
+    checks = [k for k in rec.conditions if k.condition.entry == "malformed_max"]
+    assert [(k.label, k.holds) for k in checks] == [("grpo[beta=0,eps_high=0.2,forks=1]", True),
+                                                    ("grpo[beta=0,eps_high=100,forks=1]", False)]
+    got = regime_checked(rec)
+    assert got.kind is Kind.NOT_TESTABLE
+    assert got.reason == ("grpo[beta=0,eps_high=100,forks=1]'s malformed_max is 0.2; the claim needs "
+                          "malformed_max <= 0.03")

@@ -41,6 +41,12 @@ def card(g: Groups, label: str, *conditions) -> tuple[CardCheck, ...]:
     return tuple(CardCheck(c, values[c.entry].value, label, values[c.entry].applicable) for c in conditions)
 
 
+def well_formed(g: Groups, *labels: str) -> tuple[CardCheck, ...]:
+    """WELL_FORMED on each label a claim compares: a comparison where one side's format collapses (or runs on to the
+    token budget) reads that failure, not the rule the claim is about (the first label that fails is named)."""
+    return tuple(check for label in dict.fromkeys(labels) for check in card(g, label, WELL_FORMED))
+
+
 def estimate(what: str, d: float, half: float, ok: "Tested", pct: bool = False) -> Estimate:
     """A tested difference as a record's estimate: value, 95% half-width, the test and its Holm-adjusted p."""
     c = ok.cmp
@@ -363,7 +369,8 @@ def claim_clip_higher(g: Groups):
         rows.append(finding(regime, verdict, why, f"{algo} ({setting}): " + "; ".join(cells),
                             estimate(f"final {_entropy_name(keys[0])}, {top_name} - eps_high 0.2", d, se, ok),
                             (base, *(lbl for _, lbl in looser)), attribution(g, base, top, tested=keys),
-                            conditions=card(g, base, CLIP_BINDS, UPPER_CLIP_BINDS, RATIOS_MOVE, ENTROPY_FALLS),
+                            conditions=card(g, base, CLIP_BINDS, UPPER_CLIP_BINDS, RATIOS_MOVE, ENTROPY_FALLS)
+                            + well_formed(g, base, *(lbl for _, lbl in looser)),
                             algorithm=algo))
         rows.append(replace(clip_mechanism(g, regime, base, looser[-1]), algorithm=algo))
     return rows
@@ -415,7 +422,8 @@ def claim_random_reward(g: Groups):
             verdict, "the difference is within noise")
         rows.append(finding(f"{algo}, {_setting(algo, rest)}", verdict, why, meas,
                             estimate("final entropy, no upper clip - eps_high 0.2", d, se, ok), (base, free),
-                            attribution(g, base, free), conditions=card(g, base, UPPER_CLIP_BINDS, RATIOS_MOVE),
+                            attribution(g, base, free),
+                            conditions=card(g, base, UPPER_CLIP_BINDS, RATIOS_MOVE) + well_formed(g, base, free),
                             algorithm=algo))
     return rows
 
@@ -482,7 +490,8 @@ def claim_entropy_collapse(g: Groups):
                      f"{fmt(a.mean, a.half)}, b {fmt(b.mean, b.half)}")
         keys = _entropy_keys(g, lbl)[::-1]  # the total first
         if "entropy_relevant" in keys:
-            meas += (f"; reward-relevant entropy (ordinary + fork) {fmt(*mean_se(g.curve(lbl, 'entropy_relevant')[:, 0]))}"
+            relevant = g.curve(lbl, 'entropy_relevant')[:, 0]
+            meas += (f"; reward-relevant entropy (ordinary + fork) {fmt(*mean_se(relevant))}"
                      f" -> {fmt(*mean_se(_final(g, lbl, 'entropy_relevant')))}")
         controls, compared = [], [lbl]
         for name, ctl_keys, values in CONTROLS:
@@ -579,7 +588,8 @@ def claim_drgrpo_length(g: Groups):
     meas = (f"growth of the {what} incorrect-response length, first to last 10% of steps: GRPO {fmt(mg, sg)}, "
             f"Dr.GRPO {fmt(md, sd)} tokens (GRPO - Dr.GRPO {sig(diff, half, ok)})")
     row = dict(measured=meas, estimate=estimate(f"growth of the incorrect-response length, GRPO - Dr.GRPO",
-                                                diff, half, ok), compared=(gr, dr), conditions=card(g, gr, HEADROOM))
+                                                diff, half, ok), compared=(gr, dr),
+               conditions=card(g, gr, HEADROOM) + well_formed(g, gr, dr))
     if ok and diff > 0 and abs(md) < abs(mg) / 2:
         return [finding("", Kind.REPRODUCED, "GRPO's 1/|o_i| lets long wrong answers pay less per token; Dr.GRPO's "
                         "constant does not", **row)]
@@ -656,7 +666,7 @@ def claim_sapo(g: Groups):
             verdict, why = undetected(okf), "instability appears but the orderings do not differ beyond noise"
             est = estimate(f"fall from the peak of {key}, {tn}/{tp} - {tp}/{tn}", df, sf, okf)
         rows.append(finding(_setting("sapo", rest), verdict, why, meas, est, (good, rev), scale,
-                            conditions=card(g, good, RATIOS_MOVE, OFF_POLICY)))
+                            conditions=card(g, good, RATIOS_MOVE, OFF_POLICY) + well_formed(g, good, rev)))
         rows.append(sapo_mechanism(g, _setting("sapo", rest), (tp, tn), good, rev))
     return rows
 
@@ -730,7 +740,8 @@ def claim_dcpo_accuracy(g: Groups):
     above = [n for n in names[1:] if tests[n][2] and tests[n][0] > 0]
     weakest = min(names[1:], key=lambda n: tests[n][0])  # the comparison least in DCPO's favour
     row = dict(measured=meas, estimate=estimate(f"{key}, DCPO - {weakest}", *tests[weakest]),
-               compared=tuple(labels.values()), conditions=card(g, labels["dcpo"], HEADROOM, WELL_FORMED))
+               compared=tuple(labels.values()),
+               conditions=card(g, labels["dcpo"], HEADROOM) + well_formed(g, *labels.values()))
     if len(above) == 3:
         return [finding("", Kind.REPRODUCED, "DCPO ends above the other three", **row)]
     if above:
@@ -830,7 +841,8 @@ def claim_cov_entropy(g: Groups):
                 f"{algo}, {_setting(algo, params)}", verdict, why, meas,
                 estimate(f"final {_entropy_name(keys[0])}, {algo} - PPO-clip", de, see, oke), (lbl, base),
                 "the selected tokens are those of largest Cov(log pi, A), the ones whose updates lower entropy most "
-                "(Lemma 1); " + attribution(g, base, lbl, tested=keys), conditions=card(g, base, ENTROPY_FALLS),
+                "(Lemma 1); " + attribution(g, base, lbl, tested=keys),
+                conditions=card(g, base, ENTROPY_FALLS) + well_formed(g, base, lbl),
                 algorithm=algo))
     if not rows:
         return _missing("clip_cov / kl_cov runs beside grpo with the same settings",
@@ -908,7 +920,7 @@ def claim_rollout_correction(g: Groups):
                 verdict, why, attributed = undetected(ok), "the differences are within noise", cost
             rows.append(finding(f"{kind}, {_setting('grpo', rest, rollout_correction=kind)}", verdict, why, meas,
                                 estimate(f"final {key}, {kind} - none", d, se, ok), (on, off), attributed,
-                                conditions=card(g, off, HEADROOM)))
+                                conditions=card(g, off, HEADROOM) + well_formed(g, off, on)))
     if not rows:
         return _missing("grpo runs with and without a rollout correction under rollout_noise",
                         "cliplab sim --algos grpo --set beta=0 --set rollout_noise=0,1 "

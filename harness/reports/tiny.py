@@ -397,6 +397,16 @@ def transient_line(shares: tuple[CardValue, CardValue] | None) -> list[str]:
             "many more."]
 
 
+def run_on_share(runs: list[dict]) -> str:
+    """What the tier's malformed responses are: the share of them that reached the token budget without EOS."""
+    steps = [rec for run in runs for rec in run["records"]]
+    malformed = sum(rec.get("malformed") or 0.0 for rec in steps)
+    if not malformed or not any("truncated_frac" in rec for rec in steps):
+        return "the runs do not log which malformed responses ran to the token budget"
+    truncated = sum(rec.get("truncated_frac") or 0.0 for rec in steps)
+    return f"{fmt(truncated / malformed, pct=True)} of the malformed responses here ran to the token budget without EOS"
+
+
 def axis_lines(rs: RunSet, runs: list[dict], cards: dict) -> list[str]:
     """Each exploration-axis claim's verdict per prior, beside the share of up-clipped tokens below pi_old 0.2
     that GRPO (beta 0) measured on that prior (``cards``: the run set's, ``run_set_card``): the condition under
@@ -414,6 +424,12 @@ def axis_lines(rs: RunSet, runs: list[dict], cards: dict) -> list[str]:
         if setting not in shares:
             return "not run"
         return " / ".join(v.text("upclip_pold_lt02") for v in shares[setting])
+    def run_on(labels) -> str:  # each compared setting's seeds past the well-formed regime
+        counts = []
+        for label in labels:
+            seeds = [entry_value([run], ENTRIES[WELL_FORMED.entry]).value for run in by_label.get(label, [])]
+            counts.append(f"{md(label)} {sum(not WELL_FORMED.holds(v) for v in seeds if v is not None)}/{len(seeds)}")
+        return ", ".join(counts)
     rows = [r for r in rs.records if r.claim.id in AXIS_CLAIMS and r.compared]
     lines = ["The exploration prior puts the digits RL must raise below pi_old 0.2, at positions whose other mass is "
              "spread over five wrong digits; the sharpening prior puts them at 0.3-0.6 against one wrong digit. "
@@ -423,13 +439,19 @@ def axis_lines(rs: RunSet, runs: list[dict], cards: dict) -> list[str]:
              "trainer logs `upclip_pold_lt02` each step, and `cliplab report RUN_DIR --algo RUN_DIR=grpo` prints "
              "the card (verl's and TRL's logs lack the entry: their card reads \"not logged\"). At 0.5 or more "
              "the upper clip holds mostly exploration tokens; below it, mostly tokens that are already likely.",
-             *transient_line(shares.get("exploration")),
+             *transient_line(shares.get("exploration")), "",
+             f"The last column counts, for each setting a claim compares, the seeds whose malformed share passed "
+             f"{WELL_FORMED.threshold:.0%} over some {MAX_STEPS} steps (the card's malformed_max; "
+             f"{run_on_share(runs)}): "
+             "these claims' conditions read the card of their baseline, so where a compared setting runs on, its "
+             "comparison also reads that run-on.",
              "", "| claim | regime | verdict | prior | up-clipped tokens below pi_old 0.2: first tenth of the steps / "
-             "first 100 (the card's) |", "|---|---|---|---|---|"]
+             f"first 100 (the card's) | seeds above {WELL_FORMED.threshold:.0%} malformed |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         setting = params.get(r.compared[0], {}).get("explore", default)
         lines.append(f"| {cell(r.claim.text)} | {cell(r.regime) or '-'} | **{cell(r.verdict_text())}** | {setting} | "
-                     f"{share(setting)} |")
+                     f"{share(setting)} | {run_on(r.compared)} |")
     return lines + [""] if rows else ["Not measured: none of " + ", ".join(AXIS_CLAIMS) + " has runs here yet.", ""]
 
 
@@ -562,7 +584,8 @@ def length_line(runs: list[dict], cards: dict) -> str:
         lengths = sorted({steps, PLANNED_STEPS})
         at = " and ".join(f"{n_runs * n * per_step / LANES / 3600:.1f} h at {n} steps" for n in lengths)
         cost = (f"At the runs' median step time, {per_step:.2f} s (wall, {LANES} lanes side by side; the mean reads "
-                f"the machine's other work too), the {n_runs} runs of the {n_settings} settings x {SEEDS_PLANNED} seeds "
+                f"the machine's other work too), the {n_runs} runs of the {n_settings} settings x {SEEDS_PLANNED} "
+                "seeds "
                 f"take {at}, against a {SWEEP_HOURS:g} h budget.")
     else:
         cost = "The runs log no step times, so the sweep's time is not measured here."
