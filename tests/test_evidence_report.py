@@ -7,7 +7,7 @@ import yaml
 
 from gpu.config import from_dict
 from gpu_helpers import tiny_config, tiny_path  # noqa: F401  (fixture)
-from harness.runs.evidence import finished, jobs, run_lane
+from harness.runs.evidence import finished, jobs, main, run_lane
 from harness.reports.claim_record import Claim, ClaimRecord, Kind, RunSet, SetResult, Source, Verdict
 from harness.reports.claim_render import json_text, read_claims
 from harness.reports.evidence import Evidence, paired, t_interval
@@ -149,6 +149,19 @@ def test_runner_extends_finished_runs_as_if_they_had_been_started_longer(tmp_pat
     for x, y in zip(extended, straight):
         for k in ("reward", "loss", "rur", "len_mean", "grad_norm"):
             assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-7), (x["step"], k)
+
+
+def test_runner_applies_a_setting_to_every_config(tmp_path, tiny_path):
+    """``--set``: each run's config.json records the setting; the configs on disk are left as they are."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    raw = tiny_config(tmp_path / "unused", "grpo", steps=1, run={"resume": True, "threads": 1})
+    (configs / "grpo.yaml").write_text(yaml.safe_dump(raw))
+    main(["--configs", str(configs), "--out", str(tmp_path / "runs"), "--copy-to", str(tmp_path / "copy"),
+          "--algos", "grpo", "--seeds", "0", "--no-commit", "--set", "algo.overlong_filter=true"])
+    written = json.loads((tmp_path / "copy" / "grpo" / "seed0" / "config.json").read_text())
+    assert written["algo"]["overlong_filter"] is True and written["run"]["seed"] == 0
+    assert "overlong_filter" not in yaml.safe_load((configs / "grpo.yaml").read_text())["algo"]
 
 
 def test_verdict_rules():

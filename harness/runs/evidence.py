@@ -55,17 +55,19 @@ def publish(run_dir: Path, dest: Path, commit: bool) -> None:
 
 
 def run_lane(config_dir, out_root, copy_root, lane: int = 0, lanes: int = 1, algos=ALGOS + VARIANTS,
-             seeds=SEEDS, commit: bool = True, steps: int | None = None) -> None:
+             seeds=SEEDS, commit: bool = True, steps: int | None = None, overrides=()) -> None:
     """Train this lane's (name, seed) runs (configs/evidence/<name>.yaml) one after another, sharing one rollout
     engine. ``steps``: train to that many steps instead of the configs' ``run.steps``; a finished shorter run
     resumes from its last checkpoint and continues (the schedule does not depend on the run's length, and
-    ``run.steps`` is free to change on resume), as if it had been started at that length."""
+    ``run.steps`` is free to change on resume), as if it had been started at that length. ``overrides``:
+    ``section.field=value`` settings applied to every config (``cliplab train --set``)."""
     from gpu.config import load_config
     from gpu.train import Trainer
     engine = None
     for algo, seed in jobs(algos, seeds, lane, lanes):
         run_dir, dest = Path(out_root) / algo / f"seed{seed}", Path(copy_root) / algo / f"seed{seed}"
-        sets = [f"run.seed={seed}", f"run.out_dir={run_dir}"] + ([] if steps is None else [f"run.steps={steps}"])
+        sets = [*overrides, f"run.seed={seed}", f"run.out_dir={run_dir}"] + (
+            [] if steps is None else [f"run.steps={steps}"])
         cfg = load_config(Path(config_dir) / f"{algo}.yaml", sets)
         if not finished(run_dir, cfg.run.steps):
             t0 = time.perf_counter()
@@ -91,8 +93,11 @@ def main(argv=None) -> None:
     p.add_argument("--no-commit", action="store_true")
     p.add_argument("--steps", type=int, help="train to this many steps (extends finished shorter runs); default: "
                                               "each config's run.steps")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="a setting applied to every config, as `cliplab train --set` takes it (repeatable)")
     a = p.parse_args(argv)
-    run_lane(a.configs, a.out, a.copy_to, a.lane, a.lanes, a.algos, a.seeds, not a.no_commit, a.steps)
+    run_lane(a.configs, a.out, a.copy_to, a.lane, a.lanes, a.algos, a.seeds, not a.no_commit, a.steps,
+             a.overrides)
 
 
 if __name__ == "__main__":
