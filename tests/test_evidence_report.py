@@ -1,6 +1,7 @@
 """The evidence section of the real-model README (harness/reports/evidence.py, harness/real_report.write_readme) on
 fabricated run folders, against values worked by hand; and the evidence runner's bookkeeping."""
 import json
+import shutil
 
 import pytest
 import yaml
@@ -142,6 +143,9 @@ def test_runner_extends_finished_runs_as_if_they_had_been_started_longer(tmp_pat
     run_lane(configs, tmp_path / "runs", tmp_path / "copy", **lane, steps=3)
     # resumed, not started over: the first two steps' lines (their timings among them) are the ones written before
     assert (tmp_path / "copy" / "grpo" / "seed0" / "metrics.jsonl").read_text().startswith(first_two)
+    shutil.rmtree(tmp_path / "runs")  # a new clone: the weights are gone, the committed copy is whole
+    run_lane(configs, tmp_path / "runs", tmp_path / "copy", **lane, steps=3)
+    assert not (tmp_path / "runs").exists()  # so nothing is trained again
     run_lane(configs, tmp_path / "straight", tmp_path / "straight_copy", **lane, steps=3)
     extended, straight = ([json.loads(x) for x in (root / "grpo" / "seed0" / "metrics.jsonl").read_text().splitlines()]
                           for root in (tmp_path / "copy", tmp_path / "straight_copy"))

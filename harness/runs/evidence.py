@@ -1,5 +1,5 @@
-"""The real-model evidence runs (configs/evidence/<algo>.yaml x seeds), resumable: a finished run is skipped, a
-partial one resumes from its checkpoint. One rollout engine serves every run of a lane (vLLM's start-up costs more
+"""The real-model evidence runs (configs/evidence/<algo>.yaml x seeds), resumable: a finished run is skipped (its
+committed copy is enough, so a new clone goes on where the last left off), a partial one resumes from its checkpoint. One rollout engine serves every run of a lane (vLLM's start-up costs more
 than a step); each finished run's config.json and metrics.jsonl (never weights) are copied into
 ``copy_root/<algo>/seed<k>/`` and committed there.
 
@@ -69,6 +69,8 @@ def run_lane(config_dir, out_root, copy_root, lane: int = 0, lanes: int = 1, alg
         sets = [*overrides, f"run.seed={seed}", f"run.out_dir={run_dir}"] + (
             [] if steps is None else [f"run.steps={steps}"])
         cfg = load_config(Path(config_dir) / f"{algo}.yaml", sets)
+        if finished(dest, cfg.run.steps):  # its committed copy is whole: a new clone does not train it again
+            continue
         if not finished(run_dir, cfg.run.steps):
             t0 = time.perf_counter()
             trainer = Trainer(cfg, engine=engine if cfg.rollout.engine == "vllm" else None)
@@ -77,8 +79,7 @@ def run_lane(config_dir, out_root, copy_root, lane: int = 0, lanes: int = 1, alg
             del trainer
             gc.collect()
             print(f"{algo} seed{seed}: {time.perf_counter() - t0:.0f} s", flush=True)
-        if not finished(dest, cfg.run.steps):
-            publish(run_dir, dest, commit)
+        publish(run_dir, dest, commit)
 
 
 def main(argv=None) -> None:

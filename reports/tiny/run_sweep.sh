@@ -10,7 +10,8 @@
 # the settings the exploration axis compares (clip-higher, Clip-Cov / KL-Cov, SAPO's temperatures, on both priors);
 # the discovery seeds of the other ranked algorithms (so that the seven algorithms' ranking is tested sooner); then
 # the same two of the others.
-# Resumable: run it again and finished runs are skipped, partial ones resume from their checkpoints.
+# Resumable: run it again and finished runs are skipped (a committed copy under $COPY_TO is enough: a new clone goes
+# on where the last left off), partial ones resume from their checkpoints.
 # Arguments go to harness.runs.evidence (e.g. --seeds 0 1 2; --steps 400 trains every run on to 400 steps, a finished
 # shorter one from its last checkpoint, as if it had been started at 400: with COPY_TO elsewhere until all have).
 # Output: $OUT/ (default runs/tiny_regime: weights, outside git); each finished run's config.json + metrics.jsonl are
