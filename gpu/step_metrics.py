@@ -150,6 +150,7 @@ class StepClips:
         out = {"zero_adv_frac": self.zero_adv / n if n else None,
                "decision_dev_q50": _quantile(self.decision_dev, 0.5),
                "decision_dev_q90": _quantile(self.decision_dev, 0.9),
+               "decision_frac": sum(len(d) for d in self.decision_dev) / n if n else None,
                "ratio_dev_median": _quantile(self.dev, 0.5),
                "on_policy_frac": self.on_policy / n if n else None,
                "trunc_frac": self.truncated / n if self.truncates and n else None,

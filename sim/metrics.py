@@ -61,9 +61,9 @@ DEFINITIONS = {
 FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_ordinary", "entropy_fork",
               "entropy_end", "entropy_offtrack", "entropy_relevant", "entropy_hard", "entropy_easy",
               "malformed_exact")
-STEP_MEANS = ("ratio_dev_median", "decision_dev_q50", "decision_dev_q90", "zero_adv_frac", "clip_frac_active",
-              "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02", "lowclip_pold_median",
-              "lowclip_pold_lt02", "upclip_fork_share", "freed_frac", "freed_pold_median", "trunc_frac",
+STEP_MEANS = ("ratio_dev_median", "decision_dev_q50", "decision_dev_q90", "decision_frac", "zero_adv_frac",
+              "clip_frac_active", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
+              "lowclip_pold_median", "lowclip_pold_lt02", "upclip_fork_share", "freed_frac", "freed_pold_median", "trunc_frac",
               "updates_per_batch", "on_policy_frac", "staleness")
 SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac",
                 "gen_per_trained", "kl_ref_final", "resp_len", "len_wrong", "entropy_initial", "entropy_half_step",
@@ -222,8 +222,8 @@ class StepClips:
     def __init__(self, algo: str, hp: dict, blocks: int = 1):
         self.alg, self.hp, self.blocks = ALGORITHMS[algo], hp, blocks
         self.fixed = self.alg.clip in ("fixed", "dynamic")
-        self.tokens, self.zero_adv, self.on_policy, self.up, self.low, self.freed, self.up_fork = \
-            np.zeros((7, blocks))
+        self.tokens, self.zero_adv, self.on_policy, self.up, self.low, self.freed, self.up_fork, self.n_decision = \
+            np.zeros((8, blocks))
         self.up_p, self.low_p, self.freed_p, self.dev, self.decision = (_Picks(blocks) for _ in range(5))
         self.has_fork = False
 
@@ -263,8 +263,10 @@ class StepClips:
         dev = np.abs(ratio[active] - 1.0)
         self.dev.add(dev, n_active)
         decision = np.exp(old_logp[active]) < DECISION_P_OLD  # pi_old far from 1
-        self._keep(self.decision, dev, decision, np.bincount(np.repeat(np.arange(self.blocks), n_active),
-                                                             weights=decision, minlength=self.blocks).astype(np.intp))
+        n_decision = np.bincount(np.repeat(np.arange(self.blocks), n_active), weights=decision,
+                                 minlength=self.blocks).astype(np.intp)
+        self.n_decision += n_decision
+        self._keep(self.decision, dev, decision, n_decision)
         if not self.fixed:
             return zeroed
         if bounds is not None:  # DCPO's from policy_terms, q checked as dcpo_bounds checks it
@@ -307,7 +309,8 @@ class StepClips:
     def _summary(self, i: int, col: dict) -> dict:
         tokens, up, low = self.tokens[i], self.up[i], self.low[i]
         out = {"ratio_dev_median": col["ratio_dev_median"], "decision_dev_q50": col["decision_dev_q50"],
-               "decision_dev_q90": col["decision_dev_q90"], "zero_adv_frac": _ratio(self.zero_adv[i], tokens),
+               "decision_dev_q90": col["decision_dev_q90"], "decision_frac": _ratio(self.n_decision[i], tokens),
+               "zero_adv_frac": _ratio(self.zero_adv[i], tokens),
                "on_policy_frac": _ratio(self.on_policy[i], tokens)}
         if self.alg.clip != "truncated":
             out["trunc_frac"] = None

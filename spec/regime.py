@@ -36,6 +36,8 @@ STEP_METRICS: Mapping[str, str] = MappingProxyType({
     "clip_low_frac": "share of trained tokens with A < 0 and ratio below the lower bound",
     "decision_dev_q50": f"median |r - 1| over decision tokens (pi_old < {DECISION_P_OLD}, A != 0)",
     "decision_dev_q90": f"90th percentile of |r - 1| over decision tokens (pi_old < {DECISION_P_OLD}, A != 0)",
+    "decision_frac": f"share of trained tokens that are decision tokens (pi_old < {DECISION_P_OLD}, A != 0): the "
+                     "only tokens that can clip, so clip_frac is about decision_frac times their clipped share",
     "upclip_pold_median": "median pi_old of the up-clipped tokens",
     "upclip_pold_lt02": f"share of the up-clipped tokens with pi_old < {EXPLORATION_P_OLD}",
     "lowclip_pold_median": "median pi_old of the down-clipped tokens",
@@ -82,6 +84,7 @@ CARD: tuple[Entry, ...] = (
     Entry("clip_low_frac", "clip_low_frac", "early", "mean", "down-clipped share over the first 100 steps"),
     Entry("decision_dev_q50", "decision_dev_q50", "early", "mean", "median |r - 1| on decision tokens"),
     Entry("decision_dev_q90", "decision_dev_q90", "early", "mean", "90th percentile of |r - 1| on decision tokens"),
+    Entry("decision_frac", "decision_frac", "early", "mean", "share of trained tokens that are decision tokens"),
     Entry("upclip_pold_median", "upclip_pold_median", "early", "mean", "median pi_old of up-clipped tokens"),
     Entry("upclip_pold_lt02", "upclip_pold_lt02", "early", "mean", "share of up-clipped tokens below pi_old 0.2"),
     Entry("lowclip_pold_median", "lowclip_pold_median", "early", "mean", "median pi_old of down-clipped tokens"),

@@ -113,6 +113,7 @@ def card_lines(cards: dict[str, dict[str, CardValue]], title: str = "## Regime c
 #: ("linear", width) for quantities in [0, 1].
 TOLERANCES = {"clip_frac": ("log", 2.0), "clip_up_frac": ("log", 2.0), "clip_low_frac": ("log", 2.0),
               "decision_dev_q50": ("log", 2.0), "decision_dev_q90": ("log", 2.0), "trunc_frac": ("log", 2.0),
+              "decision_frac": ("log", 2.0),
               "upclip_pold_lt02": ("linear", 0.1), "lowclip_pold_lt02": ("linear", 0.1),
               "accuracy_start": ("linear", 0.1), "accuracy_end": ("linear", 0.1), "headroom": ("linear", 0.1),
               "entropy_fall": ("linear", 0.1), "entropy_relevant_fall": ("linear", 0.1),
