@@ -86,7 +86,8 @@ def _share_below(parts: list, bound: float) -> float | None:
 #: The clip statistics of the regime card, logged as None for an algorithm without a hard clip (SAPO's soft gate,
 #: CISPO's truncated weight, KL-Cov, GPG, GMPO's log-space clip): not defined there, and never 0.
 CLIP_KEYS = ("clip_frac", "clip_frac_active", "clip_up_frac", "clip_low_frac", "upclip_pold_median",
-             "upclip_pold_lt02", "lowclip_pold_median", "lowclip_pold_lt02", "freed_frac", "freed_pold_median")
+             "upclip_pold_lt02", "lowclip_pold_median", "lowclip_pold_lt02", "freed_frac", "freed_pold_median",
+             "decision_clip_frac", "decision_clip_up_frac")
 
 
 class StepClips:
@@ -146,11 +147,11 @@ class StepClips:
 
     def summary(self) -> dict:
         """The step's values under spec.regime's names (None where undefined: no token, no clip, no such token)."""
-        n, active = self.tokens, self.tokens - self.zero_adv
+        n, active, decisions = self.tokens, self.tokens - self.zero_adv, sum(len(d) for d in self.decision_dev)
         out = {"zero_adv_frac": self.zero_adv / n if n else None,
                "decision_dev_q50": _quantile(self.decision_dev, 0.5),
                "decision_dev_q90": _quantile(self.decision_dev, 0.9),
-               "decision_frac": sum(len(d) for d in self.decision_dev) / n if n else None,
+               "decision_frac": decisions / n if n else None,
                "ratio_dev_median": _quantile(self.dev, 0.5),
                "on_policy_frac": self.on_policy / n if n else None,
                "trunc_frac": self.truncated / n if self.truncates and n else None,
@@ -160,6 +161,8 @@ class StepClips:
         return out | {"clip_frac": (self.up + self.low) / n,
                       "clip_frac_active": (self.up + self.low) / active if active else None,
                       "clip_up_frac": self.up / n, "clip_low_frac": self.low / n,
+                      "decision_clip_frac": (self.up + self.low) / decisions if decisions else None,
+                      "decision_clip_up_frac": self.up / decisions if decisions else None,
                       "upclip_pold_median": _quantile(self.up_p, 0.5),
                       "upclip_pold_lt02": _share_below(self.up_p, EXPLORATION_P_OLD),
                       "lowclip_pold_median": _quantile(self.low_p, 0.5),

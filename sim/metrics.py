@@ -61,10 +61,10 @@ DEFINITIONS = {
 FINAL_KEYS = ("entropy_decision", "entropy_within", "entropy_correct", "entropy_ordinary", "entropy_fork",
               "entropy_end", "entropy_offtrack", "entropy_relevant", "entropy_hard", "entropy_easy",
               "malformed_exact")
-STEP_MEANS = ("ratio_dev_median", "decision_dev_q50", "decision_dev_q90", "decision_frac", "zero_adv_frac",
-              "clip_frac_active", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
-              "lowclip_pold_median", "lowclip_pold_lt02", "upclip_fork_share", "freed_frac", "freed_pold_median", "trunc_frac",
-              "updates_per_batch", "on_policy_frac", "staleness")
+STEP_MEANS = ("ratio_dev_median", "decision_dev_q50", "decision_dev_q90", "decision_frac", "decision_clip_frac",
+              "decision_clip_up_frac", "zero_adv_frac", "clip_frac_active", "clip_up_frac", "clip_low_frac",
+              "upclip_pold_median", "upclip_pold_lt02", "lowclip_pold_median", "lowclip_pold_lt02", "upclip_fork_share",
+              "freed_frac", "freed_pold_median", "trunc_frac", "updates_per_batch", "on_policy_frac", "staleness")
 SUMMARY_KEYS = ("reward", "accuracy", "accuracy_exact", "entropy_final", "clip_frac", "rur", "zero_grad_frac",
                 "gen_per_trained", "kl_ref_final", "resp_len", "len_wrong", "entropy_initial", "entropy_half_step",
                 *(k + "_final" for k in FINAL_KEYS), *(f"pass@{k}_{w}" for k in PASS_K for w in ("peak", "final",
@@ -144,7 +144,8 @@ NO_CLIP = frozenset({"soft", "truncated", "gamma", "off"})
 #: The clip statistics of the regime card, None for an algorithm without a hard clip (SAPO's soft gate, CISPO's
 #: truncated weight, GMPO's log-space clip, KL-Cov, GPG): not defined there, and never 0.
 CLIP_KEYS = ("clip_frac_active", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
-             "lowclip_pold_median", "lowclip_pold_lt02", "upclip_fork_share", "freed_frac", "freed_pold_median")
+             "lowclip_pold_median", "lowclip_pold_lt02", "upclip_fork_share", "freed_frac", "freed_pold_median",
+             "decision_clip_frac", "decision_clip_up_frac")
 
 
 class _Picks:
@@ -318,6 +319,8 @@ class StepClips:
             return out | dict.fromkeys(CLIP_KEYS)
         return out | {"clip_frac_active": _ratio(up + low, tokens - self.zero_adv[i]),
                       "clip_up_frac": float(up / tokens), "clip_low_frac": float(low / tokens),
+                      "decision_clip_frac": _ratio(up + low, self.n_decision[i]),
+                      "decision_clip_up_frac": _ratio(up, self.n_decision[i]),
                       "upclip_pold_median": col["upclip_pold_median"], "upclip_pold_lt02": col["upclip_pold_lt02"],
                       "lowclip_pold_median": col["lowclip_pold_median"],
                       "lowclip_pold_lt02": col["lowclip_pold_lt02"],

@@ -38,6 +38,10 @@ STEP_METRICS: Mapping[str, str] = MappingProxyType({
     "decision_dev_q90": f"90th percentile of |r - 1| over decision tokens (pi_old < {DECISION_P_OLD}, A != 0)",
     "decision_frac": f"share of trained tokens that are decision tokens (pi_old < {DECISION_P_OLD}, A != 0): the "
                      "only tokens that can clip, so clip_frac is about decision_frac times their clipped share",
+    "decision_clip_frac": "clipped tokens per decision token (clip_frac / decision_frac): the clip ratio without the "
+                          "near-certain tokens, whose share differs between environments (most of an LLM's response "
+                          "is near-certain; none of feature_lm's)",
+    "decision_clip_up_frac": "up-clipped tokens per decision token (clip_up_frac / decision_frac)",
     "upclip_pold_median": "median pi_old of the up-clipped tokens",
     "upclip_pold_lt02": f"share of the up-clipped tokens with pi_old < {EXPLORATION_P_OLD}",
     "lowclip_pold_median": "median pi_old of the down-clipped tokens",
@@ -85,6 +89,8 @@ CARD: tuple[Entry, ...] = (
     Entry("decision_dev_q50", "decision_dev_q50", "early", "mean", "median |r - 1| on decision tokens"),
     Entry("decision_dev_q90", "decision_dev_q90", "early", "mean", "90th percentile of |r - 1| on decision tokens"),
     Entry("decision_frac", "decision_frac", "early", "mean", "share of trained tokens that are decision tokens"),
+    Entry("decision_clip_frac", "decision_clip_frac", "early", "mean", "clipped tokens per decision token"),
+    Entry("decision_clip_up_frac", "decision_clip_up_frac", "early", "mean", "up-clipped tokens per decision token"),
     Entry("upclip_pold_median", "upclip_pold_median", "early", "mean", "median pi_old of up-clipped tokens"),
     Entry("upclip_pold_lt02", "upclip_pold_lt02", "early", "mean", "share of up-clipped tokens below pi_old 0.2"),
     Entry("lowclip_pold_median", "lowclip_pold_median", "early", "mean", "median pi_old of down-clipped tokens"),

@@ -96,6 +96,7 @@ def test_the_regime_card_statistics_by_hand():
     # decision |r - 1|: 0.5, 0.25, 0.5, 0, 0, 0 -> sorted 0, 0, 0, 0.25, 0.5, 0.5: median 0.125, q90 at 4.5 -> 0.5
     assert s["decision_dev_q50"] == pytest.approx(0.125) and s["decision_dev_q90"] == pytest.approx(0.5)
     assert s["decision_frac"] == pytest.approx(6 / 8)  # those six of the eight trained tokens
+    assert s["decision_clip_frac"] == pytest.approx(3 / 6) and s["decision_clip_up_frac"] == pytest.approx(2 / 6)
     assert s["trunc_frac"] is None
     # CISPO truncates its weight to [1 - eps_low, 1 + eps_high] = [0, 5] (relative cap), or [0, eps_high] = [0, 4]
     for mode, truncated in (("relative", 1 / 3), ("absolute", 2 / 3)):

@@ -35,6 +35,7 @@ def test_card_metrics_of_a_hand_built_batch():
     assert s["clip_up_frac"] == pytest.approx(1 / 9) and s["clip_low_frac"] == pytest.approx(2 / 9)
     assert s["decision_dev_q50"] == pytest.approx(0.3) and s["decision_dev_q90"] == pytest.approx(0.53)
     assert s["decision_frac"] == pytest.approx(5 / 9)  # those five of the nine trained tokens
+    assert s["decision_clip_frac"] == pytest.approx(3 / 5) and s["decision_clip_up_frac"] == pytest.approx(1 / 5)
     assert s["ratio_dev_median"] == pytest.approx(0.3)
     assert s["upclip_pold_median"] == pytest.approx(0.1) and s["upclip_pold_lt02"] == 1.0
     assert s["lowclip_pold_median"] == pytest.approx(0.225) and s["lowclip_pold_lt02"] == 0.5
@@ -106,7 +107,7 @@ def test_clip_frac_is_none_where_the_loss_clips_nothing(algo, has_clip):
 
 def test_definitions_are_the_cards():
     for key in ("zero_adv_frac", "clip_frac_active", "decision_dev_q50", "decision_dev_q90", "decision_frac",
-                "lowclip_pold_median",
+                "decision_clip_frac", "decision_clip_up_frac", "lowclip_pold_median",
                 "lowclip_pold_lt02", "trunc_frac", "updates_per_batch", "on_policy_frac", "staleness"):
         assert DEFINITIONS[key] is STEP_METRICS[key]
 
