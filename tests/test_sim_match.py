@@ -40,7 +40,8 @@ def test_the_objective_is_zero_at_the_targets_own_settings(tmp_path):
     records = run_stack("feature_lm", "grpo", [0, 1], 20, settings)
     _sweep_folder(tmp_path, "grpo", records, settings=settings)
     label, algo, target = target_card([tmp_path], None)
-    assert (label, algo) == ("grpo", "grpo") and {"clip_frac", "accuracy_start"} <= set(target)
+    assert (label, algo) == ("grpo", "grpo") and {"decision_clip_frac", "accuracy_start"} <= set(target)
+    assert "clip_frac" not in target and "clip_up_frac" not in target  # the ratios per decision token stand for them
     knob_list = [k for k in knobs() if k.key in settings]
     objective = Objective("grpo", target, knob_list, 2, 20, {})
     x = [math.log10(settings[k.key]) if k.log else settings[k.key] for k in knob_list]

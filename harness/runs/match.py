@@ -5,7 +5,9 @@ The target card (spec/regime.py) comes from any run set the reports read: a simu
 updates per rollout batch, staleness, the prior's confidence, the difficulty spread, and where exploration tokens
 sit when the environment has that setting) to bring the simulator's card, on the same algorithm, to the target's,
 with scipy's differential evolution under a fixed budget of simulator runs, from a fixed seed: the fit does not
-depend on the machine. Only the entries the target's logs supply are fitted (``FIT_ENTRIES`` that its card has).
+depend on the machine. Only the entries the target's logs supply are fitted (``FIT_ENTRIES`` that its card has),
+and the clip ratios per decision token in place of the clip ratios per token where the logs have both
+(``FIT_INSTEAD``).
 
 Each entry's residual is in units of its tolerance (``harness.reports.regime.residual``). The card matches when
 every residual is at most 1; otherwise the best fit is reported with its residuals and ``cliplab sim`` exits 1.
@@ -20,12 +22,15 @@ import numpy as np
 
 from spec.regime import ENTRIES
 
-from harness.reports.regime import FIT_ENTRIES, MISSING, residual
+from harness.reports.regime import FIT_ENTRIES, FIT_INSTEAD, MISSING, residual
 
 #: What each log format calls the metric an entry needs (for the error when a target lacks all of them).
 SOURCES = {"clip_frac": "clip_frac (verl actor/pg_clipfrac, TRL clip_ratio/region_mean)",
            "clip_up_frac": "clip_up_frac (TRL clip_ratio/high_mean; cliplab runs)",
+           "decision_clip_frac": "decision_clip_frac (cliplab runs only; fitted instead of clip_frac)",
+           "decision_clip_up_frac": "decision_clip_up_frac (cliplab runs only; fitted instead of clip_up_frac)",
            "decision_dev_q50": "decision_dev_q50 (cliplab runs only)",
+           "decision_dev_q90": "decision_dev_q90 (cliplab runs only)",
            "upclip_pold_lt02": "upclip_pold_lt02 (cliplab runs only)",
            "accuracy_start": "accuracy (cliplab runs; verl val-core .../acc)", "accuracy_end": "accuracy",
            "entropy_fall": "entropy (verl actor/entropy, TRL entropy)",
@@ -93,6 +98,9 @@ def target_card(paths, label: str | None) -> tuple[str, str | None, dict]:
                          f"{', '.join(cards)}")
     algo = next(r["algo"] for r in runs if r["label"] == label)
     values = {e: cv.value for e, cv in cards[label].items() if e in FIT_ENTRIES and cv.value is not None}
+    for better, worse in FIT_INSTEAD.items():
+        if better in values:
+            values.pop(worse, None)
     if not values:
         raise ValueError(f"match: {label} logs no card entry the fit can target; each needs a metric: "
                          + "; ".join(f"{e} needs {SOURCES[e]}" for e in FIT_ENTRIES))
