@@ -13,7 +13,7 @@ from sim.loop import Trainer, run, run_stack
 from sim.metrics import entropy_law, exact_metrics
 from sim.tabular import CORRECT, MALFORMED, WRONG, TableEnv, tables
 from sim import toy_lm
-from spec.registry import POLICY_ALGORITHMS
+from spec.registry import ALGORITHMS, POLICY_ALGORITHMS
 
 SMALL = dict(n_prompts=3, vocab=8, answer_len=2, max_len=4, n_correct=2, forks=1, n_features=4, env_seed=5,
              difficulty_low=-3.0, difficulty_high=2.0)
@@ -371,19 +371,18 @@ def test_format_decision_has_its_own_parameters():
     assert np.flatnonzero(changed).tolist() == [env.n_rows - 1]
 
 
-#: Algorithms whose malformed share rose to 65-83% within 50 steps when the format shared the task's features,
-#: one of each kind: a token ratio with GRPO's length normalisation, GSPO's sequence ratio, SAPO's soft gate
-#: (Dr.GRPO, GSPO-token and GMPO collapsed too); two held-out seeds in two environment draws, about 10 CPU-s.
-COLLAPSED = ("grpo", "gspo", "sapo")
-
-
-@pytest.mark.parametrize("algo", COLLAPSED)
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_format_holds_under_rl_at_the_main_settings(algo):
-    """At the main settings with beta 0, a binary reward keeps its instruct format for 300 steps: at most 3% of
-    responses malformed at every evaluated step, exactly, in every seed's draw, while accuracy rises."""
+    """At the main settings with beta 0 (DPO: its own beta, its preference temperature), a binary reward keeps its
+    instruct format for 300 steps: at most 3% of responses malformed at every evaluated step, exactly, in every
+    seed's draw, while the policy algorithms' accuracy rises (DPO's, on pairs from its own rollouts, fell from 0.075
+    to 0.05 when measured). When the format shared the task's features, GRPO, Dr.GRPO, GSPO(-token), GMPO and SAPO
+    rose to 65-83% malformed within 50 steps. Two held-out seeds in two environment draws, about 2 CPU-s an
+    algorithm."""
     seeds = [101, 263]
-    recs = run_stack("feature_lm", algo, seeds, 300, {"beta": 0.0}, draws=[s // 5 for s in seeds])
+    recs = run_stack("feature_lm", algo, seeds, 300, {} if algo == "dpo" else {"beta": 0.0},
+                     draws=[s // 5 for s in seeds])
     for rs in recs:
         evaluated = [r for r in rs if r.get("malformed_exact") is not None]
         assert len(evaluated) == 31 and max(r["malformed_exact"] for r in evaluated) <= 0.03
-        assert evaluated[0]["accuracy_exact"] < 0.15 < evaluated[-1]["accuracy_exact"]
+        assert algo not in POLICY_ALGORITHMS or evaluated[0]["accuracy_exact"] < 0.15 < evaluated[-1]["accuracy_exact"]
