@@ -139,7 +139,8 @@ def test_a_fit_asked_the_same_again_is_reused_and_one_asked_otherwise_is_run(tmp
     again = CliRunner().invoke(app, [*args, "--match-budget", "8"])
     assert (first.exit_code, again.exit_code) == (1, 1) and calls == []
     assert "reused" in again.output and json.loads((tmp_path / "ablation" / "fit.json").read_text()) == record
-    assert again.output.split("reused (delete it to fit again)\n")[1] == first.output  # the same fit, printed
+    assert again.stdout.split("reused (delete it to fit again)\n")[1] == first.stdout  # the same fit, printed
+    assert "fit feature_lm to grpo" in first.stderr and "8/8" in first.stderr  # the progress bar, in runs
     other = CliRunner().invoke(app, [*args, "--match-budget", "9"])
     assert other.exit_code == 1 and calls and "reused" not in other.output  # fitted again (the stand-in's card)
     assert json.loads((tmp_path / "ablation" / "fit.json").read_text())["inputs"]["budget"] == 9

@@ -15,10 +15,12 @@ every residual is at most 1; otherwise the best fit is reported with its residua
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from spec.regime import ENTRIES
 
@@ -229,11 +231,13 @@ def _short(v) -> str:
 
 
 def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3, steps: int | None = None,
-        budget: int = 240, workers: int = 2, fixed: dict | None = None, previous: dict | None = None) -> Fit:
+        budget: int = 240, workers: int = 2, fixed: dict | None = None, previous: dict | None = None,
+        progress: bool = True) -> Fit:
     """Fit ``KNOBS`` to the target's card within ``budget`` simulator runs (of ``seeds`` stacked seeds and
     ``steps`` steps: by default the target's logged steps, at most 300). ``previous``: an earlier fit's record;
     asked the same (the same target card, algorithm, budget, seeds, steps and fixed settings), it is returned as
-    it is, since the fit is deterministic and would find the same again."""
+    it is, since the fit is deterministic and would find the same again. ``progress``: a bar on stderr, a
+    generation of the search at a time, with the best point's sum of squared residuals."""
     from scipy.optimize import differential_evolution
 
     from spec.registry import ALGORITHMS
@@ -252,10 +256,19 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     # scipy's population is popsize x the number of knobs: small, so that the budget buys generations
     popsize = 2 if budget >= 4 * len(knob_list) else 1
     generations = max(0, budget // (popsize * len(knob_list)) - 1)
-    result = differential_evolution(objective, [k.bounds() for k in knob_list], popsize=popsize,
-                                    maxiter=generations, integrality=[k.integral for k in knob_list],
-                                    rng=0, polish=False, tol=0.0, workers=workers if workers > 1 else 1,
-                                    updating="deferred" if workers > 1 else "immediate")
+    population = popsize * len(knob_list)
+    with tqdm(total=(generations + 1) * population, desc=f"fit {ENV} to {label}", unit="run", file=sys.stderr,
+              disable=not progress) as bar:
+        bar.update(population)  # the first population is evaluated before the first callback
+
+        def generation_done(intermediate_result):
+            bar.update(population)
+            bar.set_postfix_str(f"best sum of squared residuals {intermediate_result.fun:.3g}")
+        result = differential_evolution(objective, [k.bounds() for k in knob_list], popsize=popsize,
+                                        maxiter=generations, integrality=[k.integral for k in knob_list],
+                                        rng=0, polish=False, tol=0.0, workers=workers if workers > 1 else 1,
+                                        updating="deferred" if workers > 1 else "immediate",
+                                        callback=generation_done)
     card = objective.card(result.x)
     settings = objective.settings(result.x)  # the fixed settings with the fitted: what the card was fitted at
     return Fit(label, algo, settings, target, card, objective.residuals_of(card), int(result.nfev) + 1, inputs)
