@@ -3,6 +3,7 @@ the trainer writing them."""
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,3 +131,33 @@ def test_trainer_writes_the_simulator_metrics(tmp_path):
         assert m["gen_per_trained"] == 1.0 and 0 <= m["pass@1"] <= m["pass@4"] <= 1
         assert not math.isnan(m["cov_logp_adv"])
     assert any(m["ratio_dev_median"] > 0 for m in rows)  # the second minibatch and epoch see moved ratios
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "gspo", "dcpo", "cispo", "sapo"])
+def test_the_card_metrics_agree_with_the_simulators_on_one_batch(algo):
+    """The two layers' step metrics (written apart, in torch and in NumPy) on the same random update: every metric
+    both define has the same value (None where one is undefined)."""
+    from sim.metrics import StepClips as SimClips
+    from spec.registry import ALGORITHMS
+    rng = np.random.default_rng(7)
+    p_old = rng.uniform(0.01, 1.0, (6, 9))
+    p_old[:, :4] = np.minimum(p_old[:, :4] + 0.9, 0.999)  # near-certain tokens beside the decision tokens
+    old = np.log(p_old)
+    logp = old + rng.normal(0, 0.3, old.shape)
+    adv = np.repeat(rng.choice([-1.0, 0.0, 1.0], (6, 1)), 9, axis=1)
+    mask = (np.arange(9) < rng.integers(3, 10, (6, 1))).astype(float)
+    hp = dict(ALGORITHMS[algo].defaults)
+    sim = SimClips(algo, hp)
+    sim.add(logp, old, adv, mask)
+    want = sim.summary()[0]
+    trainer = StepClips(algo, hp)
+    trainer.add(*(torch.tensor(x) for x in (logp, old, adv, mask)))
+    got = trainer.summary()
+    shared = sorted(set(want) & set(got))
+    assert {"decision_frac", "decision_dev_q50", "zero_adv_frac", "on_policy_frac"} <= set(shared)
+    if ALGORITHMS[algo].clip in ("fixed", "dynamic"):  # a hard clip: the clip statistics are defined, and bind
+        assert want["decision_clip_frac"] > 0 and want["upclip_pold_median"] is not None
+    for key in shared:
+        assert (got[key] is None) == (want[key] is None), key
+        if got[key] is not None:
+            assert got[key] == pytest.approx(want[key], rel=1e-12, abs=1e-15), key
