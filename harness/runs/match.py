@@ -259,10 +259,8 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     population = popsize * len(knob_list)
     with tqdm(total=(generations + 1) * population, desc=f"fit {ENV} to {label}", unit="run", file=sys.stderr,
               disable=not progress) as bar:
-        bar.update(population)  # the first population is evaluated before the first callback
-
-        def generation_done(intermediate_result):
-            bar.update(population)
+        def generation_done(intermediate_result):  # the first call follows the first population's and generation's
+            bar.update(population if bar.n else 2 * population)
             bar.set_postfix_str(f"best sum of squared residuals {intermediate_result.fun:.3g}")
         result = differential_evolution(objective, [k.bounds() for k in knob_list], popsize=popsize,
                                         maxiter=generations, integrality=[k.integral for k in knob_list],
