@@ -267,6 +267,7 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
                                         rng=0, polish=False, tol=0.0, workers=workers if workers > 1 else 1,
                                         updating="deferred" if workers > 1 else "immediate",
                                         callback=generation_done)
+        bar.update(bar.total - bar.n)  # with no generation after the first population, no callback ran
     card = objective.card(result.x)
     settings = objective.settings(result.x)  # the fixed settings with the fitted: what the card was fitted at
     return Fit(label, algo, settings, target, card, objective.residuals_of(card), int(result.nfev) + 1, inputs)
