@@ -311,12 +311,15 @@ class Trainer:
         n_updates = sum(map(len, plan))
         old_model = self.sampler if c.train.old_logp == "sampler" else self.model
         single_update = n_updates == 1 and old_model is self.model
+        t0 = time.perf_counter()
         old_logp, old_ent = (None, None) if single_update else self._no_grad_pass(old_model, batch)
         ref_logp = self._no_grad_pass(self.ref, batch)[0] if self.ref is not None else None
         if c.algo.name == "dpo":
             return self._dpo_update(batch, rewards, correct, ref_logp)
         if old_logp is None and (c.advantage == "gae" or c.advantage.startswith("reinforce_pp")):
             old_logp, old_ent = self._no_grad_pass(self.model, batch)
+        # the step's time apart from generation: the passes without gradient (pi_old, pi_ref) and the optimiser
+        timings = {"old_logp_s": time.perf_counter() - t0, "optimizer_s": 0.0}
         adv, old_values, returns = self._advantages(rewards, probs, batch, old_logp, ref_logp)
         stats, first_logp, first_ent = [], torch.zeros_like(batch.mask), torch.zeros_like(batch.mask)
         hp = resolve_hparams(c.algo.name, self.hp)
@@ -367,14 +370,16 @@ class Trainer:
                     if epoch == 0:
                         first_logp[idx, :T] = logp.detach()
                         first_ent[idx, :T] = entropy.detach().float()
+                t0 = time.perf_counter()
                 st = self._optim_step()
+                timings["optimizer_s"] += time.perf_counter() - t0
                 stats[-1].update(st)
                 self.updates += 1
                 if self.sampler is not self.model and self.updates - start == snapshot_at:
                     self._sync_sampler()
         ent = first_ent if old_ent is None else old_ent
         return {**self._step_metrics(batch, ro, rewards, correct, adv, stats, ent, first_logp, old_logp, ref_logp),
-                **clips.summary(), "updates_per_batch": n_updates, "staleness": staleness}
+                **clips.summary(), "updates_per_batch": n_updates, "staleness": staleness, **timings}
 
     def _sync_sampler(self) -> None:
         """The sampler takes the trained model's current weights (train.staleness > 0)."""

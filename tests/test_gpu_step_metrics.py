@@ -130,6 +130,9 @@ def test_trainer_writes_the_simulator_metrics(tmp_path):
         assert m["tcr"] == pytest.approx(m["clip_up_frac"] + m["clip_low_frac"])
         assert m["gen_per_trained"] == 1.0 and 0 <= m["pass@1"] <= m["pass@4"] <= 1
         assert not math.isnan(m["cov_logp_adv"])
+        # the step's time split: generation, the passes without gradient, the optimiser, within the training part
+        assert m["rollout_s"] > 0 and 0 < m["old_logp_s"] and 0 < m["optimizer_s"]
+        assert m["old_logp_s"] + m["optimizer_s"] < m["train_s"] <= m["step_time_s"]
     assert any(m["ratio_dev_median"] > 0 for m in rows)  # the second minibatch and epoch see moved ratios
 
 
