@@ -37,10 +37,11 @@ STEP_METRICS: Mapping[str, str] = MappingProxyType({
     "decision_dev_q50": f"median |r - 1| over decision tokens (pi_old < {DECISION_P_OLD}, A != 0)",
     "decision_dev_q90": f"90th percentile of |r - 1| over decision tokens (pi_old < {DECISION_P_OLD}, A != 0)",
     "decision_frac": f"share of trained tokens that are decision tokens (pi_old < {DECISION_P_OLD}, A != 0): the "
-                     "only tokens that can clip, so clip_frac is about decision_frac times their clipped share",
+                     "others have A = 0 or are near-certain and barely move, so a token ratio's clip_frac is about "
+                     "decision_frac times the decision tokens' clipped share",
     "decision_clip_frac": "clipped tokens per decision token (clip_frac / decision_frac): the clip ratio without the "
-                          "near-certain tokens, whose share differs between environments (most of an LLM's response "
-                          "is near-certain; none of feature_lm's)",
+                          "share of tokens that cannot move, which differs between environments (98% of the tiny "
+                          "tier's trained tokens, about half of feature_lm's)",
     "decision_clip_up_frac": "up-clipped tokens per decision token (clip_up_frac / decision_frac)",
     "upclip_pold_median": "median pi_old of the up-clipped tokens",
     "upclip_pold_lt02": f"share of the up-clipped tokens with pi_old < {EXPLORATION_P_OLD}",
