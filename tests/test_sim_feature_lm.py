@@ -376,9 +376,9 @@ def test_format_holds_under_rl_at_the_main_settings(algo):
     """At the main settings with beta 0 (DPO: its own beta, its preference temperature), a binary reward keeps its
     instruct format for 300 steps: at most 3% of responses malformed at every evaluated step, exactly, in every
     seed's draw, while the policy algorithms' accuracy rises (DPO's, offline on pairs sampled once from the reference
-    policy, fell from 0.075 to 0.05 when measured). When the format shared the task's features, GRPO, Dr.GRPO, GSPO(-token), GMPO and SAPO
-    rose to 65-83% malformed within 50 steps. Two held-out seeds in two environment draws, about 2 CPU-s an
-    algorithm."""
+    policy, fell from 0.075 to 0.05 when measured). When the format shared the task's features, GRPO, Dr.GRPO,
+    GSPO(-token), GMPO and SAPO rose to 65-83% malformed within 50 steps. Two held-out seeds in two environment
+    draws, about 2 CPU-s an algorithm."""
     seeds = [101, 263]
     recs = run_stack("feature_lm", algo, seeds, 300, {} if algo == "dpo" else {"beta": 0.0},
                      draws=[s // 5 for s in seeds])
