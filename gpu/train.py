@@ -32,6 +32,11 @@ from .rewards import VERIFIER, extract_answer, overlong_filter_mask, score
 from .rollout import Rollouts, logprob_gap, make_engine
 from .step_metrics import StepClips, batch_cov, rollout_metrics
 
+#: The metrics that time a step or read the machine: they differ from one run of a config to the next, where every
+#: other metric of a resumed run is the straight run's.
+TIMING_METRICS = ("rollout_s", "train_s", "old_logp_s", "optimizer_s", "weight_sync_s", "step_time_s",
+                  "gen_tokens_per_s", "tokens_per_s", "peak_mem_mb")
+
 
 def _peak_mem_mb(device) -> float:
     if torch.device(device).type == "cuda":

@@ -26,12 +26,12 @@ from gpu.config import from_dict
 from gpu.data import Problem, prompt_ids
 from gpu.rewards import score
 from gpu.rollout import HFEngine
-from gpu.train import Trainer
+from gpu.train import TIMING_METRICS, Trainer
 from gpu_helpers import EvenVerifier, tiny_config, tiny_path  # noqa: F401  (fixture)
 from harness.cli import app
 from spec.records import read_jsonl
 
-TIMINGS = {"rollout_s", "train_s", "step_time_s", "gen_tokens_per_s", "tokens_per_s", "peak_mem_mb", "weight_sync_s"}
+TIMINGS = set(TIMING_METRICS)
 FS_EVENTS = [(os, "replace"), (os, "rename"), (os, "fsync"), (os, "mkdir"), (os, "unlink"), (os, "rmdir"),
              (shutil, "rmtree")]
 
