@@ -150,16 +150,20 @@ OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a
 
 @dataclass(frozen=True)
 class Condition:
-    """A claim's need of the card: ``entry op threshold`` on the label ``of`` (an algorithm's name, or "any")."""
+    """A claim's need of the card: ``entry op threshold`` on the label ``of`` (an algorithm's name, or "any").
+    ``across``: the entry that stands for ``entry`` when two environments' cards are compared (the clip ratios per
+    decision token for the per-token ones, whose share of tokens that cannot move differs between environments)."""
     entry: str
     op: str
     threshold: float
     why: str
     of: str = "any"
+    across: str | None = None
 
     def __post_init__(self):
-        if self.entry not in ENTRIES:
-            raise ValueError(f"entry: expected one of {', '.join(ENTRIES)}, got {self.entry!r}")
+        for name in (self.entry, self.across or self.entry):
+            if name not in ENTRIES:
+                raise ValueError(f"entry: expected one of {', '.join(ENTRIES)}, got {name!r}")
         if self.op not in OPS:
             raise ValueError(f"op: expected one of {', '.join(OPS)}, got {self.op!r}")
 
@@ -173,8 +177,10 @@ class Condition:
 #: The regime conditions the claims share.
 #: A clip binds on at least 0.01% of tokens (runs on real models report about 0.03-1%); below it a claim about the
 #: tokens a clip acts on has nothing to read.
-CLIP_BINDS = Condition("clip_frac", ">=", 1e-4, "the clip must bind for a clipping rule to matter")
-UPPER_CLIP_BINDS = Condition("clip_up_frac", ">=", 1e-4, "the upper clip must bind for clip-higher to free tokens")
+CLIP_BINDS = Condition("clip_frac", ">=", 1e-4, "the clip must bind for a clipping rule to matter",
+                       across="decision_clip_frac")
+UPPER_CLIP_BINDS = Condition("clip_up_frac", ">=", 1e-4, "the upper clip must bind for clip-higher to free tokens",
+                             across="decision_clip_up_frac")
 RATIOS_MOVE = Condition("decision_dev_q50", ">=", 0.02, "ratios on decision tokens must leave 1 by a tenth of eps")
 ENTROPY_FALLS = Condition("entropy_relevant_fall", ">=", 0.2, "a claim about slowing entropy collapse needs a collapse")
 HEADROOM = Condition("headroom", ">=", 0.1, "a better algorithm needs accuracy left to gain")

@@ -2,7 +2,7 @@
 "n/a" for clip statistics an algorithm cannot have, and claim conditions that name the value that fails them."""
 import pytest
 
-from harness.reports.claim_record import CardCheck, Kind, card_gap, finding, regime_checked
+from harness.reports.claim_record import Kind, card_gap, checks_on, finding, regime_checked
 from harness.reports.regime import card_lines, run_set_card
 from spec.regime import CARD, CLIP_BINDS, ENTRIES, WELL_FORMED, Condition, STEP_METRICS, reduce_values, window_steps
 
@@ -58,7 +58,7 @@ def test_card_averages_seeds_and_marks_clips_an_algorithm_cannot_have():
 
 
 def _checks(cards, label, *conditions):
-    return tuple(CardCheck(c, cards[label][c.entry].value, label, cards[label][c.entry].applicable) for c in conditions)
+    return checks_on(cards[label], label, conditions)
 
 
 def test_a_claim_whose_card_fails_a_condition_is_not_testable_naming_the_value():
@@ -99,3 +99,20 @@ def test_two_tiers_records_match_only_where_their_condition_entries_lie_within_t
     assert card_gap(bare, bare) is None  # a claim that needs no particular regime
     assert card_gap(rec["tier"], finding("r", Kind.REPRODUCED, "x", conditions=_checks(cards, "sim", WELL_FORMED))) \
         == "no regime card entry measured in both"
+
+
+def test_environments_compare_the_clip_ratios_per_decision_token_where_both_measured_them():
+    """The tier's responses are mostly tokens that cannot move, the simulator's are not: 30x apart per token, the
+    clip ratios match per decision token, and the cards are compared there; a record without them (a cluster log)
+    is compared per token."""
+    runs = [_run("tier", "grpo", clip_frac=[0.003] * 10, decision_clip_frac=[0.15] * 10),
+            _run("sim", "grpo", clip_frac=[0.09] * 10, decision_clip_frac=[0.2] * 10),
+            _run("log", "grpo", clip_frac=[0.09] * 10)]
+    cards = run_set_card(runs)
+    rec = {lbl: finding("r", Kind.REPRODUCED, "x", conditions=_checks(cards, lbl, CLIP_BINDS)) for lbl in cards}
+    assert rec["tier"].conditions[0].across_value == pytest.approx(0.15)
+    assert card_gap(rec["tier"], rec["sim"]) is None
+    assert card_gap(rec["tier"], rec["log"]) == "regime cards differ: clip_frac 0.003 vs 0.09"
+    far = _run("far", "grpo", clip_frac=[0.003] * 10, decision_clip_frac=[0.6] * 10)
+    far_rec = finding("r", Kind.REPRODUCED, "x", conditions=_checks(run_set_card([far]), "far", CLIP_BINDS))
+    assert card_gap(rec["tier"], far_rec) == "regime cards differ: decision_clip_frac 0.15 vs 0.6"

@@ -100,15 +100,29 @@ class SetResult:
 @dataclass(frozen=True)
 class CardCheck:
     """A condition of the regime card on a label, with the value measured there (None: not logged, or, where not
-    ``applicable``, not defined for the label's algorithm: a clip statistic of an algorithm without a hard clip)."""
+    ``applicable``, not defined for the label's algorithm: a clip statistic of an algorithm without a hard clip),
+    and that of the condition's ``across`` entry, which two environments' cards compare in its place."""
     condition: Condition
     value: float | None
     label: str
     applicable: bool = True
+    across_value: float | None = None
 
     @property
     def holds(self) -> bool:
         return self.condition.holds(self.value)
+
+
+def checks_on(card: dict, label: str, conditions) -> tuple[CardCheck, ...]:
+    """The ``conditions`` on a label's card (``harness.reports.regime.label_card``, with their entries and
+    ``across`` entries), each with its measured values."""
+    return tuple(CardCheck(c, card[c.entry].value, label, card[c.entry].applicable,
+                           card[c.across].value if c.across else None) for c in conditions)
+
+
+def card_names(conditions) -> set[str]:
+    """The card entries ``conditions`` read, their ``across`` entries included."""
+    return {name for c in conditions for name in (c.entry, c.across) if name}
 
 
 #: How a record's seed sets stand: decided on both (discovery and replication), on the discovery seeds only, or on
@@ -190,17 +204,28 @@ def card_gap(a: ClaimRecord, b: ClaimRecord) -> str | None:
     """Why two tiers' records of a claim were not measured at a matching regime card, in a phrase: the condition
     entries whose values lie further apart than their tolerance (``harness.reports.regime.residual``), with both
     values, or that one record carries no value of them; None where the cards match, or where the claim states no
-    condition on the card (it needs no particular regime)."""
+    condition on the card (it needs no particular regime). Where both measured a condition's ``across`` entry, that
+    is compared in its place (the clip ratios per decision token for the per-token ones)."""
     from harness.reports.regime import TOLERANCES, residual
     if not a.conditions and not b.conditions:
         return None
-    ours = {k.condition.entry: k.value for k in a.conditions if k.applicable and k.value is not None}
-    theirs = {k.condition.entry: k.value for k in b.conditions if k.applicable and k.value is not None}
+    ours, theirs = _compared(a), _compared(b)
+    for entry, across in {(k.condition.entry, k.condition.across) for k in a.conditions + b.conditions}:
+        if across in ours and across in theirs:  # both measured what stands for the entry across environments
+            ours.pop(entry, None)
+            theirs.pop(entry, None)
     shared = [e for e in ours if e in theirs and e in TOLERANCES]
     if not shared:
         return "no regime card entry measured in both"
     off = [e for e in shared if abs(residual(e, ours[e], theirs[e])) > 1]
     return ("regime cards differ: " + "; ".join(f"{e} {ours[e]:.3g} vs {theirs[e]:.3g}" for e in off)) if off else None
+
+
+def _compared(r: ClaimRecord) -> dict[str, float]:
+    """The card values a record's conditions measured, their ``across`` entries' beside them."""
+    out = {k.condition.entry: k.value for k in r.conditions if k.applicable and k.value is not None}
+    out.update({k.condition.across: k.across_value for k in r.conditions if k.across_value is not None})
+    return out
 
 
 def not_measured(what: str, command: str, regime: str = "") -> ClaimRecord:
@@ -253,7 +278,7 @@ _RECORD = {
             "required": ["entry", "op", "threshold", "of", "why", "label", "value", "applicable", "holds"],
             "properties": {"entry": _STR, "op": {"enum": [">=", "<=", ">", "<"]}, "threshold": {"type": "number"},
                            "of": _STR, "why": _STR, "label": _STR, "value": _NUM, "applicable": {"type": "boolean"},
-                           "holds": {"type": "boolean"}}}},
+                           "holds": {"type": "boolean"}, "across": _STR, "across_value": _NUM}}},
         "status": {"enum": list(STATUS)}, "kind": {"enum": [k.value for k in Kind]}, "verdict": _STR,
         "reason": _STR, "discovery": _SET, "replication": _SET, "attribution": _STR,
         "command": {"type": ["string", "null"]}}}
@@ -297,7 +322,9 @@ def record_json(r: ClaimRecord) -> dict:
             "regime": r.regime, "algorithm": r.algorithm, "mechanism": r.mechanism, "compared": list(r.compared),
             "conditions": [{"entry": k.condition.entry, "op": k.condition.op, "threshold": k.condition.threshold,
                             "of": k.condition.of, "why": k.condition.why, "label": k.label, "value": _num(k.value),
-                            "applicable": k.applicable, "holds": k.holds} for k in r.conditions],
+                            "applicable": k.applicable, "holds": k.holds,
+                            **({"across": k.condition.across, "across_value": _num(k.across_value)}
+                               if k.condition.across else {})} for k in r.conditions],
             "status": r.status, "kind": r.kind.value, "verdict": r.verdict_text(), "reason": r.reason,
             "discovery": _set_json(r.discovery), "replication": _set_json(r.replication),
             "attribution": r.attribution, "command": r.command}
@@ -339,8 +366,9 @@ def from_json(data: dict) -> list[RunSet]:
         for r in s["claims"]:
             src = r["source"]
             claim = Claim(r["claim"], r["text"], Source(src["paper"], src["arxiv"], src["where"]))
-            conds = tuple(CardCheck(Condition(c["entry"], c["op"], c["threshold"], c["why"], c["of"]), c["value"],
-                                    c["label"], c["applicable"]) for c in r["conditions"])
+            conds = tuple(CardCheck(Condition(c["entry"], c["op"], c["threshold"], c["why"], c["of"], c.get("across")),
+                                    c["value"], c["label"], c["applicable"], c.get("across_value"))
+                          for c in r["conditions"])
             recs.append(ClaimRecord(claim, r["regime"], Kind(r["kind"]), r["reason"], _set_of(r["discovery"]),
                                     _set_of(r["replication"]), r["status"], tuple(r["compared"]), conds,
                                     r["attribution"], r["command"], r["mechanism"], r["algorithm"]))

@@ -18,7 +18,7 @@ from spec.regime import (CLIP_BINDS, ENTROPY_FALLS, EXPLORATION, HEADROOM, OFF_P
 from spec.registry import ALGORITHMS, HPARAMS
 
 from harness.reports.claim_record import (CardCheck, Claim, ClaimRecord, Estimate, Kind, RunSet, Source, Verdict,
-                                          combine, finding, not_measured, regime_checked)
+                                          card_names, checks_on, combine, finding, not_measured, regime_checked)
 from harness.reports.regime import label_card
 from harness.reports.rundirs import Groups, fmt, same
 from harness.reports.stats import Comparison, fit, holm, paired_test, t_interval, welch_test
@@ -37,8 +37,7 @@ def _missing(what: str, command: str) -> list[ClaimRecord]:
 def card(g: Groups, label: str, *conditions) -> tuple[CardCheck, ...]:
     """The ``conditions`` of the regime card (``harness.reports.regime``) on ``label``, each with its measured
     value (None: not logged, or not defined for the algorithm)."""
-    values = label_card(g.runs[label], {c.entry for c in conditions})
-    return tuple(CardCheck(c, values[c.entry].value, label, values[c.entry].applicable) for c in conditions)
+    return checks_on(label_card(g.runs[label], card_names(conditions)), label, conditions)
 
 
 def well_formed(g: Groups, *labels: str) -> tuple[CardCheck, ...]:

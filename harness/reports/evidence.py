@@ -15,7 +15,7 @@ from spec.records import read_json, read_jsonl, read_text
 from spec.regime import CLIP_BINDS, ENTROPY_FALLS, HEADROOM, OFF_POLICY, RATIOS_MOVE, UPPER_CLIP_BINDS
 
 from harness.reports.claim_record import (CardCheck, ClaimRecord, Estimate, Kind, RunSet, SetResult, Verdict,
-                                          regime_checked)
+                                          checks_on, regime_checked)
 from harness.reports.claim_render import JSON_NAME, anchor, cell, effect, prose, read_claims
 from harness.reports.claims import CLAIMS as SIM_CLAIMS
 from harness.reports.regime import label_card
@@ -446,7 +446,7 @@ def card_checks(ev: Evidence, claim: str) -> tuple[CardCheck, ...]:
     if label not in ev.runs:
         return ()
     card = label_card([{"algo": r["cfg"]["algo"]["name"], "records": r["records"]} for r in ev.runs[label].values()])
-    return tuple(CardCheck(c, card[c.entry].value, label, card[c.entry].applicable) for c in conditions)
+    return checks_on(card, label, conditions)
 
 
 def real_records(ev: Evidence) -> RunSet:
