@@ -455,6 +455,8 @@ def test_the_claims_the_fit_cannot_predict_are_said_in_advance_from_its_residual
     assert tiny.said_in_advance(clips, misses) == "yes"
     assert tiny.said_in_advance(finding("dapo", Kind.REPRODUCED, ""), misses) == "yes (no card condition)"
     assert tiny.fit_misses(tmp_path / "none") == {}
+    # a fit on the clip ratios per decision token: a miss there is the clip condition's (its across entry)
+    assert tiny.said_in_advance(clips, {"decision_clip_frac": 1.52}) == "no: the fit misses decision_clip_frac (+1.5)"
 
 
 def test_a_stale_sampler_and_a_recomputed_pi_old_are_settings_of_the_run_under_the_simulators_names():

@@ -23,7 +23,7 @@ from spec.records import read_json, write_text
 from spec.regime import ENTRIES, HEADROOM, MAX_STEPS, TINY_CHAR_PRIORS, WELL_FORMED
 from spec.registry import ALGORITHMS
 
-from harness.reports.claim_record import ClaimRecord, Kind, RunSet, card_gap
+from harness.reports.claim_record import ClaimRecord, Kind, RunSet, card_gap, card_names
 from harness.reports.claim_render import JSON_NAME, cell, prose, read_claims, summary_lines, write_claims
 from harness.reports.claims import run_claims
 from harness.reports.regime import FIT_FILE, CardValue, card_lines, entry_value, label_card, run_set_card
@@ -256,9 +256,9 @@ def fit_misses(sim_dir: Path) -> dict[str, float]:
 
 
 def missed_conditions(rec: ClaimRecord, misses: dict[str, float]) -> list[str]:
-    """The card entries the claim's regime conditions read that the fit could not reach: where there are any, the
-    fitted simulator is not expected to predict the claim."""
-    return sorted({c.condition.entry for c in rec.conditions} & set(misses))
+    """The card entries the claim's regime conditions read (their ``across`` entries too) that the fit could not
+    reach: where there are any, the fitted simulator is not expected to predict the claim."""
+    return sorted(card_names(c.condition for c in rec.conditions) & set(misses))
 
 
 def said_in_advance(rec: ClaimRecord, misses: dict[str, float]) -> str:
