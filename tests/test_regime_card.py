@@ -51,6 +51,7 @@ def test_card_averages_seeds_and_marks_clips_an_algorithm_cannot_have():
     assert cards["grpo"]["accuracy_start"].value == pytest.approx(0.4)
     sapo = cards["sapo"]["clip_frac"]
     assert not sapo.applicable and sapo.text("clip_frac") == "n/a"  # a soft gate: not "0"
+    assert all(cards["sapo"][e].text(e) == "n/a" for e in ("decision_clip_frac", "decision_clip_up_frac"))
     assert cards["grpo"]["trunc_frac"].text("trunc_frac") == "n/a"
     assert cards["grpo"]["malformed_max"].text("malformed_max") == "not logged"
     table = "\n".join(card_lines(cards))

@@ -18,7 +18,7 @@ from harness.reports.rundirs import fmt, md
 
 #: Card entries that are clip statistics of a hard clip (fixed or dynamic bounds).
 HARD_CLIP_ENTRIES = ("clip_frac", "clip_up_frac", "clip_low_frac", "upclip_pold_median", "upclip_pold_lt02",
-                     "lowclip_pold_median", "lowclip_pold_lt02")
+                     "lowclip_pold_median", "lowclip_pold_lt02", "decision_clip_frac", "decision_clip_up_frac")
 #: Entries shown as percentages.
 PERCENT = ("accuracy_start", "accuracy_end", "headroom", "clip_frac", "zero_adv_frac", "clip_up_frac",
            "clip_low_frac", "upclip_pold_lt02", "lowclip_pold_lt02", "trunc_frac", "entropy_fall",
