@@ -161,7 +161,7 @@ class Condition:
     across: str | None = None
 
     def __post_init__(self):
-        for name in (self.entry, self.across or self.entry):
+        for name in filter(None, (self.entry, self.across)):
             if name not in ENTRIES:
                 raise ValueError(f"entry: expected one of {', '.join(ENTRIES)}, got {name!r}")
         if self.op not in OPS:

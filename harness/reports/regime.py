@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spec.regime import CARD, ENTRIES, NOT_APPLICABLE, Entry, reduce_values
+from spec.regime import CARD, CLIP_BINDS, ENTRIES, NOT_APPLICABLE, UPPER_CLIP_BINDS, Entry, reduce_values
 from spec.registry import ALGORITHMS
 
 from harness.reports.rundirs import fmt, md
@@ -123,10 +123,11 @@ TOLERANCES = {"clip_frac": ("log", 2.0), "clip_up_frac": ("log", 2.0), "clip_low
 FIT_ENTRIES = ("decision_clip_frac", "decision_clip_up_frac", "clip_frac", "clip_up_frac", "decision_dev_q50",
                "decision_dev_q90", "upclip_pold_lt02", "accuracy_start", "accuracy_end", "entropy_fall",
                "entropy_relevant_fall")
-#: An entry a fit leaves out where the target supplies the one it maps to: the clip ratios per decision token
-#: stand for the clip ratios per token, whose share of tokens that cannot move the simulator's short answers cannot
-#: copy (decision tokens are 2.0% of the tiny tier's trained tokens, 41-57% of feature_lm's).
-FIT_INSTEAD = {"decision_clip_frac": "clip_frac", "decision_clip_up_frac": "clip_up_frac"}
+#: An entry a fit leaves out where the target supplies the one it maps to: the clip conditions' ``across`` entries,
+#: the clip ratios per decision token, stand for the clip ratios per token, whose share of tokens that cannot move
+#: the simulator's short answers cannot copy (decision tokens are 2.0% of the tiny tier's trained tokens, 41-57% of
+#: feature_lm's).
+FIT_INSTEAD = {c.across: c.entry for c in (CLIP_BINDS, UPPER_CLIP_BINDS)}
 #: A fit's record (``cliplab sim --match``: harness.runs.match.Fit.record), beside the ablation's runs.
 FIT_FILE = "fit.json"
 LOG_FLOOR = 1e-4  # a share below this reads as this: a clip that binds on under 0.01% of tokens does not bind

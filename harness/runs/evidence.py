@@ -1,6 +1,7 @@
 """The real-model evidence runs (configs/evidence/<algo>.yaml x seeds), resumable: a finished run is skipped (its
-committed copy is enough, so a new clone goes on where the last left off), a partial one resumes from its checkpoint. One rollout engine serves every run of a lane (vLLM's start-up costs more
-than a step); each finished run's config.json and metrics.jsonl (never weights) are copied into
+committed copy is enough, so a new clone goes on where the last left off), a partial one resumes from its
+checkpoint. One rollout engine serves every run of a lane (vLLM's start-up costs more than a step); each finished
+run's config.json and metrics.jsonl (never weights) are copied into
 ``copy_root/<algo>/seed<k>/`` and committed there.
 
     python -m harness.runs.evidence --lane 0 --lanes 2   (reports/real/run_evidence.sh starts the lanes)

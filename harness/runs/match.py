@@ -231,13 +231,12 @@ def _short(v) -> str:
 
 
 def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3, steps: int | None = None,
-        budget: int = 240, workers: int = 2, fixed: dict | None = None, previous: dict | None = None,
-        progress: bool = True) -> Fit:
+        budget: int = 240, workers: int = 2, fixed: dict | None = None, previous: dict | None = None) -> Fit:
     """Fit ``KNOBS`` to the target's card within ``budget`` simulator runs (of ``seeds`` stacked seeds and
     ``steps`` steps: by default the target's logged steps, at most 300). ``previous``: an earlier fit's record;
     asked the same (the same target card, algorithm, budget, seeds, steps and fixed settings), it is returned as
-    it is, since the fit is deterministic and would find the same again. ``progress``: a bar on stderr, a
-    generation of the search at a time, with the best point's sum of squared residuals."""
+    it is, since the fit is deterministic and would find the same again. A bar on stderr shows the search, a
+    generation at a time, with the best point's sum of squared residuals."""
     from scipy.optimize import differential_evolution
 
     from spec.registry import ALGORITHMS
@@ -257,8 +256,8 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     popsize = 2 if budget >= 4 * len(knob_list) else 1
     generations = max(0, budget // (popsize * len(knob_list)) - 1)
     population = popsize * len(knob_list)
-    with tqdm(total=(generations + 1) * population, desc=f"fit {ENV} to {label}", unit="run", file=sys.stderr,
-              disable=not progress) as bar:
+    with tqdm(total=(generations + 1) * population, desc=f"fit {ENV} to {label}", unit="run",
+              file=sys.stderr) as bar:
         def generation_done(intermediate_result):  # the first call follows the first population's and generation's
             bar.update(population if bar.n else 2 * population)
             bar.set_postfix_str(f"best sum of squared residuals {intermediate_result.fun:.3g}")

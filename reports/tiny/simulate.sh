@@ -3,7 +3,8 @@
 # simulator column reads what this writes.
 # 1. `cliplab sim --match`: fit feature_lm's knobs (learning rate, prior confidence, difficulty spread, number of
 #    features) to the card of the tier's GRPO runs on its default, exploration prior, within BUDGET simulator runs, at
-#    the tier's schedule (4 epochs x 4 minibatches, no staleness: its config, not a knob to fit); the fit's record (settings, and per card entry target, fitted, residual) goes to OUT/fit.json.
+#    the tier's schedule (4 epochs x 4 minibatches, no staleness: its config, not a knob to fit); the fit's record
+#    (settings, and per card entry target, fitted, residual) goes to OUT/fit.json.
 # 2. The tier's comparisons on feature_lm at the fitted settings (`cliplab sim --fitted`: every run's settings, named
 #    in no label, so the labels are the tier's), each with the exploration setting of the tier configs it mirrors:
 #    the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov beside GRPO at their
@@ -27,7 +28,8 @@ LABEL=${LABEL:-grpo}
 mkdir -p "$OUT" "$RUNS"
 rc=0  # 1: the knobs cannot reach the card; the sweeps then run at the best fit, and the report says so
 $PY -m harness.cli sim --match "$TARGET" --match-label "$LABEL" --match-budget "$BUDGET" --set explore=exploration \
-  --set epochs=4 --set minibatches=4 --set staleness=0 --algos grpo --seeds 1 --steps 1 --workers "$JOBS" --out "$RUNS/fit" || rc=$?
+  --set epochs=4 --set minibatches=4 --set staleness=0 --algos grpo --seeds 1 --steps 1 --workers "$JOBS" \
+  --out "$RUNS/fit" || rc=$?
 (( rc <= 1 )) || exit "$rc"
 cp "$RUNS/fit/fit.json" "$OUT/fit.json"
 EXTRA=(--fitted "$RUNS/fit/fit.json")  # every sweep at the fit's settings (explore=exploration among them)
