@@ -52,11 +52,11 @@ def test_the_objective_is_zero_at_the_targets_own_settings(tmp_path):
 def test_an_unreachable_card_is_reported_with_its_residuals_and_exits_1(tmp_path):
     records = [[{"step": s, "clip_frac": 0.5, "accuracy": 0.3} for s in range(10)]]
     _sweep_folder(tmp_path, "grpo", records)
-    out = CliRunner().invoke(app, ["sim", "--match", str(tmp_path), "--match-budget", "8", "--steps", "8",
+    out = CliRunner().invoke(app, ["sim", "--match", str(tmp_path), "--match-budget", "10", "--steps", "8",
                                    "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "ablation")])
     assert out.exit_code == 1, out.output
     runs = int(re.search(r"card, (\d+) simulator runs", out.output)[1])
-    assert runs <= 9  # the budget, and the best point's card
+    assert runs <= 11  # the budget, and the best point's card
     clip = next(line for line in out.output.splitlines() if line.startswith("clip_frac "))
     assert abs(float(clip.split()[3])) > 1  # its residual, in tolerance units
     assert "not matched" in out.output and not any((tmp_path / "ablation").glob("*/metrics.jsonl"))  # no ablation
@@ -71,6 +71,16 @@ def test_a_target_without_a_fittable_metric_names_the_entries_and_metrics(tmp_pa
     with pytest.raises(ValueError, match=r"logs no card entry the fit can target.*clip_frac needs clip_frac "
                                          r"\(verl actor/pg_clipfrac"):
         target_card([tmp_path], None)
+
+
+def test_a_budget_below_one_run_per_knob_names_the_knobs_it_must_cover(tmp_path):
+    """The first population of the search is one point per knob fitted: a budget below it cannot be kept."""
+    from harness.runs.match import fit
+    _sweep_folder(tmp_path, "grpo", [[{"step": s, "clip_frac": 0.01, "accuracy": 0.3} for s in range(5)]])
+    free = [k.key for k in knobs() if k.key not in ("lr", "explore")]
+    with pytest.raises(ValueError, match=rf"match-budget: expected at least {len(free)} simulator runs \(one per "
+                                         rf"knob fitted: {', '.join(free)}\), got {len(free) - 1}"):
+        fit([tmp_path], budget=len(free) - 1, fixed={"lr": 0.01, "explore": "exploration"})
 
 
 def test_several_labels_need_match_label(tmp_path):
@@ -132,18 +142,18 @@ def test_a_fit_asked_the_same_again_is_reused_and_one_asked_otherwise_is_run(tmp
     _sweep_folder(tmp_path / "target", "grpo", records)
     args = ["sim", "--match", str(tmp_path / "target"), "--steps", "8", "--seeds", "1", "--workers", "1",
             "--out", str(tmp_path / "ablation")]
-    first = CliRunner().invoke(app, [*args, "--match-budget", "8"])
+    first = CliRunner().invoke(app, [*args, "--match-budget", "10"])
     record = json.loads((tmp_path / "ablation" / "fit.json").read_text())
     calls = []
     monkeypatch.setattr(match.Objective, "card", lambda self, x: calls.append(x) or dict.fromkeys(self.target, 0.5))
-    again = CliRunner().invoke(app, [*args, "--match-budget", "8"])
+    again = CliRunner().invoke(app, [*args, "--match-budget", "10"])
     assert (first.exit_code, again.exit_code) == (1, 1) and calls == []
     assert "reused" in again.output and json.loads((tmp_path / "ablation" / "fit.json").read_text()) == record
     assert again.stdout.split("reused (delete it to fit again)\n")[1] == first.stdout  # the same fit, printed
-    assert "fit feature_lm to grpo" in first.stderr and "8/8" in first.stderr  # the progress bar, in runs
-    other = CliRunner().invoke(app, [*args, "--match-budget", "9"])
+    assert "fit feature_lm to grpo" in first.stderr and "10/10" in first.stderr  # the progress bar, in runs
+    other = CliRunner().invoke(app, [*args, "--match-budget", "11"])
     assert other.exit_code == 1 and calls and "reused" not in other.output  # fitted again (the stand-in's card)
-    assert json.loads((tmp_path / "ablation" / "fit.json").read_text())["inputs"]["budget"] == 9
+    assert json.loads((tmp_path / "ablation" / "fit.json").read_text())["inputs"]["budget"] == 11
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -2,8 +2,9 @@
 
 The target card (spec/regime.py) comes from any run set the reports read: a simulator sweep, tier, SmolLM2 or
 ``cliplab train`` run folders, or cluster logs (verl, TRL). The fit moves the knobs of ``KNOBS`` (learning rate,
-updates per rollout batch, staleness, the prior's confidence, the difficulty spread, and where exploration tokens
-sit when the environment has that setting) to bring the simulator's card, on the same algorithm, to the target's,
+updates per rollout batch, staleness, the prior's confidence, the difficulty spread, how many contexts share
+parameters, how many prompts and right answers per position there are, and where exploration tokens sit when the
+environment has that setting) to bring the simulator's card, on the same algorithm, to the target's,
 with scipy's differential evolution under a fixed budget of simulator runs, from a fixed seed: the fit does not
 depend on the machine. Only the entries the target's logs supply are fitted (``FIT_ENTRIES`` that its card has),
 and the clip ratios per decision token in place of the clip ratios per token where the logs have both
@@ -74,12 +75,15 @@ class Knob:
 def knobs() -> list[Knob]:
     """The knobs the environment has: the schedule's, the prior's, how much contexts share parameters (the number
     of features: with few, an update at one context moves the others, and entropy at reward-irrelevant positions
-    rises as the relevant entropy falls) and, where feature_lm has it, exploration's."""
+    rises as the relevant entropy falls), the task's (the pool of prompts: with fewer, each prompt's decisions are
+    seen more often, so accuracy and the entropy fall go further in as many steps; the right answers per position:
+    with one, entropy among right answers collapses too) and, where feature_lm has it, exploration's."""
     from sim.config import known_keys, schema
     out = [Knob("lr", 1e-3, 0.3, log=True), Knob("minibatches", 1, 16, integer=True),
            Knob("staleness", 0, 6, integer=True), Knob("confidence", 0.0, 6.0),
            Knob("difficulty_low", -10.0, -1.0), Knob("difficulty_high", -1.0, 6.0),
-           Knob("n_features", 32, 256, log=True, integer=True)]
+           Knob("n_features", 32, 256, log=True, integer=True), Knob("n_prompts", 32, 512, log=True, integer=True),
+           Knob("n_correct", 1, 4, integer=True)]
     if "explore" in known_keys(ENV):
         out.append(Knob("explore", 0, 0, choices=tuple(schema(ENV)["explore"].choices)))
     return out
@@ -240,8 +244,10 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     from scipy.optimize import differential_evolution
 
     from spec.registry import ALGORITHMS
-    if budget < 8:
-        raise ValueError(f"match-budget: expected at least 8 simulator runs, got {budget}")
+    knob_list = [k for k in knobs() if k.key not in (fixed or {})]
+    if budget < len(knob_list):  # the first population holds one point per knob fitted
+        raise ValueError(f"match-budget: expected at least {len(knob_list)} simulator runs (one per knob fitted: "
+                         f"{', '.join(k.key for k in knob_list)}), got {budget}")
     label, target_algo, target = target_card(paths, label)
     algo = algo or (target_algo if target_algo in ALGORITHMS else "grpo")
     if steps is None:
@@ -250,7 +256,6 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
               "fixed": dict(fixed or {}), "knobs": [{**asdict(k), "choices": list(k.choices)} for k in knobs()]}
     if previous is not None and previous.get("label") == label and previous.get("inputs") == inputs:
         return Fit.from_record(previous)
-    knob_list = [k for k in knobs() if k.key not in (fixed or {})]
     objective = Objective(algo, target, knob_list, seeds, steps, dict(fixed or {}))
     # scipy's population is popsize x the number of knobs: small, so that the budget buys generations
     popsize = 2 if budget >= 4 * len(knob_list) else 1

@@ -2,9 +2,11 @@
 # The simulator beside the tiny tier, at settings fitted to the tier's regime card; reports/tiny/README.md's
 # simulator column reads what this writes.
 # 1. `cliplab sim --match`: fit feature_lm's knobs (learning rate, prior confidence, difficulty spread, number of
-#    features) to the card of the tier's GRPO runs on its default, exploration prior, within BUDGET simulator runs, at
-#    the tier's schedule (4 epochs x 4 minibatches, no staleness: its config, not a knob to fit); the fit's record
-#    (settings, and per card entry target, fitted, residual) goes to OUT/fit.json.
+#    features, pool of prompts) to the card of the tier's GRPO runs on its default, exploration prior, on their
+#    discovery seeds FIT_SEEDS (the replication seeds stay unseen by the fit), within BUDGET simulator runs, at the
+#    tier's schedule (4 epochs x 4 minibatches, no staleness) and with one right answer per position (each digit of
+#    a sum has one): facts of the tier's config and task, not knobs to fit; the fit's record (settings, and per card
+#    entry target, fitted, residual) goes to OUT/fit.json.
 # 2. The tier's comparisons on feature_lm at the fitted settings (`cliplab sim --fitted`: every run's settings, named
 #    in no label, so the labels are the tier's), each with the exploration setting of the tier configs it mirrors:
 #    the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov beside GRPO at their
@@ -24,12 +26,15 @@ STEPS=${STEPS:-300}
 OUT=${OUT:-reports/tiny/sim}
 BUDGET=${BUDGET:-240}
 TARGET=${TARGET:-reports/tiny/runs_regime/grpo}  # the GRPO runs on the default prior (a label of its own)
+FIT_SEEDS=${FIT_SEEDS:-0 1 2 3 4}
 LABEL=${LABEL:-grpo}
+MATCH=()
+for s in $FIT_SEEDS; do MATCH+=(--match "$TARGET/seed$s"); done
 mkdir -p "$OUT" "$RUNS"
 rc=0  # 1: the knobs cannot reach the card; the sweeps then run at the best fit, and the report says so
-$PY -m harness.cli sim --match "$TARGET" --match-label "$LABEL" --match-budget "$BUDGET" --set explore=exploration \
-  --set epochs=4 --set minibatches=4 --set staleness=0 --algos grpo --seeds 1 --steps 1 --workers "$JOBS" \
-  --out "$RUNS/fit" || rc=$?
+$PY -m harness.cli sim "${MATCH[@]}" --match-label "$LABEL" --match-budget "$BUDGET" --set explore=exploration \
+  --set epochs=4 --set minibatches=4 --set staleness=0 --set n_correct=1 --algos grpo --seeds 1 --steps 1 \
+  --workers "$JOBS" --out "$RUNS/fit" || rc=$?
 (( rc <= 1 )) || exit "$rc"
 cp "$RUNS/fit/fit.json" "$OUT/fit.json"
 EXTRA=(--fitted "$RUNS/fit/fit.json")  # every sweep at the fit's settings (explore=exploration among them)
