@@ -49,6 +49,20 @@ def test_the_objective_is_zero_at_the_targets_own_settings(tmp_path):
     assert objective(x) == 0.0
 
 
+def test_the_search_stops_at_the_first_generation_that_matches(tmp_path):
+    """The budget is a ceiling: a generation whose best point matches ends the search, and its card is the fit's."""
+    from harness.runs.match import fit
+    settings = {"lr": 0.01, "minibatches": 4, "staleness": 1, "confidence": 2.5, "difficulty_low": -6.0,
+                "difficulty_high": 2.0, "n_features": 64}
+    _sweep_folder(tmp_path, "grpo", run_stack("feature_lm", "grpo", [0, 1], 20, settings), settings=settings)
+    fixed = {k: v for k, v in settings.items() if k not in ("lr", "confidence")}
+    free = [k for k in knobs() if k.key not in fixed]
+    found = fit([tmp_path], seeds=2, steps=20, budget=200, workers=1, fixed=fixed)
+    assert found.matched and found.evaluations < 200 and found.evaluations % (2 * len(free)) == 0
+    again = Objective("grpo", found.target, [], 2, 20, found.settings)
+    assert again.residuals([]) == found.residuals  # the card it reports is the one its settings give
+
+
 def test_an_unreachable_card_is_reported_with_its_residuals_and_exits_1(tmp_path):
     records = [[{"step": s, "clip_frac": 0.5, "accuracy": 0.3} for s in range(10)]]
     _sweep_folder(tmp_path, "grpo", records)
@@ -56,7 +70,7 @@ def test_an_unreachable_card_is_reported_with_its_residuals_and_exits_1(tmp_path
                                    "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "ablation")])
     assert out.exit_code == 1, out.output
     runs = int(re.search(r"card, (\d+) simulator runs", out.output)[1])
-    assert runs <= 11  # the budget, and the best point's card
+    assert runs <= 10  # the budget
     clip = next(line for line in out.output.splitlines() if line.startswith("clip_frac "))
     assert abs(float(clip.split()[3])) > 1  # its residual, in tolerance units
     assert "not matched" in out.output and not any((tmp_path / "ablation").glob("*/metrics.jsonl"))  # no ablation

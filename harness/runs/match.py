@@ -15,7 +15,9 @@ every residual is at most 1; otherwise the best fit is reported with its residua
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import multiprocessing
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -158,10 +160,18 @@ class Objective:
         return {e: residual(e, card[e], t) for e, t in self.target.items()}
 
     def __call__(self, x) -> float:
-        card = self.card(x)
+        return self.loss(self.card(x))
+
+    def loss(self, card: dict) -> float:
+        """The sum of squared residuals of a ``card``: what the search minimises."""
         if all(v is None for v in card.values()):  # diverged (or a card with nothing): never the best point
             return math.inf
         return float(sum(r * r for r in self.residuals_of(card).values()))
+
+
+def matches(residuals: dict) -> bool:
+    """Whether every entry is within its tolerance."""
+    return all(abs(r) <= 1.0 for r in residuals.values())
 
 
 @dataclass
@@ -177,7 +187,7 @@ class Fit:
 
     @property
     def matched(self) -> bool:
-        return all(abs(r) <= 1.0 for r in self.residuals.values())
+        return matches(self.residuals)
 
     def record(self) -> dict:
         """The fit as a JSON-ready record (``harness.reports.regime.FIT_FILE``), which reports render."""
@@ -239,8 +249,9 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     """Fit ``KNOBS`` to the target's card within ``budget`` simulator runs (of ``seeds`` stacked seeds and
     ``steps`` steps: by default the target's logged steps, at most 300). ``previous``: an earlier fit's record;
     asked the same (the same target card, algorithm, budget, seeds, steps and fixed settings), it is returned as
-    it is, since the fit is deterministic and would find the same again. A bar on stderr shows the search, a
-    generation at a time, with the best point's sum of squared residuals."""
+    it is, since the fit is deterministic and would find the same again. The search stops at the first generation
+    whose best point matches (every residual within its tolerance): the budget is a ceiling. A bar on stderr shows
+    the search, a generation at a time, with the best point's sum of squared residuals."""
     from scipy.optimize import differential_evolution
 
     from spec.registry import ALGORITHMS
@@ -261,17 +272,31 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
     popsize = 2 if budget >= 4 * len(knob_list) else 1
     generations = max(0, budget // (popsize * len(knob_list)) - 1)
     population = popsize * len(knob_list)
-    with tqdm(total=(generations + 1) * population, desc=f"fit {ENV} to {label}", unit="run",
-              file=sys.stderr) as bar:
+    cards: dict = {}  # each point's card, by its settings: the stop test and the result read them
+
+    def key(x) -> tuple:
+        return tuple(sorted(objective.settings(x).items()))
+
+    with contextlib.ExitStack() as stack, tqdm(total=(generations + 1) * population, desc=f"fit {ENV} to {label}",
+                                               unit="run", file=sys.stderr) as bar:
+        mapper = stack.enter_context(multiprocessing.Pool(workers)).map if workers > 1 else map
+
+        def evaluate(_, points):  # scipy's map (``workers``): each point's card, computed by the pool, kept here
+            points = list(points)
+            for x, card in zip(points, mapper(objective.card, points)):
+                cards[key(x)] = card
+            return [objective.loss(cards[key(x)]) for x in points]
+
         def generation_done(intermediate_result):  # the first call follows the first population's and generation's
             bar.update(population if bar.n else 2 * population)
             bar.set_postfix_str(f"best sum of squared residuals {intermediate_result.fun:.3g}")
+            return matches(objective.residuals_of(cards[key(intermediate_result.x)]))  # True stops the search
         result = differential_evolution(objective, [k.bounds() for k in knob_list], popsize=popsize,
                                         maxiter=generations, integrality=[k.integral for k in knob_list],
-                                        rng=0, polish=False, tol=0.0, workers=workers if workers > 1 else 1,
-                                        updating="deferred" if workers > 1 else "immediate",
+                                        rng=0, polish=False, tol=0.0, workers=evaluate, updating="deferred",
                                         callback=generation_done)
-        bar.update(bar.total - bar.n)  # with no generation after the first population, no callback ran
-    card = objective.card(result.x)
+        bar.total = bar.n = int(result.nfev)  # fewer than the budget where a generation matched
+        bar.refresh()
+    card = cards[key(result.x)]
     settings = objective.settings(result.x)  # the fixed settings with the fitted: what the card was fitted at
-    return Fit(label, algo, settings, target, card, objective.residuals_of(card), int(result.nfev) + 1, inputs)
+    return Fit(label, algo, settings, target, card, objective.residuals_of(card), int(result.nfev), inputs)
