@@ -109,14 +109,16 @@ def test_several_labels_need_match_label(tmp_path):
 
 def test_fitted_runs_at_a_fits_settings_in_no_label_and_bad_fits_are_one_line_errors(tmp_path):
     fit = tmp_path / "fit.json"
-    write_json(fit, {"env": "feature_lm", "settings": {"lr": 0.02, "minibatches": 2, "explore": "exploration"}})
+    write_json(fit, {"env": "feature_lm", "settings": {"lr": 0.02, "minibatches": 2, "explore": "exploration",
+                                                      "overlong_filter": True}})
     out = CliRunner().invoke(app, ["sim", "--env", "feature_lm", "--fitted", str(fit), "--algos", "grpo",
                                    "--set", "eps_high=0.2,0.28", "--seeds", "1", "--steps", "2", "--workers", "1",
                                    "--out", str(tmp_path / "sweep")])
     assert out.exit_code == 0, out.output
     configs = [json.loads(p.read_text()) for p in sorted((tmp_path / "sweep").glob("runs/*/config.json"))]
     assert {c["label"] for c in configs} == {"grpo[eps_high=0.2]", "grpo[eps_high=0.28]"}
-    assert all(c["settings"]["lr"] == 0.02 and c["settings"]["explore"] == "exploration" for c in configs)
+    assert all(c["settings"]["lr"] == 0.02 and c["settings"]["explore"] == "exploration"
+               and c["settings"]["overlong_filter"] is True for c in configs)  # a fixed true/false setting too
     write_json(tmp_path / "other.json", {"env": "toy_lm", "settings": {"lr": 0.02}})
     (tmp_path / "broken.json").write_text("{")
     for bad, message in ((tmp_path / "missing.json", "is missing; expected the fit.json"),

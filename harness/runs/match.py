@@ -234,9 +234,9 @@ def read_fit(path) -> dict:
         raise ValueError(f"fitted: {exc}") from None
     settings = rec.get("settings")
     if (rec.get("env") != ENV or not isinstance(settings, dict)
-            or not all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in settings.values())):
+            or not all(isinstance(v, (int, float, str)) for v in settings.values())):
         raise ValueError(f"fitted: {path}: expected a fit record of cliplab sim --match (env {ENV!r}, settings "
-                         f"{{name: number or text}})")
+                         f"{{name: number, text or true/false}})")
     return settings
 
 

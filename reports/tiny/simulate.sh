@@ -5,11 +5,11 @@
 #    features, pool of prompts) to the card of the tier's GRPO runs on its default, exploration prior, on their
 #    discovery seeds FIT_SEEDS (the replication seeds stay unseen by the fit), within BUDGET simulator runs, at the
 #    tier's schedule (4 epochs x 4 minibatches, no staleness) and with one right answer per position (each digit of
-#    a sum has one): facts of the tier's config and task, not knobs to fit. Responses may run to 16 tokens, 11 past
-#    the answer's 5: room for GRPO's length bias to lengthen wrong answers without truncating them, as the tier's
-#    well-formed runs do (its GRPO runs stay under 1% malformed); at feature_lm's default 8, this schedule turned
-#    4-6% of GRPO's responses malformed in every seed. The fit's record (settings, and per card entry target, fitted,
-#    residual) goes to OUT/fit.json.
+#    a sum has one): facts of the tier's config and task, not knobs to fit. Like the tier's runs, every run has DAPO's
+#    overlong treatment (the filter, and the soft penalty from just past the longest well-formed answer: here from 6
+#    of 16 tokens, the tier's from 20 of 24); without it, this schedule turned up to 12% of the simulator's responses
+#    malformed at beta 0 (36% on the sharpening setting), as it had the tier's before its rerun. The fit's record
+#    (settings, and per card entry target, fitted, residual) goes to OUT/fit.json.
 # 2. The tier's comparisons on feature_lm at the fitted settings (`cliplab sim --fitted`: every run's settings, named
 #    in no label, so the labels are the tier's), each with the exploration setting of the tier configs it mirrors:
 #    the seven algorithms; clip-higher (beta 0, eps_high 0.2 / 0.28 / none), Clip-Cov and KL-Cov beside GRPO at their
@@ -36,7 +36,8 @@ for s in $FIT_SEEDS; do MATCH+=(--match "$TARGET/seed$s"); done
 mkdir -p "$OUT" "$RUNS"
 rc=0  # 1: the knobs cannot reach the card; the sweeps then run at the best fit, and the report says so
 $PY -m harness.cli sim "${MATCH[@]}" --match-label "$LABEL" --match-budget "$BUDGET" --set explore=exploration \
-  --set epochs=4 --set minibatches=4 --set staleness=0 --set n_correct=1 --set max_len=16 --algos grpo --seeds 1 --steps 1 \
+  --set epochs=4 --set minibatches=4 --set staleness=0 --set n_correct=1 --set max_len=16 --set overlong=true \
+  --set overlong_filter=true --set overlong_cache=10 --algos grpo --seeds 1 --steps 1 \
   --workers "$JOBS" --out "$RUNS/fit" || rc=$?
 (( rc <= 1 )) || exit "$rc"
 cp "$RUNS/fit/fit.json" "$OUT/fit.json"
