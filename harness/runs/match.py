@@ -283,9 +283,9 @@ def fit(paths, label: str | None = None, algo: str | None = None, seeds: int = 3
 
         def evaluate(_, points):  # scipy's map (``workers``): each point's card, computed by the pool, kept here
             points = list(points)
-            for x, card in zip(points, mapper(objective.card, points)):
-                cards[key(x)] = card
-            return [objective.loss(cards[key(x)]) for x in points]
+            keys = [key(x) for x in points]
+            cards.update(zip(keys, mapper(objective.card, points)))
+            return [objective.loss(cards[k]) for k in keys]
 
         def generation_done(intermediate_result):  # the first call follows the first population's and generation's
             bar.update(population if bar.n else 2 * population)
